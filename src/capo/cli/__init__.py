@@ -1,0 +1,61 @@
+"""The ``capo`` command line. Each subcommand lives in its own module exposing ``add_parser`` and ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from capo.errors import CapoError
+
+# name -> module (relative to capo.cli). Each module defines add_parser(subparsers) -> parser and run(args) -> int.
+SUBCOMMANDS = {
+    "info": "info_cmd",
+    "eval": "eval_cmd",
+    "report": "report_cmd",
+    "train": "train_cmd",
+    "demo": "demo_cmd",
+    "build-default": "build_default_cmd",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="capo",
+        description="Calibration-aware RL from verifiable rewards (CAPO, RLCR, GRPO family) and calibration metrics.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, modname in SUBCOMMANDS.items():
+        try:
+            mod = importlib.import_module(f"capo.cli.{modname}")
+        except ModuleNotFoundError as e:  # a subcommand not built yet in this checkout
+            if e.name == f"capo.cli.{modname}":
+                continue
+            raise
+        p = mod.add_parser(sub)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 1
+    try:
+        return int(args._run(args) or 0)
+    except CapoError as e:
+        if args.debug:
+            raise
+        print(f"capo {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"capo {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

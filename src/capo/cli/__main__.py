@@ -1,0 +1,5 @@
+import sys
+
+from capo.cli import main
+
+sys.exit(main())

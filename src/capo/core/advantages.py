@@ -1,0 +1,178 @@
+"""Advantage estimators: GRPO, Dr. GRPO, RLOO and CAPO, all behind ``ADVANTAGES``.
+
+Uniform signature (every estimator, so callers never special-case one)::
+
+    estimator(rewards, group_size, *, scores=None, keep=None, **hparams) -> advantages
+
+- ``rewards``: [N] floating, N = B*G; rows n*G..(n+1)*G-1 are the G responses of prompt n.
+- ``group_size``: G >= 2, must divide N.
+- ``scores``: [N] floating sequence confidences (mean token log-prob ``lpm`` from rollout-time log-probs, treated
+  as constants). Only CAPO reads them; the others accept and ignore them.
+- ``keep``: [N] bool noise mask (CAPO's reference-perplexity mask, ``capo.core.masks``). Every estimator returns
+  ``A_i * keep_i``; CAPO can also drop masked responses as pair partners.
+- returns [N] advantages, in the dtype of ``rewards``; broadcast to tokens by the policy loss.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from capo.core import checks
+from capo.core.registry import ADVANTAGES
+
+
+def _prepare(rewards, group_size, scores, keep, *, need_scores: bool = False):
+    checks.tensor("rewards", rewards, ndim=1, floating=True)
+    g = checks.group_size(rewards.shape[0], group_size, min_size=2)
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards contain NaN or inf; filter or repair them before computing advantages")
+    if scores is None and need_scores:
+        raise ValueError("scores (per-response mean token log-prob, shape [N]) are required by this estimator")
+    if scores is not None:
+        checks.tensor("scores", scores, ndim=1, floating=True)
+        checks.same_shape(rewards=rewards, scores=scores)
+        if need_scores and not torch.isfinite(scores).all():
+            raise ValueError("scores contain NaN or inf; filter responses with non-finite log-probs first")
+    if keep is not None:
+        checks.tensor("keep", keep, ndim=1)
+        if keep.dtype != torch.bool:
+            raise TypeError(f"keep must be a bool tensor, got {keep.dtype}")
+        checks.same_shape(rewards=rewards, keep=keep)
+    return rewards.view(-1, g), g
+
+
+def _apply_keep(adv: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    return adv if keep is None else adv * keep.to(adv.dtype)
+
+
+@ADVANTAGES.register("grpo")
+def grpo_advantage(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    scores: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    std_ddof: int = 1,
+    scale: str = "group",
+) -> torch.Tensor:
+    """GRPO group-relative advantage (DeepSeekMath, arXiv 2402.03300, Sec. 4.1.2, outcome supervision):
+
+        A_i = (R_i - mean_g(R)) / (std(R) + eps)
+
+    ``scale``: "group" (std within the group; the paper), "batch" (std over all N rewards, mean still per group;
+    TRL's ``scale_rewards="batch"``), "none" (no division: Dr. GRPO). ``std_ddof``: 1 = Bessel-corrected std
+    (``torch.std`` default, used by both verl and TRL), 0 = population std. ``eps``: 1e-6 (verl) or 1e-4 (TRL).
+    A group whose rewards are all equal gets A = 0 exactly (0 / (0 + eps)). Shapes: [N] -> [N].
+    """
+    checks.choice("scale", scale, ("group", "batch", "none"))
+    checks.choice("std_ddof", std_ddof, (0, 1))
+    checks.non_negative("eps", eps)
+    r, g = _prepare(rewards, group_size, scores, keep)  # r: [B, G]
+    adv = r - r.mean(dim=1, keepdim=True)  # [B, G]
+    if scale == "group":
+        adv = adv / (r.std(dim=1, keepdim=True, correction=std_ddof) + eps)
+    elif scale == "batch":
+        adv = adv / (rewards.std(correction=std_ddof) + eps)
+    return _apply_keep(adv.reshape(-1), keep)
+
+
+@ADVANTAGES.register("dr_grpo")
+def dr_grpo_advantage(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    scores: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dr. GRPO advantage (arXiv 2503.20783, Sec. 3.2, eq. 3): A_i = R_i - mean_g(R), no std scaling. [N] -> [N]."""
+    r, _ = _prepare(rewards, group_size, scores, keep)
+    return _apply_keep((r - r.mean(dim=1, keepdim=True)).reshape(-1), keep)
+
+
+@ADVANTAGES.register("rloo")
+def rloo_advantage(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    scores: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """REINFORCE leave-one-out baseline (Kool et al. 2019; Ahmadian et al., arXiv 2402.14740, eq. 6):
+
+        A_i = R_i - (1/(G-1)) sum_{j != i} R_j = G/(G-1) * (R_i - mean_g(R)).      [N] -> [N]
+    """
+    r, g = _prepare(rewards, group_size, scores, keep)
+    baseline = (r.sum(dim=1, keepdim=True) - r) / (g - 1)
+    return _apply_keep((r - baseline).reshape(-1), keep)
+
+
+@ADVANTAGES.register("capo")
+def capo_advantage(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    scores: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+    tau: float = 0.6,
+    surrogate: str = "logistic",
+    norm: str = "group",
+    masked_partners: str = "keep",
+    correct_threshold: float = 0.5,
+) -> torch.Tensor:
+    """CAPO advantage: gradient weights of a logistic AUC surrogate (arXiv 2604.12632, Sec. 4, the pairwise loss
+    sum_{i in P, j in N} phi_tau(lpm_i - lpm_j) with phi_tau(t) = log(1 + exp(-t / tau))):
+
+        correct i:    A_i = +(1/Z) * sum_{j in N} w_ij
+        incorrect j:  A_j = -(1/Z) * sum_{i in P} w_ij
+        w_ij = -phi'(lpm_i - lpm_j) = (1/tau) * sigmoid((lpm_j - lpm_i) / tau)      (logistic)
+        w_ij = 1                                                                     (linear phi(t) = -t)
+
+    ``scores`` = lpm = sg[mean token log-prob under the rollout (old) policy], [N]. A misranked pair (a wrong
+    answer more confident than a right one, lpm_j > lpm_i) gets weight > 1/(2 tau); a well-separated pair ~0.
+
+    Knobs (the paper is silent on all but tau; see docs/papers.md):
+    - ``tau`` > 0: temperature (paper: 0.6 for 1.5B, 0.5 for 7B).
+    - ``surrogate``: "logistic" (the paper) or "linear" (phi(t) = -t; with ``norm="group"`` this reproduces
+      Dr. GRPO's R_i - mean(R) exactly for binary rewards -- GRPO is CAPO with a non-AUC-consistent surrogate).
+    - ``norm``: "group" -> Z = G (default), "pairs" -> Z = |P| * |N|.
+    - ``masked_partners``: "keep" -> responses removed by ``keep`` still act as partners in others' sums (the
+      formula as written), "drop" -> pairs involving a masked response are removed.
+    - ``correct_threshold``: response i is in P iff R_i > threshold (0.5 for binary rewards).
+    Groups without both classes get A = 0. Cost O(N*G) time and memory: linear in N for fixed G.
+    Shapes: rewards, scores, keep [N] -> [N].
+    """
+    checks.positive("tau", tau)
+    checks.choice("surrogate", surrogate, ("logistic", "linear"))
+    checks.choice("norm", norm, ("group", "pairs"))
+    checks.choice("masked_partners", masked_partners, ("keep", "drop"))
+    r, g = _prepare(rewards, group_size, scores, keep, need_scores=True)  # [B, G]
+    s = scores.view(-1, g)  # [B, G]
+    correct = r > correct_threshold  # [B, G]
+    pair = correct[:, :, None] & ~correct[:, None, :]  # [B, G_i, G_j]: i in P and j in N
+    if keep is not None and masked_partners == "drop":
+        k = keep.view(-1, g)
+        pair = pair & k[:, :, None] & k[:, None, :]
+    if surrogate == "logistic":
+        w = torch.sigmoid((s[:, None, :] - s[:, :, None]) / tau) / tau  # [B, G_i, G_j]: (1/tau) sig((s_j - s_i)/tau)
+    else:
+        w = torch.ones_like(s)[:, :, None].expand(-1, g, g)
+    w = torch.where(pair, w, torch.zeros((), dtype=s.dtype, device=s.device))
+    adv = torch.where(correct, w.sum(dim=2), -w.sum(dim=1))  # [B, G]
+    if norm == "group":
+        adv = adv / g
+    else:
+        n_pairs = correct.sum(dim=1, keepdim=True) * (~correct).sum(dim=1, keepdim=True)  # [B, 1]
+        adv = adv / n_pairs.clamp(min=1).to(adv.dtype)
+    return _apply_keep(adv.reshape(-1).to(rewards.dtype), keep)
+
+
+def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, **kwargs) -> torch.Tensor:
+    """Look up an estimator by name in ``ADVANTAGES`` and call it (unknown hparams raise TypeError naming them)."""
+    fn = ADVANTAGES.get(name)
+    try:
+        return fn(rewards, group_size, **kwargs)
+    except TypeError as e:
+        if "unexpected keyword argument" in str(e):
+            raise TypeError(f"advantage estimator {name!r}: {e}") from None
+        raise

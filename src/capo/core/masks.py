@@ -1,0 +1,52 @@
+"""CAPO's noise mask from reference-model perplexity (arXiv 2604.12632, Sec. 4.3).
+
+Responses whose reference (base-model) perplexity contradicts their label are treated as noise:
+- a *correct* response with PPL_ref > high is a "lucky guess" and is masked;
+- an *incorrect* response with PPL_ref < low is "near-correct" and is masked.
+The final advantage is A_i * keep_i (every estimator in ``capo.core.advantages`` takes ``keep``).
+
+The paper's thresholds (low = 1.05, high = 2.5 for Qwen2.5-Math) are described as quartiles of the base model's
+PPL distribution, so they are model specific. :func:`ppl_quantile_thresholds` measures them on the base model's
+own rollouts; fixed numbers remain an option.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from capo.core import checks
+
+
+def capo_noise_mask(ref_ppl: torch.Tensor, correct: torch.Tensor, *, low: float, high: float) -> torch.Tensor:
+    """keep_i = (correct_i and PPL_ref_i <= high) or (not correct_i and PPL_ref_i >= low).
+
+    Shapes: ref_ppl [N] floating (exp(-mean token log-prob) under the frozen reference model), correct [N] bool
+    -> keep [N] bool. NaN perplexities are masked (kept = False). Requires 0 < low <= high.
+    """
+    checks.tensor("ref_ppl", ref_ppl, ndim=1, floating=True)
+    checks.tensor("correct", correct, ndim=1)
+    if correct.dtype != torch.bool:
+        raise TypeError(f"correct must be a bool tensor, got {correct.dtype}")
+    checks.same_shape(ref_ppl=ref_ppl, correct=correct)
+    checks.positive("low", low)
+    checks.positive("high", high)
+    if low > high:
+        raise ValueError(f"low={low} must be <= high={high}")
+    return torch.where(correct, ref_ppl <= high, ref_ppl >= low)
+
+
+def ppl_quantile_thresholds(base_ppl: torch.Tensor, q_low: float = 0.25, q_high: float = 0.75) -> tuple[float, float]:
+    """(low, high) = (quantile(PPL, q_low), quantile(PPL, q_high)) of the base model's rollout perplexities.
+
+    Shapes: base_ppl [M] floating, finite values only are used (M >= 2 of them). Quantiles use linear
+    interpolation (``torch.quantile`` default). Returns Python floats: this is a one-off calibration of the mask,
+    run before training, not a per-step function.
+    """
+    checks.tensor("base_ppl", base_ppl, ndim=1, floating=True)
+    if not (0.0 <= q_low <= q_high <= 1.0):
+        raise ValueError(f"need 0 <= q_low <= q_high <= 1, got q_low={q_low}, q_high={q_high}")
+    x = base_ppl[torch.isfinite(base_ppl)].double()
+    if x.numel() < 2:
+        raise ValueError(f"base_ppl needs at least 2 finite values to estimate quantiles, got {x.numel()}")
+    q = torch.quantile(x, torch.tensor([q_low, q_high], dtype=torch.float64))
+    return float(q[0]), float(q[1])

@@ -1,0 +1,52 @@
+"""Name -> function registries, one per kind (advantage estimator, policy loss, reward).
+
+Deliberately small: register with a decorator, look up by name, an error on duplicates and on unknown names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+
+class UnknownNameError(ValueError):
+    """Raised for a name no registry entry has; the message lists the allowed names."""
+
+
+class Registry(Generic[F]):
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._fns: dict[str, F] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        def deco(fn: F) -> F:
+            if name in self._fns:
+                raise ValueError(f"duplicate {self.kind} name {name!r}: already registered to {self._fns[name]!r}")
+            self._fns[name] = fn
+            return fn
+
+        return deco
+
+    def get(self, name: str) -> F:
+        try:
+            return self._fns[name]
+        except KeyError:
+            raise UnknownNameError(
+                f"unknown {self.kind} {name!r}; allowed values: {', '.join(sorted(self._fns))}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._fns)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._fns
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {self.names()})"
+
+
+ADVANTAGES: Registry = Registry("advantage estimator")
+POLICY_LOSSES: Registry = Registry("policy loss")
+REWARDS: Registry = Registry("reward")

@@ -1,0 +1,33 @@
+"""Answer extraction and mathematical-equivalence verification.
+
+- :mod:`capo.verify.extract`: ``extract_boxed``, ``extract_gsm8k``, ``extract_rlcr``, ``extract_answer`` (pure,
+  linear-time string functions).
+- :mod:`capo.verify.verifier`: :class:`Verifier` runs math-verify in sandboxed worker processes with a hard
+  per-call timeout and returns a :class:`Verdict` for every input.
+"""
+
+from capo.verify.extract import (
+    ANSWER_FORMATS,
+    RlcrParse,
+    extract_answer,
+    extract_boxed,
+    extract_gsm8k,
+    extract_last_number,
+    extract_rlcr,
+    normalize_number,
+)
+from capo.verify.verifier import Verdict, Verifier, looks_like_code
+
+__all__ = [
+    "ANSWER_FORMATS",
+    "RlcrParse",
+    "Verdict",
+    "Verifier",
+    "extract_answer",
+    "extract_boxed",
+    "extract_gsm8k",
+    "extract_last_number",
+    "extract_rlcr",
+    "looks_like_code",
+    "normalize_number",
+]

@@ -1,0 +1,288 @@
+"""Advantage estimators: hand-computed values, identities, reference loops, properties and errors."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capo.core import ADVANTAGES, UnknownNameError, compute_advantages
+from capo.core.advantages import capo_advantage, dr_grpo_advantage, grpo_advantage, rloo_advantage
+
+f64 = dict(dtype=torch.float64)
+
+
+def sig(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+# ---------------------------------------------------------------- hand-computed values
+def test_grpo_hand_computed_bessel_and_population():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0], **f64)
+    # mean 0.25; Bessel std = sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5; population std = sqrt(0.75 / 4)
+    a1 = grpo_advantage(r, 4, eps=0.0)
+    torch.testing.assert_close(a1, torch.tensor([1.5, -0.5, -0.5, -0.5], **f64), rtol=0, atol=1e-12)
+    a0 = grpo_advantage(r, 4, eps=0.0, std_ddof=0)
+    s0 = math.sqrt(0.75 / 4)
+    torch.testing.assert_close(a0, torch.tensor([0.75 / s0, -0.25 / s0, -0.25 / s0, -0.25 / s0], **f64))
+    a_eps = grpo_advantage(r, 4, eps=1e-4)
+    torch.testing.assert_close(a_eps, torch.tensor([0.75, -0.25, -0.25, -0.25], **f64) / (0.5 + 1e-4))
+
+
+def test_grpo_batch_and_none_scaling():
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0], **f64)  # two groups of 2
+    std_all = torch.tensor([1.0, 0.0, 1.0, 1.0], **f64).std()  # sqrt(0.25)=0.5 (Bessel over 4: sum sq dev 0.75/3)
+    a = grpo_advantage(r, 2, scale="batch", eps=0.0)
+    torch.testing.assert_close(a, torch.tensor([0.5, -0.5, 0.0, 0.0], **f64) / std_all)
+    torch.testing.assert_close(grpo_advantage(r, 2, scale="none"), torch.tensor([0.5, -0.5, 0.0, 0.0], **f64))
+
+
+def test_dr_grpo_and_rloo_hand_computed():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.0], **f64)  # G = 3
+    torch.testing.assert_close(
+        dr_grpo_advantage(r, 3), torch.tensor([2 / 3, -1 / 3, -1 / 3, 0.5, 0.0, -0.5], **f64)
+    )
+    # RLOO: R_i - mean of the others
+    torch.testing.assert_close(
+        rloo_advantage(r, 3), torch.tensor([1.0, -0.5, -0.5, 0.75, 0.0, -0.75], **f64)
+    )
+
+
+def test_capo_hand_computed_logistic():
+    r = torch.tensor([1.0, 0.0, 0.0], **f64)
+    s = torch.tensor([-1.0, -2.0, -0.5], **f64)
+    tau = 0.5
+    w1 = sig((-2.0 - -1.0) / tau) / tau  # pair (0 correct, 1 wrong): well ranked
+    w2 = sig((-0.5 - -1.0) / tau) / tau  # pair (0 correct, 2 wrong): misranked
+    expected = torch.tensor([(w1 + w2) / 3, -w1 / 3, -w2 / 3], **f64)
+    torch.testing.assert_close(capo_advantage(r, 3, scores=s, tau=tau), expected, rtol=0, atol=1e-12)
+    # 1/(|P||N|) normalisation: |P| = 1, |N| = 2
+    torch.testing.assert_close(capo_advantage(r, 3, scores=s, tau=tau, norm="pairs"), expected * 3 / 2)
+
+
+def test_capo_misranked_pair_gets_larger_weight():
+    r = torch.tensor([1.0, 0.0], **f64)
+    misranked = capo_advantage(r, 2, scores=torch.tensor([-1.0, -0.5], **f64))
+    well_ranked = capo_advantage(r, 2, scores=torch.tensor([-0.5, -1.0], **f64))
+    assert (misranked.abs() > well_ranked.abs()).all()
+    # the linear surrogate (GRPO) cannot tell them apart
+    lin = dict(surrogate="linear")
+    torch.testing.assert_close(
+        capo_advantage(r, 2, scores=torch.tensor([-1.0, -0.5], **f64), **lin),
+        capo_advantage(r, 2, scores=torch.tensor([-0.5, -1.0], **f64), **lin),
+    )
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    gap=st.floats(0.01, 5.0), base=st.floats(-5.0, 0.0), tau=st.floats(0.05, 3.0)
+)
+def test_capo_misranked_property(gap, base, tau):
+    r = torch.tensor([1.0, 0.0], **f64)
+    mis = capo_advantage(r, 2, scores=torch.tensor([base - gap, base], **f64), tau=tau)
+    ok = capo_advantage(r, 2, scores=torch.tensor([base, base - gap], **f64), tau=tau)
+    assert (mis.abs() > ok.abs()).all()
+
+
+# ---------------------------------------------------------------- identities
+@settings(max_examples=60, deadline=None)
+@given(g=st.integers(2, 9), b=st.integers(1, 5), seed=st.integers(0, 10_000))
+def test_capo_linear_group_norm_equals_dr_grpo(g, b, seed):
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randint(0, 2, (b * g,), generator=gen).to(torch.float64)
+    s = torch.randn(b * g, generator=gen, dtype=torch.float64)
+    a = capo_advantage(r, g, scores=s, surrogate="linear", norm="group")
+    torch.testing.assert_close(a, r - r.view(b, g).mean(1).repeat_interleave(g), rtol=0, atol=1e-12)
+
+
+def test_grpo_gradient_equals_linear_pairwise_ranking_loss():
+    """The GRPO (Dr. GRPO advantage) policy gradient equals the gradient of sum_{i in P, j in N} phi(lpm_i - lpm_j)
+    with phi(t) = -t, up to the positive constant 1/G^2 (arXiv 2604.12632, Sec. 3)."""
+    from capo.core import aggregate, policy_loss, sequence_logprob_mean
+
+    torch.manual_seed(0)
+    g, t, v = 6, 5, 7
+    logits = torch.randn(g, t, v, dtype=torch.float64, requires_grad=True)
+    tokens = torch.randint(0, v, (g, t))
+    mask = torch.ones(g, t)
+    mask[1, 3:] = 0
+    mask[4, 2:] = 0
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0], **f64)
+
+    def token_logp():
+        return torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+
+    lp = token_logp()
+    adv = dr_grpo_advantage(r, g)
+    loss, _ = policy_loss("ppo_clip", lp, lp.detach(), adv, mask)
+    (grad_grpo,) = torch.autograd.grad(aggregate(loss, mask, "seq-mean-token-mean"), logits)
+
+    lpm = sequence_logprob_mean(token_logp(), mask)
+    pos, neg = r > 0.5, r < 0.5
+    pair_loss = -(lpm[pos][:, None] - lpm[neg][None, :]).sum()
+    (grad_pair,) = torch.autograd.grad(pair_loss, logits)
+    torch.testing.assert_close(grad_grpo, grad_pair / g**2, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------- reference loop vs vectorised
+def capo_reference(r, s, g, tau, surrogate, norm, keep, masked_partners, thr=0.5):
+    n = len(r)
+    out = [0.0] * n
+    for start in range(0, n, g):
+        idx = range(start, start + g)
+        P = [i for i in idx if r[i] > thr]
+        Nn = [j for j in idx if r[j] <= thr]
+
+        def partner(i):
+            return keep is None or masked_partners == "keep" or bool(keep[i])
+
+        def w(i, j):
+            return 1.0 if surrogate == "linear" else sig((s[j] - s[i]) / tau) / tau
+
+        z = g if norm == "group" else max(len(P) * len(Nn), 1)
+        for i in P:
+            out[i] = sum(w(i, j) for j in Nn if partner(j) and partner(i)) / z
+        for j in Nn:
+            out[j] = -sum(w(i, j) for i in P if partner(i) and partner(j)) / z
+    if keep is not None:
+        out = [o * float(k) for o, k in zip(out, keep)]
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    g=st.integers(2, 8),
+    b=st.integers(1, 4),
+    seed=st.integers(0, 10_000),
+    tau=st.sampled_from([0.1, 0.5, 0.6, 1.0, 3.0]),
+    surrogate=st.sampled_from(["logistic", "linear"]),
+    norm=st.sampled_from(["group", "pairs"]),
+    use_keep=st.booleans(),
+    masked_partners=st.sampled_from(["keep", "drop"]),
+)
+def test_capo_vectorised_matches_reference_loop(g, b, seed, tau, surrogate, norm, use_keep, masked_partners):
+    gen = torch.Generator().manual_seed(seed)
+    n = b * g
+    r = torch.randint(0, 2, (n,), generator=gen).to(torch.float64)
+    s = torch.randn(n, generator=gen, dtype=torch.float64).round(decimals=1)  # rounding creates ties
+    keep = (torch.rand(n, generator=gen) > 0.3) if use_keep else None
+    got = capo_advantage(r, g, scores=s, keep=keep, tau=tau, surrogate=surrogate, norm=norm,
+                         masked_partners=masked_partners)
+    want = capo_reference(r.tolist(), s.tolist(), g, tau, surrogate, norm,
+                          None if keep is None else keep.tolist(), masked_partners)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_grpo_matches_reference_loop():
+    gen = torch.Generator().manual_seed(3)
+    r = torch.rand(40, generator=gen, dtype=torch.float64)
+    got = grpo_advantage(r, 8, eps=1e-6)
+    want = []
+    for k in range(0, 40, 8):
+        grp = r[k:k + 8].tolist()
+        mu = sum(grp) / 8
+        sd = math.sqrt(sum((x - mu) ** 2 for x in grp) / 7)
+        want += [(x - mu) / (sd + 1e-6) for x in grp]
+    torch.testing.assert_close(got, torch.tensor(want, **f64), rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------- invariants
+ESTIMATORS = ["grpo", "dr_grpo", "rloo", "capo"]
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_all_equal_groups_give_zero_and_no_nan(name):
+    r = torch.tensor([1.0] * 4 + [0.0] * 4 + [0.5] * 4)
+    s = torch.randn(12)
+    a = compute_advantages(name, r, 4, scores=s)
+    assert torch.isfinite(a).all()
+    assert (a == 0).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), shift=st.floats(-10, 10), name=st.sampled_from(["grpo", "dr_grpo", "rloo"]))
+def test_reward_shift_invariance(seed, shift, name):
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.rand(24, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(
+        compute_advantages(name, r + shift, 6), compute_advantages(name, r, 6), rtol=1e-9, atol=1e-9
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), name=st.sampled_from(ESTIMATORS), g=st.integers(2, 8))
+def test_permutation_equivariance_within_group(seed, name, g):
+    gen = torch.Generator().manual_seed(seed)
+    b = 3
+    r = torch.randint(0, 2, (b * g,), generator=gen).to(torch.float64)
+    s = torch.randn(b * g, generator=gen, dtype=torch.float64)
+    keep = torch.rand(b * g, generator=gen) > 0.2
+    perm = torch.cat([torch.randperm(g, generator=gen) + k * g for k in range(b)])
+    a = compute_advantages(name, r, g, scores=s, keep=keep)
+    a_perm = compute_advantages(name, r[perm], g, scores=s[perm], keep=keep[perm])
+    torch.testing.assert_close(a_perm, a[perm], rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), shift=st.floats(-20, 20))
+def test_capo_invariant_to_score_shift(seed, shift):
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randint(0, 2, (16,), generator=gen).to(torch.float64)
+    s = torch.randn(16, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(capo_advantage(r, 8, scores=s + shift), capo_advantage(r, 8, scores=s),
+                               rtol=1e-9, atol=1e-12)
+
+
+def test_capo_zero_sum_with_group_norm_and_keep_zeroes():
+    gen = torch.Generator().manual_seed(1)
+    r = torch.randint(0, 2, (64,), generator=gen).to(torch.float64)
+    s = torch.randn(64, generator=gen, dtype=torch.float64)
+    a = capo_advantage(r, 8, scores=s)
+    # every pair weight is added to one correct response and subtracted from one incorrect one
+    torch.testing.assert_close(a.view(8, 8).sum(1), torch.zeros(8, **f64), rtol=0, atol=1e-12)
+    keep = torch.ones(64, dtype=torch.bool)
+    keep[::3] = False
+    assert (capo_advantage(r, 8, scores=s, keep=keep)[~keep] == 0).all()
+
+
+def test_keep_mask_applies_to_every_estimator():
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    keep = torch.tensor([True, False, True, True])
+    for name in ESTIMATORS:
+        a = compute_advantages(name, r, 4, scores=torch.zeros(4), keep=keep)
+        full = compute_advantages(name, r, 4, scores=torch.zeros(4))
+        torch.testing.assert_close(a, full * keep)
+
+
+# ---------------------------------------------------------------- errors
+def test_errors_name_the_problem():
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    with pytest.raises(ValueError, match="group_size=3 does not divide"):
+        grpo_advantage(r, 3)
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        grpo_advantage(r, 1)
+    with pytest.raises(TypeError, match="rewards must have a floating dtype"):
+        grpo_advantage(torch.tensor([1, 0, 1, 0]), 2)
+    with pytest.raises(ValueError, match="scores has shape"):
+        capo_advantage(r, 2, scores=torch.zeros(3))
+    with pytest.raises(ValueError, match="tau must be > 0"):
+        capo_advantage(r, 2, scores=torch.zeros(4), tau=0.0)
+    with pytest.raises(ValueError, match="tau must be > 0"):
+        capo_advantage(r, 2, scores=torch.zeros(4), tau=-1.0)
+    with pytest.raises(ValueError, match="scores .* are required"):
+        capo_advantage(r, 2)
+    with pytest.raises(ValueError, match="NaN"):
+        grpo_advantage(torch.tensor([1.0, float("nan")]), 2)
+    with pytest.raises(ValueError, match="allowed values: 'group', 'batch', 'none'"):
+        grpo_advantage(r, 2, scale="global")
+    with pytest.raises(ValueError, match="rewards must have 1 dimension"):
+        grpo_advantage(r.view(2, 2), 2)
+    with pytest.raises(UnknownNameError, match="unknown advantage estimator 'grpoo'; allowed values: capo, dr_grpo"):
+        compute_advantages("grpoo", r, 2)
+    with pytest.raises(TypeError, match="advantage estimator 'grpo'.*tau"):
+        compute_advantages("grpo", r, 2, tau=0.5)
+
+
+def test_registry_lists_all_estimators():
+    assert ADVANTAGES.names() == sorted(ESTIMATORS)

@@ -1,0 +1,152 @@
+"""Policy losses, KL estimators and aggregation: hand values, gradients, equivalences, errors."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capo.core import AGGREGATIONS, POLICY_LOSSES, aggregate, kl_penalty, policy_loss
+from capo.core.losses import cispo_loss, gspo_loss, gspo_token_loss, ppo_clip_loss
+
+f64 = dict(dtype=torch.float64)
+
+
+def test_ppo_clip_hand_computed():
+    # one response, 4 tokens with ratios 0.5, 0.9, 1.1, 1.5; eps_low = 0.2, eps_high = 0.28
+    ratios = torch.tensor([[0.5, 0.9, 1.1, 1.5]], **f64)
+    old = torch.zeros(1, 4, **f64)
+    logp = ratios.log()
+    mask = torch.ones(1, 4)
+    lp, mp = ppo_clip_loss(logp, old, torch.tensor([2.0], **f64), mask, eps_low=0.2, eps_high=0.28)
+    # A > 0: -min(rA, clip(r)A) = -A * min(r, clip(r)) -> r clipped from above at 1.28 only
+    torch.testing.assert_close(lp, -2.0 * torch.tensor([[0.5, 0.9, 1.1, 1.28]], **f64))
+    ln, mn = ppo_clip_loss(logp, old, torch.tensor([-1.0], **f64), mask, eps_low=0.2, eps_high=0.28)
+    # A < 0: -min(-r, -clip(r)) = max(r, clip(r)) -> r clipped from below at 0.8 only
+    torch.testing.assert_close(ln, torch.tensor([[0.8, 0.9, 1.1, 1.5]], **f64))
+    assert mp["clip_frac"].item() == pytest.approx(0.25)
+    assert mp["high_clip_frac"].item() == pytest.approx(0.25)
+    assert mn["low_clip_frac"].item() == pytest.approx(0.25)
+    assert mn["clip_frac"].item() == pytest.approx(0.25)
+    assert mp["ratio_mean"].item() == pytest.approx((0.5 + 0.9 + 1.1 + 1.5) / 4)
+    # dual clip caps the negative-advantage loss at -c * A = 3 * 1
+    big = torch.tensor([[5.0]], **f64).log()
+    ld, _ = ppo_clip_loss(big, torch.zeros(1, 1, **f64), torch.tensor([-1.0], **f64), torch.ones(1, 1), dual_clip=3.0)
+    assert ld.item() == pytest.approx(3.0)
+
+
+def test_ppo_clip_on_policy_gradient_is_reinforce():
+    torch.manual_seed(0)
+    logp = torch.randn(3, 4, **f64).requires_grad_()
+    adv = torch.tensor([1.0, -2.0, 0.5], **f64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    loss, _ = ppo_clip_loss(logp, logp.detach(), adv, mask)
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    torch.testing.assert_close(g, -adv[:, None].expand(3, 4) * mask)
+    torch.testing.assert_close(loss.detach(), -adv[:, None] * mask)
+
+
+def test_padding_never_contributes_even_if_garbage():
+    logp = torch.tensor([[-1.0, -float("inf")]], **f64)
+    old = torch.tensor([[-1.0, 3.0]], **f64)
+    mask = torch.tensor([[1, 0]])
+    for name in POLICY_LOSSES.names():
+        loss, _ = policy_loss(name, logp, old, torch.tensor([1.0], **f64), mask)
+        val = aggregate(loss, mask, "token-mean")
+        assert torch.isfinite(val), name
+
+
+def test_gspo_hand_computed_and_token_variant_equivalence():
+    torch.manual_seed(1)
+    logp = torch.randn(4, 5, **f64).requires_grad_()
+    old = (logp.detach() + 1e-4 * torch.randn(4, 5, **f64))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.3], **f64)
+    seq, m_seq = gspo_loss(logp, old, adv, mask)
+    tok, m_tok = gspo_token_loss(logp, old, adv, mask)
+    # hand formula for row 1
+    s1 = math.exp(((logp[1, :3] - old[1, :3]).sum() / 3).item())
+    c1 = min(max(s1, 1 - 3e-4), 1 + 4e-4)
+    assert seq[1, 0].item() == pytest.approx(-min(s1 * -1.0, c1 * -1.0), rel=1e-12)
+    torch.testing.assert_close(seq.detach(), tok.detach())
+    g_seq = torch.autograd.grad(aggregate(seq, mask, "seq-mean-token-mean"), logp)[0]
+    g_tok = torch.autograd.grad(aggregate(tok, mask, "seq-mean-token-mean"), logp)[0]
+    torch.testing.assert_close(g_seq, g_tok, rtol=1e-10, atol=1e-12)
+    assert m_seq["clip_frac"].item() == pytest.approx(m_tok["clip_frac"].item())
+
+
+def test_cispo_hand_computed_and_gradient():
+    ratios = torch.tensor([[0.5, 1.0, 6.0]], **f64)
+    old = torch.log(torch.tensor([[0.2, 0.3, 0.01]], **f64))
+    logp = (old + ratios.log()).requires_grad_()
+    mask = torch.ones(1, 3)
+    loss, m = cispo_loss(logp, old, torch.tensor([2.0], **f64), mask, eps_high=4.0)
+    w = torch.tensor([[0.5, 1.0, 5.0]], **f64)  # only the upper bound 1 + 4 = 5 clips
+    torch.testing.assert_close(loss.detach(), -w * 2.0 * logp.detach())
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    torch.testing.assert_close(g, -w * 2.0)  # stop-gradient on the weight
+    assert m["clip_frac"].item() == pytest.approx(1 / 3)
+    loss_lo, _ = cispo_loss(logp, old, torch.tensor([2.0], **f64), mask, eps_low=0.2, eps_high=4.0)
+    torch.testing.assert_close(loss_lo.detach(), -torch.tensor([[0.8, 1.0, 5.0]], **f64) * 2.0 * logp.detach())
+
+
+def test_kl_estimators_hand_computed():
+    logp = torch.tensor([[-1.0, -2.0]], **f64)
+    ref = torch.tensor([[-1.5, -1.0]], **f64)
+    d = ref - logp  # [-0.5, 1.0]
+    torch.testing.assert_close(kl_penalty(logp, ref, "k1"), -d)
+    torch.testing.assert_close(kl_penalty(logp, ref, "k2"), 0.5 * d**2)
+    torch.testing.assert_close(kl_penalty(logp, ref, "k3"), torch.exp(d) - d - 1)
+    assert kl_penalty(logp, ref, "k3", clamp=0.5).max().item() == pytest.approx(0.5)
+    assert (kl_penalty(logp, logp, "k3") == 0).all()
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_k3_non_negative(seed):
+    gen = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(2, 3, 7, generator=gen, dtype=torch.float64) * 3
+    assert (kl_penalty(a, b, "k3") >= 0).all()
+
+
+def test_aggregation_hand_computed():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]], **f64)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert aggregate(loss, mask, "token-mean").item() == pytest.approx(10 / 4)
+    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
+    assert aggregate(loss, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(10 / (2 * 3))
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", max_len=10).item() == pytest.approx(10 / 20)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), mode=st.sampled_from(AGGREGATIONS), chunks=st.integers(1, 4))
+def test_aggregation_microbatch_invariance(seed, mode, chunks):
+    """Summing micro-batch losses with global denominators equals the full-batch loss (grad accumulation)."""
+    gen = torch.Generator().manual_seed(seed)
+    n, t = 8, 6
+    loss = torch.randn(n, t, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(n, t, generator=gen) > 0.3).long()
+    full = aggregate(loss, mask, mode)
+    parts = sum(
+        aggregate(lc, mc, mode, num_seqs=n, num_tokens=int(mask.sum()), max_len=t)
+        for lc, mc in zip(loss.chunk(chunks), mask.chunk(chunks))
+    )
+    torch.testing.assert_close(parts, full, rtol=1e-12, atol=1e-12)
+
+
+def test_loss_errors():
+    lp = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="old_logp has shape"):
+        ppo_clip_loss(lp, torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="advantages has 3 rows but logp has 2"):
+        ppo_clip_loss(lp, lp, torch.zeros(3), torch.ones(2, 3))
+    with pytest.raises(TypeError, match="logp must have a floating dtype"):
+        ppo_clip_loss(torch.zeros(2, 3, dtype=torch.long), lp, torch.zeros(2), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="mode='mean' is not allowed; allowed values: 'token-mean'"):
+        aggregate(lp, torch.ones(2, 3), "mean")
+    with pytest.raises(ValueError, match="kind='k4'"):
+        kl_penalty(lp, lp, "k4")
+    with pytest.raises(ValueError, match="unknown policy loss 'ppo'; allowed values: cispo, gspo, gspo_token, ppo_clip"):
+        policy_loss("ppo", lp, lp, torch.zeros(2), torch.ones(2, 3))
