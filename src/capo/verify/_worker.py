@@ -1,0 +1,260 @@
+"""Code that runs inside the verifier's worker processes (never in the parent).
+
+Kept import-light (no torch): a fresh worker imports only this module, sympy and math-verify.
+
+Defence in depth against model text being executed:
+
+1. The parent refuses answers that look like code (see ``capo.verify.verifier.looks_like_code``) and bounds
+   their length before they reach a worker.
+2. :func:`install_sympy_guard` wraps ``sympy.parsing.sympy_parser.stringify_expr`` (which every
+   ``sympify(str)`` / ``parse_expr`` call goes through before sympy ``eval``s the generated Python) with an AST
+   check that allows only calls, names, constants and arithmetic: no attribute access, no subscripts, no
+   lambdas or comprehensions, no name starting with ``_`` and no name from a deny-list (``eval``, ``exec``,
+   ``open``, ``getattr``, ``__import__``, ...). math-verify itself only hands sympy's ``parse_expr`` strings made
+   of digits and operators, and latex2sympy builds expressions with an ANTLR grammar, but sympy may call
+   ``sympify`` on a string internally; the guard makes that path inert too.
+3. Each worker has an address-space limit, and the parent kills it after a hard wall-clock timeout.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import signal
+from functools import lru_cache
+
+# Names that must never be reachable from code sympy generates out of a string.
+DENIED_NAMES = frozenset(
+    {
+        "eval", "exec", "compile", "open", "getattr", "setattr", "delattr", "globals", "locals", "vars", "input",
+        "breakpoint", "help", "exit", "quit", "memoryview", "system", "popen", "os", "sys", "subprocess",
+        "builtins", "importlib", "import_module", "lambdify", "pickle", "marshal", "ctypes", "shutil", "socket",
+        "dir", "type", "object", "classmethod", "staticmethod", "super", "property", "bytearray", "bytes",
+        "print", "iter", "next", "hasattr", "id", "hash", "format", "chr", "ord",
+    }
+)
+_ALLOWED_NODES = (
+    ast.Expression, ast.Module, ast.Expr, ast.Call, ast.Name, ast.Load, ast.Constant, ast.keyword, ast.BinOp,
+    ast.UnaryOp, ast.Tuple, ast.List, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow,
+    ast.USub, ast.UAdd, ast.MatMult, ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE,
+    ast.BitXor, ast.BitAnd, ast.BitOr, ast.Invert, ast.Not, ast.BoolOp, ast.And, ast.Or,
+)
+
+
+class UnsafeExpression(ValueError):
+    """sympy was asked to evaluate generated code that is not a plain arithmetic expression."""
+
+
+def check_generated_code(code: str) -> None:
+    """Raise :class:`UnsafeExpression` unless ``code`` is a plain expression of calls, names and arithmetic."""
+    try:
+        tree = ast.parse(code, mode="eval")
+    except SyntaxError as e:
+        raise UnsafeExpression(f"not an expression: {e}") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED_NODES):
+            raise UnsafeExpression(f"{type(node).__name__} is not allowed in an expression")
+        if isinstance(node, ast.Name) and (node.id.startswith("_") or node.id in DENIED_NAMES):
+            raise UnsafeExpression(f"name {node.id!r} is not allowed in an expression")
+        if isinstance(node, ast.keyword) and node.arg is not None and node.arg.startswith("_"):
+            raise UnsafeExpression(f"keyword {node.arg!r} is not allowed in an expression")
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and len(node.value) > 200:
+            raise UnsafeExpression("string constant too long")
+
+
+_GUARD_INSTALLED = False
+
+
+def install_sympy_guard() -> None:
+    """Make every string that sympy turns into Python code pass :func:`check_generated_code` first."""
+    global _GUARD_INSTALLED
+    if _GUARD_INSTALLED:
+        return
+    from sympy.parsing import sympy_parser
+
+    original = sympy_parser.stringify_expr
+
+    def guarded_stringify_expr(s, local_dict, global_dict, transformations):
+        code = original(s, local_dict, global_dict, transformations)
+        check_generated_code(code)
+        return code
+
+    original_eval = sympy_parser.eval_expr
+
+    def guarded_eval_expr(code, local_dict, global_dict):
+        if isinstance(code, str):
+            check_generated_code(code)
+        else:  # a code object compiled from an already checked string; refuse nested code (lambdas etc.)
+            if any(hasattr(c, "co_code") for c in getattr(code, "co_consts", ())):
+                raise UnsafeExpression("nested code is not allowed in an expression")
+            for name in getattr(code, "co_names", ()):
+                if name.startswith("_") or name in DENIED_NAMES:
+                    raise UnsafeExpression(f"name {name!r} is not allowed in an expression")
+        return original_eval(code, local_dict, global_dict)
+
+    sympy_parser.stringify_expr = guarded_stringify_expr
+    sympy_parser.eval_expr = guarded_eval_expr
+    _GUARD_INSTALLED = True
+
+
+class _Deadline(BaseException):
+    """Raised by the soft (in-worker) alarm. A BaseException so that math-verify's ``except Exception`` lets it out."""
+
+
+def _on_alarm(signum, frame):
+    raise _Deadline()
+
+
+def init_worker(memory_limit_mb: int | None) -> None:
+    """Process initializer: memory limit, quiet logging, sympy guard, warm imports."""
+    if memory_limit_mb:
+        try:
+            import resource
+
+            limit = int(memory_limit_mb) * 1024 * 1024
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            if hard != resource.RLIM_INFINITY:
+                limit = min(limit, hard)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        except (ImportError, ValueError, OSError):  # pragma: no cover - non-POSIX
+            pass
+    # The parent owns Ctrl-C; workers are killed by the parent.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
+    import math_verify  # noqa: F401  (warm import)
+
+    install_sympy_guard()
+    signal.signal(signal.SIGALRM, _on_alarm)
+
+
+def ping() -> bool:
+    """Warm-up task: parse and verify once so grammar tables and caches are loaded."""
+    import math_verify
+
+    math_verify.verify(math_verify.parse("$\\frac{1}{2}$"), math_verify.parse("\\boxed{0.5}"), timeout_seconds=None)
+    return True
+
+
+def _parse_configs():
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    return [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+
+
+_CONFIGS = None
+
+
+@lru_cache(maxsize=4096)
+def _parse(answer: str) -> tuple:
+    """math-verify parse of an extracted answer (wrapped in ``\\boxed{}``); cached (golds repeat k times)."""
+    global _CONFIGS
+    import math_verify
+
+    if _CONFIGS is None:
+        _CONFIGS = _parse_configs()
+    return tuple(math_verify.parse("\\boxed{" + answer + "}", extraction_config=_CONFIGS, parsing_timeout=None))
+
+
+def _equal(gold_parsed: tuple, pred_parsed: tuple, float_rounding: int) -> bool:
+    import math_verify
+
+    return bool(
+        math_verify.verify(list(gold_parsed), list(pred_parsed), float_rounding=float_rounding, timeout_seconds=None)
+    )
+
+
+def _with_deadline(fn, soft_timeout_s: float):
+    signal.setitimer(signal.ITIMER_REAL, max(soft_timeout_s, 0.01))
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+# Results are plain strings (Verdict values) so that the parent does not unpickle anything rich from a worker.
+def verify_task(pred: str, gold: str, soft_timeout_s: float, float_rounding: int) -> str:
+    """Judge one extracted answer against one gold answer. Returns a Verdict value string."""
+
+    def run() -> str:
+        g = _parse(gold)
+        if not g:
+            return "gold_unparsable"
+        p = _parse(pred)
+        if not p:
+            return "unparsable"
+        return "correct" if _equal(g, p, float_rounding) else "incorrect"
+
+    try:
+        return _with_deadline(run, soft_timeout_s)
+    except _Deadline:
+        return "timeout"
+    except (MemoryError, RecursionError):
+        return "timeout"
+    except Exception:
+        return "unparsable"
+
+
+def parse_ok_task(answer: str, soft_timeout_s: float, probe: bool = False) -> str:
+    """'ok' if math-verify can parse the answer, else 'unparsable' / 'timeout'.
+
+    With ``probe`` the parsed answer is also compared once with the constant 0: an answer whose comparison
+    cannot finish in time (``9^{9^{9^9}}``, huge factorials) is reported as 'timeout' here, once, instead of
+    timing out against every other answer of its question.
+    """
+
+    def run() -> bool:
+        p = _parse(answer)
+        if p and probe:
+            _equal(_parse("0"), p, 6)
+        return bool(p)
+
+    try:
+        return "ok" if _with_deadline(run, soft_timeout_s) else "unparsable"
+    except _Deadline:
+        return "timeout"
+    except (MemoryError, RecursionError):
+        return "timeout"
+    except Exception:
+        return "unparsable"
+
+
+def equal_task(a: str, b: str, soft_timeout_s: float, float_rounding: int) -> str:
+    """'equal' if a and b are mathematically equivalent (either direction), else 'different' / 'timeout'."""
+
+    def run() -> bool:
+        pa, pb = _parse(a), _parse(b)
+        if not pa or not pb:
+            return False
+        return _equal(pa, pb, float_rounding) or _equal(pb, pa, float_rounding)
+
+    try:
+        return "equal" if _with_deadline(run, soft_timeout_s) else "different"
+    except _Deadline:
+        return "timeout"
+    except (MemoryError, RecursionError):
+        return "timeout"
+    except Exception:
+        return "different"
+
+
+def probe_sympify(payload: str) -> str:
+    """Test hook: call ``sympy.sympify`` on raw text inside a worker and report what happened."""
+    import sympy
+
+    try:
+        sympy.sympify(payload)
+        return "evaluated"
+    except UnsafeExpression:
+        return "blocked"
+    except Exception as e:  # noqa: BLE001
+        return f"error:{type(e).__name__}"
+
+
+def stall_task(seconds: float) -> str:
+    """Test hook: block in a way the soft alarm cannot interrupt (alarm ignored), so only the hard kill stops it."""
+    import time
+
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    time.sleep(seconds)
+    return "finished"

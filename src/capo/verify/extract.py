@@ -1,0 +1,237 @@
+"""Answer extraction from model text: ``\\boxed{}``, GSM8K ``#### N``, RLCR tags, and a last-number fallback.
+
+Every function here is a pure string function that runs in linear time in the length of the text (one regex
+scan plus one pass over the braces; no recursion, no backtracking-prone patterns), so it is safe to call in the
+parent process on arbitrary model output. Nothing is evaluated: the extracted strings are only compared later by
+:class:`capo.verify.Verifier` inside a sandboxed worker process.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "ANSWER_FORMATS",
+    "RlcrParse",
+    "extract_answer",
+    "extract_boxed",
+    "extract_gsm8k",
+    "extract_last_number",
+    "extract_rlcr",
+    "normalize_number",
+]
+
+# "\boxed{", "\boxed {", "\fbox{" -- the brace is matched by the linear scan below.
+_BOXED_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# "\boxed 5" (MATH sometimes writes a single token without braces).
+_BOXED_BARE = re.compile(r"\\boxed[ \t]+([^\s${}]+)")
+
+
+_BRACE_TOKENS = re.compile(r"\\.|[{}]", re.DOTALL)
+
+
+def _match_braces(text: str, start: int = 0) -> dict[int, int]:
+    """Map the index of every unescaped ``{`` (from ``start`` on) to the index of its matching ``}``.
+
+    One regex scan plus an explicit stack: linear time, no recursion. ``\\{`` and ``\\}`` (LaTeX literal braces)
+    are not grouping braces and are skipped. Unmatched openers are simply absent from the result.
+    """
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    for m in _BRACE_TOKENS.finditer(text, start):
+        c = m.group(0)
+        if c == "{":
+            stack.append(m.start())
+        elif c == "}":
+            if stack:
+                pairs[stack.pop()] = m.start()
+    return pairs
+
+
+def extract_boxed(text: str | None) -> str | None:
+    """The content of the last complete ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, else ``None``.
+
+    Braces are matched with an explicit stack (escaped ``\\{``/``\\}`` do not count), so nested braces of any depth
+    work and an unclosed ``\\boxed{`` (a truncated response) is ignored in favour of an earlier complete one.
+    "Last" means the last top-level box: for ``\\boxed{\\boxed{1}}`` the outer box is taken and a box that merely
+    wraps another box is unwrapped, giving ``1``. ``\\boxed 5`` (no braces) is accepted too. Returns the stripped
+    content; an empty box gives ``""``. Linear time in ``len(text)``.
+    """
+    if not text or "\\" not in text:
+        return None
+    first = text.find("\\boxed")
+    fb = text.find("\\fbox")
+    if first == -1 or (fb != -1 and fb < first):
+        first = fb
+    if first == -1:
+        return None
+    pairs = _match_braces(text, first)
+    best: tuple[int, int, int, int] | None = None  # (box start, box end, content start, content end)
+    for m in _BOXED_OPEN.finditer(text, first):
+        open_at = m.end() - 1
+        close = pairs.get(open_at)
+        if close is None:
+            continue
+        if best is not None and m.start() < best[1]:
+            continue  # nested inside the box already chosen: the enclosing box wins
+        best = (m.start(), close + 1, open_at + 1, close)
+    for m in _BOXED_BARE.finditer(text, first):
+        if best is None or m.start() >= best[1]:
+            best = (m.start(), m.end(), m.start(1), m.end(1))
+    if best is None:
+        return None
+    lo, hi = best[2], best[3]
+    # unwrap \boxed{\boxed{x}}: while the content is exactly one box, take that box's content (absolute indices,
+    # so this stays linear however deep the nesting is)
+    while True:
+        while lo < hi and text[lo].isspace():
+            lo += 1
+        while hi > lo and text[hi - 1].isspace():
+            hi -= 1
+        m = _BOXED_OPEN.match(text, lo, hi)
+        if not m:
+            break
+        close = pairs.get(m.end() - 1)
+        if close != hi - 1:
+            break
+        lo, hi = m.end(), close
+    return text[lo:hi]
+
+
+_GSM8K = re.compile(r"####\s*([^\n]*)")
+_NUMBER = re.compile(r"-?\$?\s*\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def normalize_number(s: str) -> str:
+    """Normalise a numeric answer string: drop ``$``, thousands commas, spaces, a trailing period, ``.0+``.
+
+    Non-numeric strings are returned stripped but otherwise unchanged.
+    """
+    t = s.strip().rstrip(".").strip()
+    t = t.replace("$", "").replace(",", "").replace(" ", "")
+    if re.fullmatch(r"-?\d+(?:\.\d+)?|-?\.\d+", t):
+        if "." in t:
+            t = t.rstrip("0").rstrip(".") or "0"
+        if t in ("-0", ""):
+            t = "0"
+        return t
+    return s.strip()
+
+
+def extract_gsm8k(text: str | None) -> str | None:
+    """The answer after the last ``#### `` marker (GSM8K reference format), normalised; ``None`` if absent.
+
+    ``"... #### 1,234."`` gives ``"1234"``. Only the rest of that line is taken.
+    """
+    if not text or "####" not in text:
+        return None
+    ans = None
+    for m in _GSM8K.finditer(text):
+        ans = m.group(1)
+    if ans is None:
+        return None
+    ans = ans.strip()
+    if not ans:
+        return None
+    return normalize_number(ans)
+
+
+def extract_last_number(text: str | None) -> str | None:
+    """The last number in ``text`` (``-1,234.5`` style), normalised; ``None`` if there is none."""
+    if not text:
+        return None
+    last = None
+    for m in _NUMBER.finditer(text):
+        last = m.group(0)
+    return None if last is None else normalize_number(last)
+
+
+@dataclass(frozen=True)
+class RlcrParse:
+    """RLCR output parse: the ``<answer>`` content, the ``<confidence>`` value, and whether the format is valid.
+
+    ``format_ok`` is True only when exactly the last ``<answer>..</answer>`` and ``<confidence>..</confidence>``
+    exist, the answer is non-empty, and the confidence is a finite float in [0, 1]. ``confidence`` is None
+    whenever it is not a valid number in [0, 1].
+    """
+
+    answer: str | None
+    confidence: float | None
+    format_ok: bool
+
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_CONF_TAG = re.compile(r"<confidence>(.*?)</confidence>", re.DOTALL | re.IGNORECASE)
+_FLOAT = re.compile(r"[+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _last(pattern: re.Pattern, text: str) -> str | None:
+    out = None
+    for m in pattern.finditer(text):
+        out = m.group(1)
+    return out
+
+
+def extract_rlcr(text: str | None) -> RlcrParse:
+    """Parse ``<answer>..</answer>`` and ``<confidence>q</confidence>`` (RLCR, arXiv 2507.16806).
+
+    The ``<think>`` and ``<analysis>`` tags are optional. The last occurrence of each tag is used. A confidence
+    that is not a plain decimal number (``0.8``, ``.8``, ``1``, ``8e-1``; percentages are *not* accepted) or lies
+    outside [0, 1] is a format failure. If the answer itself contains a ``\\boxed{}``, its content is taken.
+    """
+    if not text:
+        return RlcrParse(None, None, False)
+    raw_answer = _last(_ANSWER_TAG, text)
+    answer = None
+    if raw_answer is not None:
+        answer = raw_answer.strip()
+        boxed = extract_boxed(answer)
+        if boxed is not None:
+            answer = boxed
+        if answer == "":
+            answer = None
+    conf = None
+    raw_conf = _last(_CONF_TAG, text)
+    if raw_conf is not None:
+        s = raw_conf.strip()
+        if _FLOAT.fullmatch(s):
+            q = float(s)
+            if 0.0 <= q <= 1.0:
+                conf = q
+    return RlcrParse(answer, conf, answer is not None and conf is not None)
+
+
+ANSWER_FORMATS = ("auto", "boxed", "gsm8k", "rlcr", "last_number")
+
+
+def extract_answer(text: str | None, fmt: str = "auto", *, fallback_last_number: bool = False) -> str | None:
+    """Extract the final answer from a model response.
+
+    ``fmt``: ``"boxed"`` (last ``\\boxed{}``), ``"gsm8k"`` (``#### N``), ``"rlcr"`` (``<answer>`` tag),
+    ``"last_number"``, or ``"auto"``: the RLCR ``<answer>`` tag if present, else the last box, else ``#### N``.
+    With ``fallback_last_number`` the last number in the text is used when nothing else was found (the
+    "flexible extract" of lm-eval's GSM8K task).
+    """
+    if fmt not in ANSWER_FORMATS:
+        raise ValueError(f"answer format {fmt!r} is not allowed; allowed values: {', '.join(ANSWER_FORMATS)}")
+    if text is None:
+        return None
+    ans: str | None
+    if fmt == "boxed":
+        ans = extract_boxed(text)
+    elif fmt == "gsm8k":
+        ans = extract_gsm8k(text)
+    elif fmt == "rlcr":
+        ans = extract_rlcr(text).answer
+    elif fmt == "last_number":
+        ans = extract_last_number(text)
+    else:
+        ans = extract_rlcr(text).answer
+        if ans is None:
+            ans = extract_boxed(text)
+        if ans is None:
+            ans = extract_gsm8k(text)
+    if (ans is None or ans == "") and fallback_last_number and fmt != "last_number":
+        ans = extract_last_number(text)
+    return ans if ans != "" else None

@@ -1,0 +1,361 @@
+"""Mathematical-equivalence verification with math-verify in sandboxed worker processes.
+
+Design (why not just call ``math_verify.verify``): math-verify's own timeout uses ``signal.alarm``, which works
+only in the main thread and cannot interrupt C code (sympy computing ``9**9**9**9`` as an exact integer never
+returns to the interpreter). Here every judgement runs in a worker process:
+
+* ``workers`` slots, each a ``concurrent.futures.ProcessPoolExecutor`` with one process (``spawn`` or
+  ``forkserver`` context, never ``fork``: the parent may hold threads and torch state). One item is in flight
+  per slot, so the wall-clock time of each item is known exactly.
+* Inside the worker a soft ``setitimer`` alarm stops Python-level work at ``timeout_s - grace``; if the worker is
+  stuck in C code the parent kills the process at ``timeout_s`` and starts a fresh slot. Either way the verdict is
+  ``TIMEOUT``. A worker that dies (address-space limit, segfault) also gives ``TIMEOUT`` and is replaced.
+* The parent only waits on futures with a timeout, so the hard limit holds when called from any thread. Calls on
+  one Verifier are serialised by a lock.
+* Model text is never evaluated: answers longer than ``max_answer_chars`` or that look like code are judged
+  ``UNPARSABLE`` before reaching a worker, and the worker guards sympy's string-to-code path (see ``_worker``).
+"""
+
+from __future__ import annotations
+
+import enum
+import multiprocessing
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+from capo.verify import _worker
+
+__all__ = ["Verdict", "Verifier", "looks_like_code"]
+
+
+class Verdict(str, enum.Enum):
+    """Outcome of judging one answer. ``str`` valued so it serialises to JSON as its name."""
+
+    CORRECT = "correct"
+    INCORRECT = "incorrect"
+    UNPARSABLE = "unparsable"  # no answer extracted, or math-verify could not parse it, or it was refused
+    TIMEOUT = "timeout"  # exceeded the time (or memory) bound
+
+    def __str__(self) -> str:  # json.dumps uses the str value anyway; f-strings print the value too
+        return self.value
+
+
+# Python/shell-looking content never reaches a worker. LaTeX does not need any of these tokens.
+_CODE_PATTERNS = re.compile(
+    r"__|\bimport\b|\blambda\b|\bexec\b|\beval\b|\bcompile\b|\bgetattr\b|\bsetattr\b|\bglobals\b|\blocals\b"
+    r"|\bsubprocess\b|\bos\s*\.\s*[a-z]|\bsys\s*\.\s*[a-z]|\bsystem\s*\(|\bpopen\s*\(|\bopen\s*\(|\bbuiltins\b"
+    r"|[A-Za-z_)\]]\s*\.\s*[A-Za-z_]\w*\s*\(|`|\$\(|;\s*(?:rm|touch|curl|wget|sh|bash)\b|\|\s*(?:sh|bash)\b",
+    re.IGNORECASE,
+)
+
+
+def looks_like_code(answer: str) -> bool:
+    """True when ``answer`` contains Python/shell constructs (dunder names, ``import``, ``os.``, method calls,
+    backticks, ``$(``, ...). Such answers are refused (``UNPARSABLE``) without being parsed."""
+    return bool(_CODE_PATTERNS.search(answer))
+
+
+def _default_context() -> multiprocessing.context.BaseContext:
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+class _Slot:
+    """One single-process executor, warmed up, with at most one item in flight."""
+
+    def __init__(self, ctx, memory_limit_mb: int | None):
+        self.executor = ProcessPoolExecutor(
+            max_workers=1, mp_context=ctx, initializer=_worker.init_worker, initargs=(memory_limit_mb,)
+        )
+        self.ready: Future = self.executor.submit(_worker.ping)
+
+    def kill(self) -> None:
+        procs = list(getattr(self.executor, "_processes", {}).values())
+        for p in procs:
+            try:
+                p.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            try:
+                p.join(timeout=5)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class Verifier:
+    """Judge extracted answers against gold answers by mathematical equivalence (math-verify), sandboxed.
+
+    Args:
+        workers: number of worker processes (default: ``min(4, os.cpu_count())``).
+        timeout_s: hard wall-clock limit per judgement, measured from dispatch to a warm worker.
+        max_answer_chars: longer extracted answers are ``UNPARSABLE`` without parsing.
+        memory_limit_mb: address-space limit of each worker (``None``: no limit).
+        float_rounding: decimal places math-verify rounds floats to before comparing.
+        start_method: ``"forkserver"`` (default where available) or ``"spawn"``; ``"fork"`` is refused.
+        startup_timeout_s: how long a new worker may take to import sympy/math-verify and warm up.
+        exact_match_shortcut: judge identical strings ``CORRECT`` without parsing (saves a worker round trip;
+            turn off to make every judgement go through math-verify, as the MATH-500 self-check does).
+
+    Use as a context manager, or call :meth:`close`. Workers start lazily on first use.
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        timeout_s: float = 5.0,
+        max_answer_chars: int = 1000,
+        memory_limit_mb: int | None = 4096,
+        float_rounding: int = 6,
+        start_method: str | None = None,
+        startup_timeout_s: float = 120.0,
+        exact_match_shortcut: bool = True,
+    ):
+        if workers is None:
+            workers = max(1, min(4, os.cpu_count() or 1))
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        if not (timeout_s > 0):
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if start_method == "fork":
+            raise ValueError("start_method='fork' is not allowed (unsafe with threads); use 'forkserver' or 'spawn'")
+        self.workers = workers
+        self.timeout_s = float(timeout_s)
+        self.grace_s = min(1.0, 0.25 * self.timeout_s)
+        self.max_answer_chars = int(max_answer_chars)
+        self.memory_limit_mb = memory_limit_mb
+        self.float_rounding = int(float_rounding)
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.exact_match_shortcut = bool(exact_match_shortcut)
+        self._ctx = multiprocessing.get_context(start_method) if start_method else _default_context()
+        self._slots: list[_Slot] = []
+        self._lock = threading.RLock()
+        self.n_killed = 0  # workers killed after a hard timeout (or found dead); for tests and logs
+        self.last_elapsed: list[float] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Verifier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def close(self) -> None:
+        """Stop all workers."""
+        with self._lock:
+            for s in self._slots:
+                s.kill()
+            self._slots = []
+
+    def _new_slot(self) -> _Slot:
+        return _Slot(self._ctx, self.memory_limit_mb)
+
+    def _check_ready(self, slot: _Slot, timeout: float | None) -> None:
+        try:
+            slot.ready.result(timeout=timeout)
+        except Exception as e:  # noqa: BLE001
+            slot.kill()
+            self._slots.remove(slot)
+            raise RuntimeError(
+                f"a verifier worker process failed to start (within {self.startup_timeout_s:.0f} s): {e!r}. Workers "
+                "are started with the 'forkserver'/'spawn' method, which re-imports the main script: a script that "
+                "creates a Verifier at top level must put that code under `if __name__ == '__main__':`."
+            ) from None
+
+    def _ensure_started(self) -> None:
+        while len(self._slots) < self.workers:
+            self._slots.append(self._new_slot())
+
+    def _replace(self, slot: _Slot) -> _Slot:
+        """Kill ``slot``'s process and start a fresh slot in its place (not waited for: it warms up meanwhile)."""
+        slot.kill()
+        self.n_killed += 1
+        new = self._new_slot()
+        self._slots[self._slots.index(slot)] = new
+        return new
+
+    # ------------------------------------------------------------------ dispatch
+    def _run_tasks(self, tasks: list[tuple], on_timeout: str) -> list[str]:
+        """Run ``(fn, *args)`` tasks, one per slot at a time, each under the hard timeout. Returns result strings.
+
+        ``self.last_elapsed[i]`` is the wall time of task i from dispatch to a warm worker until its result (or its
+        kill), the quantity the hard timeout bounds.
+        """
+        results: list[str | None] = [None] * len(tasks)
+        self.last_elapsed = [0.0] * len(tasks)
+        if not tasks:
+            return []
+        with self._lock:
+            self._ensure_started()
+            pending = deque(range(len(tasks)))
+            idle: list[_Slot] = []
+            starting: dict[Future, _Slot] = {}
+            for slot in self._slots:
+                if slot.ready.done():
+                    self._check_ready(slot, 0)
+                    idle.append(slot)
+                else:
+                    starting[slot.ready] = slot
+            running: dict[Future, tuple[int, _Slot, float]] = {}
+            t_start_wait = time.monotonic()
+            while pending or running:
+                while idle and pending:
+                    slot, i = idle.pop(), pending.popleft()
+                    fn, *args = tasks[i]
+                    try:
+                        fut = slot.executor.submit(fn, *args)
+                    except Exception:  # noqa: BLE001 - broken executor: replace it and retry this item
+                        new = self._replace(slot)
+                        starting[new.ready] = new
+                        pending.appendleft(i)
+                        continue
+                    running[fut] = (i, slot, time.monotonic())
+                if running:
+                    deadline = min(t0 for (_, _, t0) in running.values()) + self.timeout_s
+                else:  # only waiting for workers to start
+                    deadline = t_start_wait + self.startup_timeout_s
+                waitable = list(running) + list(starting)
+                done, _ = wait(waitable, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    if fut in starting:
+                        slot = starting.pop(fut)
+                        self._check_ready(slot, 0)
+                        idle.append(slot)
+                        t_start_wait = time.monotonic()
+                        continue
+                    i, slot, t0 = running.pop(fut)
+                    self.last_elapsed[i] = time.monotonic() - t0
+                    try:
+                        results[i] = fut.result()
+                        idle.append(slot)
+                    except Exception:  # noqa: BLE001 - the worker died (memory limit, crash)
+                        results[i] = on_timeout
+                        new = self._replace(slot)
+                        starting[new.ready] = new
+                now = time.monotonic()
+                for fut, (i, slot, t0) in list(running.items()):
+                    if now - t0 >= self.timeout_s and not fut.done():
+                        running.pop(fut)
+                        self.last_elapsed[i] = now - t0
+                        results[i] = on_timeout
+                        new = self._replace(slot)
+                        starting[new.ready] = new
+                if not running and starting and not idle and time.monotonic() - t_start_wait > self.startup_timeout_s:
+                    for slot in list(starting.values()):
+                        self._check_ready(slot, 0)  # raises with a clear message
+        return results  # type: ignore[return-value]
+
+    def _refused(self, answer: str | None) -> bool:
+        return answer is None or not answer.strip() or len(answer) > self.max_answer_chars or looks_like_code(answer)
+
+    # ------------------------------------------------------------------ public API
+    def verify(self, pred: str | None, gold: str) -> Verdict:
+        """Judge one extracted answer ``pred`` against ``gold``."""
+        return self.verify_batch([pred], [gold])[0]
+
+    def verify_batch(self, preds: Sequence[str | None], golds: Sequence[str]) -> list[Verdict]:
+        """Judge ``preds[i]`` against ``golds[i]`` for every i; one :class:`Verdict` per input, in order.
+
+        ``preds`` are extracted answers (see :func:`capo.verify.extract_answer`); ``None`` is ``UNPARSABLE``.
+        A gold answer that math-verify cannot parse makes the item ``UNPARSABLE`` as well (check your data with
+        :meth:`gold_parses`).
+        """
+        if len(preds) != len(golds):
+            raise ValueError(f"preds has {len(preds)} items but golds has {len(golds)}; they must match")
+        out: list[Verdict | None] = [None] * len(preds)
+        tasks, where = [], []
+        soft = self.timeout_s - self.grace_s
+        for i, (p, g) in enumerate(zip(preds, golds)):
+            if self._refused(p) or g is None or len(g) > self.max_answer_chars:
+                out[i] = Verdict.UNPARSABLE
+                continue
+            p, g = p.strip(), str(g).strip()
+            if self.exact_match_shortcut and p == g:  # identical strings are equivalent without parsing (math-verify agrees; saves a round trip)
+                out[i] = Verdict.CORRECT
+                continue
+            tasks.append((_worker.verify_task, p, g, soft, self.float_rounding))
+            where.append(i)
+        for i, r in zip(where, self._run_tasks(tasks, on_timeout="timeout")):
+            out[i] = Verdict.UNPARSABLE if r == "gold_unparsable" else Verdict(r)
+        return out  # type: ignore[return-value]
+
+    def gold_parses(self, golds: Sequence[str]) -> list[bool]:
+        """Whether math-verify can parse each gold answer (a data check)."""
+        soft = self.timeout_s - self.grace_s
+        res = self._run_tasks([(_worker.parse_ok_task, str(g).strip(), soft) for g in golds], on_timeout="timeout")
+        return [r == "ok" for r in res]
+
+    def equivalence_classes(self, answers: Sequence[str | None]) -> list[int]:
+        """Group one question's answers by mathematical equivalence.
+
+        Returns one class id per answer: ``0, 1, 2, ...`` numbered by first occurrence; ``-1`` for an answer that
+        is missing, refused or unparsable, or whose comparison with a constant times out (an enormous expression).
+        Equal strings share a class without parsing; other pairs are compared with math-verify (in both
+        directions) and classes are the transitive closure (union-find). A comparison that times out counts as
+        "different".
+        """
+        return self.equivalence_classes_batch([answers])[0]
+
+    def equivalence_classes_batch(self, groups: Sequence[Sequence[str | None]]) -> list[list[int]]:
+        """:meth:`equivalence_classes` for many questions at once (one dispatch, all workers busy)."""
+        soft = self.timeout_s - self.grace_s
+        uniq_per_group: list[list[str]] = []
+        for answers in groups:
+            seen: dict[str, None] = {}
+            for a in answers:
+                if not self._refused(a):
+                    seen.setdefault(a.strip(), None)
+            # (equal strings always share a class: they are deduplicated here before any comparison)
+            uniq_per_group.append(list(seen))
+        # 1) which unique answers parse at all, and can be compared with something in time
+        parse_tasks = [(_worker.parse_ok_task, u, soft, True) for uniq in uniq_per_group for u in uniq]
+        parse_res = iter(self._run_tasks(parse_tasks, on_timeout="timeout"))
+        ok_per_group = [[next(parse_res) == "ok" for _ in uniq] for uniq in uniq_per_group]
+        # 2) pairwise equivalence among the parsable ones
+        pair_tasks, pair_where = [], []
+        for gi, (uniq, ok) in enumerate(zip(uniq_per_group, ok_per_group)):
+            idx = [j for j, o in enumerate(ok) if o]
+            for a in range(len(idx)):
+                for b in range(a + 1, len(idx)):
+                    pair_tasks.append((_worker.equal_task, uniq[idx[a]], uniq[idx[b]], soft, self.float_rounding))
+                    pair_where.append((gi, idx[a], idx[b]))
+        pair_res = self._run_tasks(pair_tasks, on_timeout="timeout")
+        parents = [list(range(len(u))) for u in uniq_per_group]
+
+        def find(p: list[int], x: int) -> int:
+            while p[x] != x:
+                p[x] = p[p[x]]
+                x = p[x]
+            return x
+
+        for (gi, a, b), r in zip(pair_where, pair_res):
+            if r == "equal":
+                p = parents[gi]
+                ra, rb = find(p, a), find(p, b)
+                if ra != rb:
+                    p[max(ra, rb)] = min(ra, rb)
+        out: list[list[int]] = []
+        for answers, uniq, ok, p in zip(groups, uniq_per_group, ok_per_group, parents):
+            pos = {u: j for j, u in enumerate(uniq)}
+            label: dict[int, int] = {}
+            ids = []
+            for a in answers:
+                if self._refused(a) or not ok[pos[a.strip()]]:
+                    ids.append(-1)
+                    continue
+                root = find(p, pos[a.strip()])
+                ids.append(label.setdefault(root, len(label)))
+            out.append(ids)
+        return out

@@ -1,0 +1,118 @@
+"""Hand-written cases for the pure extraction functions."""
+
+import time
+
+import pytest
+
+from capo.verify import (
+    RlcrParse,
+    extract_answer,
+    extract_boxed,
+    extract_gsm8k,
+    extract_last_number,
+    extract_rlcr,
+    normalize_number,
+)
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        (r"so \boxed{\frac{1}{2}}.", r"\frac{1}{2}"),
+        (r"\boxed{1} then \boxed{2}", "2"),
+        (r"\boxed{1} then \boxed{2", "1"),  # truncated last box: the last complete one
+        (r"\boxed{\boxed{ 3 }}", "3"),
+        (r"\boxed{a}\boxed{b{c}}", "b{c}"),
+        (r"\boxed{\{1,2\}}", r"\{1,2\}"),  # escaped braces do not count
+        (r"\boxed{\left\{ x \right.}", r"\left\{ x \right."),
+        (r"\boxed 5$", "5"),
+        (r"\fbox{7}", "7"),
+        (r"\boxed {8}", "8"),
+        (r"\boxed{}", ""),
+        ("no box here", None),
+        ("", None),
+        (None, None),
+        (r"\boxed{(1, 2)} and text", "(1, 2)"),
+        (r"\boxed{x} \boxed{\text{(B)}}", r"\text{(B)}"),
+    ],
+)
+def test_extract_boxed(text, want):
+    assert extract_boxed(text) == want
+
+
+def test_extract_boxed_deep_nesting_is_linear():
+    n = 200_000
+    t = time.perf_counter()
+    assert extract_boxed("\\boxed{" * n + "1" + "}" * n) == "1"
+    assert extract_boxed("\\boxed{" + "{" * n + "x" + "}" * n + "}") == "{" * n + "x" + "}" * n
+    assert extract_boxed("\\boxed{" * n) is None
+    assert time.perf_counter() - t < 5.0
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("Natalia sold 48/2 = 24 clips.\n#### 72", "72"),
+        ("#### 1,234.", "1234"),
+        ("#### $5.50", "5.5"),
+        ("#### -3", "-3"),
+        ("#### 1\n#### 2", "2"),
+        ("####", None),
+        ("no marker 5", None),
+        (None, None),
+    ],
+)
+def test_extract_gsm8k(text, want):
+    assert extract_gsm8k(text) == want
+
+
+@pytest.mark.parametrize(
+    "s, want", [("1,000", "1000"), ("$18.", "18"), ("2.50", "2.5"), ("3.0", "3"), ("-0", "0"), ("x+1", "x+1")]
+)
+def test_normalize_number(s, want):
+    assert normalize_number(s) == want
+
+
+def test_extract_last_number():
+    assert extract_last_number("it costs $1,200.50 in total, then 3.") == "3"
+    assert extract_last_number("answer -7") == "-7"
+    assert extract_last_number("none") is None
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("<think>t</think><answer>3</answer><analysis>a</analysis><confidence>0.7</confidence>", RlcrParse("3", 0.7, True)),
+        ("<answer>3</answer><confidence>.25</confidence>", RlcrParse("3", 0.25, True)),
+        ("<answer>3</answer><confidence>1</confidence>", RlcrParse("3", 1.0, True)),
+        ("<answer>3</answer><confidence>0</confidence>", RlcrParse("3", 0.0, True)),
+        ("<answer>3</answer><confidence>8e-1</confidence>", RlcrParse("3", 0.8, True)),
+        ("<answer>3</answer><confidence>1.01</confidence>", RlcrParse("3", None, False)),
+        ("<answer>3</answer><confidence>-0.1</confidence>", RlcrParse("3", None, False)),
+        ("<answer>3</answer><confidence>70%</confidence>", RlcrParse("3", None, False)),
+        ("<answer>3</answer><confidence>nan</confidence>", RlcrParse("3", None, False)),
+        ("<answer>3</answer><confidence>1e309</confidence>", RlcrParse("3", None, False)),
+        ("<answer>3</answer>", RlcrParse("3", None, False)),
+        ("<confidence>0.5</confidence>", RlcrParse(None, 0.5, False)),
+        ("<answer> </answer><confidence>0.5</confidence>", RlcrParse(None, 0.5, False)),
+        ("<answer>\\boxed{4}</answer><confidence>0.5</confidence>", RlcrParse("4", 0.5, True)),
+        ("<answer>1</answer><answer>2</answer><confidence>0.1</confidence><confidence>0.9</confidence>", RlcrParse("2", 0.9, True)),
+        ("", RlcrParse(None, None, False)),
+    ],
+)
+def test_extract_rlcr(text, want):
+    assert extract_rlcr(text) == want
+
+
+def test_extract_answer_formats():
+    text = "<answer>5</answer> \\boxed{6} #### 7 and 8"
+    assert extract_answer(text, "auto") == "5"
+    assert extract_answer(text, "boxed") == "6"
+    assert extract_answer(text, "gsm8k") == "7 and 8"
+    assert extract_answer(text, "last_number") == "8"
+    assert extract_answer("\\boxed{6} #### 7", "auto") == "6"
+    assert extract_answer("#### 7", "auto") == "7"
+    assert extract_answer("the answer is 9", "auto") is None
+    assert extract_answer("the answer is 9", "auto", fallback_last_number=True) == "9"
+    with pytest.raises(ValueError, match="allowed values"):
+        extract_answer("x", "nope")
