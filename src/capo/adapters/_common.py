@@ -1,0 +1,138 @@
+"""Engine-independent pieces shared by the TRL and verl adapters.
+
+Everything here works on plain tensors and strings: rewards from verdicts (built on ``capo.verify`` and the core's
+``REWARDS``), the CAPO noise mask from reference log-probs, and the checks that turn a bad estimator name or
+missing input into a :class:`capo.errors.ConfigError` that says what to enable. Neither engine is imported here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from capo.core import ADVANTAGES, REWARDS, capo_noise_mask, sequence_logprob_mean
+from capo.errors import ConfigError
+
+# Estimators that read per-response scores (mean token log-prob under the rollout policy).
+SCORE_ESTIMATORS = frozenset({"capo"})
+
+
+def check_estimator(name: str, hparams: dict | None = None, *, engine: str) -> None:
+    """Raise ConfigError if ``name`` is not a capo advantage estimator, or ``hparams`` names an unknown knob."""
+    if name not in ADVANTAGES:
+        raise ConfigError(
+            f"{engine}: advantage estimator {name!r} is not known to the installed capo; allowed values: "
+            f"{', '.join(ADVANTAGES.names())}. Upgrade capo if the name comes from a newer version."
+        )
+    params = inspect.signature(ADVANTAGES.get(name)).parameters
+    extra = sorted(set(hparams or {}) - {p for p in params if params[p].kind is inspect.Parameter.KEYWORD_ONLY}
+                   - {"scores", "keep"})
+    if extra:
+        allowed = [p for p in params if params[p].kind is inspect.Parameter.KEYWORD_ONLY and p not in ("scores", "keep")]
+        raise ConfigError(
+            f"{engine}: advantage estimator {name!r} has no hyperparameter {', '.join(map(repr, extra))}; "
+            f"allowed: {', '.join(allowed) or '(none)'}"
+        )
+
+
+def reference_keep(
+    ref_token_logp: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor, *, low: float, high: float
+) -> torch.Tensor:
+    """CAPO's noise mask from per-token reference log-probs: [N, T], [N, T], [N] bool -> keep [N] bool.
+
+    PPL_ref = exp(-lpm_ref); see :func:`capo.core.capo_noise_mask` for the rule.
+    """
+    ppl = torch.exp(-sequence_logprob_mean(ref_token_logp.double(), mask))
+    return capo_noise_mask(ppl, correct, low=low, high=high)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rewards on text: extraction + verification (capo.verify) + the core's reward formulas (capo.core.REWARDS)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScoredBatch:
+    """Per-response verdicts of one reward call. All lists have one entry per response.
+
+    correct: the extracted answer is mathematically equivalent to the gold answer.
+    confidence: verbalized confidence q in [0, 1] (RLCR), NaN where missing or invalid / not asked for.
+    format_ok: the response followed the required format.
+    rewards: the reward values returned to the engine.
+    """
+
+    correct: list[bool]
+    confidence: list[float]
+    format_ok: list[bool]
+    rewards: list[float]
+
+
+def _default_verifier():
+    from capo.verify import Verifier
+
+    return Verifier(workers=1)
+
+
+def score_texts(
+    texts: Sequence[str],
+    golds: Sequence[str],
+    *,
+    kind: str,
+    verifier=None,
+    answer_format: str = "auto",
+    format_failure_reward: float = -1.0,
+) -> ScoredBatch:
+    """Score responses against gold answers with the core reward ``kind`` ("rlcr" or "correctness").
+
+    "rlcr": answer and confidence from the ``<answer>``/``<confidence>`` tags (``capo.verify.extract_rlcr``), reward
+    c - (q - c)^2, format failures get ``format_failure_reward``. "correctness": answer by ``answer_format``
+    (``capo.verify.extract_answer``), reward 1[correct].
+    """
+    from capo.verify import Verdict, extract_answer, extract_rlcr
+
+    if len(texts) != len(golds):
+        raise ValueError(f"got {len(texts)} responses but {len(golds)} gold answers; they must match")
+    verifier = verifier or _default_verifier()
+    if kind == "rlcr":
+        parsed = [extract_rlcr(t) for t in texts]
+        answers = [p.answer for p in parsed]
+        conf = [math.nan if p.confidence is None else float(p.confidence) for p in parsed]
+        fmt = [bool(p.format_ok) for p in parsed]
+    elif kind == "correctness":
+        answers = [extract_answer(t, answer_format) for t in texts]
+        conf = [math.nan] * len(texts)
+        fmt = [a is not None for a in answers]
+    else:
+        raise ValueError(f"unknown reward kind {kind!r}; allowed: rlcr, correctness")
+    verdicts = verifier.verify_batch(answers, [str(g) for g in golds])
+    correct = [v == Verdict.CORRECT for v in verdicts]
+    c = torch.tensor(correct, dtype=torch.bool)
+    if kind == "rlcr":
+        r = REWARDS.get("rlcr")(
+            c,
+            confidence=torch.tensor(conf, dtype=torch.float32),
+            format_ok=torch.tensor(fmt, dtype=torch.bool),
+            format_failure_reward=format_failure_reward,
+        )
+    else:
+        r = REWARDS.get("correctness")(c)
+    return ScoredBatch(correct=correct, confidence=conf, format_ok=fmt, rewards=[float(x) for x in r])
+
+
+def completion_text(completion) -> str:
+    """The text of one completion: a string (standard format) or a list of chat messages (conversational)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):  # [{"role": "assistant", "content": ...}, ...]
+        parts = []
+        for m in completion:
+            c = m.get("content", "") if isinstance(m, dict) else str(m)
+            if isinstance(c, list):  # content blocks
+                c = "".join(b.get("text", "") for b in c if isinstance(b, dict))
+            parts.append(c)
+        return "".join(parts)
+    raise TypeError(f"a completion must be a string or a list of messages, got {type(completion).__name__}")

@@ -1,0 +1,75 @@
+"""A tiny Qwen2 model + word-level tokenizer for the engine-adapter tests, built in code (no Hub access).
+
+Vocabulary: special tokens, digits 0-9, a few confidences and the RLCR tags, so that a model briefly trained on
+well-formed RLCR outputs samples answers that are sometimes right, sometimes wrong, with varied confidences.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import torch
+
+TAGS = ["<answer>", "</answer>", "<confidence>", "</confidence>"]
+CONFS = ["0.1", "0.5", "0.9"]
+WORDS = ["<pad>", "<eos>", "Q", ":", "="] + [str(d) for d in range(10)] + CONFS + TAGS
+
+
+def build_tokenizer(path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins tokens with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    fast.save_pretrained(path)
+    return fast
+
+
+def build_model(path, tokenizer, *, sft_steps: int = 60, seed: int = 0):
+    """2-layer Qwen2 (~50k params), briefly trained on '<answer> d </answer> <confidence> q </confidence>'."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(64):
+        q = rng.randrange(10)
+        texts.append(f"Q : {q} = <answer> {rng.choice('3477')} </answer> <confidence> {rng.choice(CONFS)} "
+                     f"</confidence> <eos>")
+    ids = torch.tensor([tokenizer(t)["input_ids"] for t in texts])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(sft_steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    model.save_pretrained(path)
+    return model
+
+
+def prompts(n: int = 4):
+    """Dataset rows: prompt text and gold answer (the model answers 3, 4 or 7; gold 7 -> mixed groups)."""
+    return [{"prompt": f"Q : {i % 10} =", "answer": "7"} for i in range(n)]
+
+
+if __name__ == "__main__":  # pragma: no cover - manual check
+    import tempfile
+
+    d = tempfile.mkdtemp()
+    t = build_tokenizer(d)
+    m = build_model(d, t)
+    x = t("Q : 3 =", return_tensors="pt")
+    out = m.generate(**x, do_sample=True, max_new_tokens=8, num_return_sequences=4, pad_token_id=0)
+    print(json.dumps(t.batch_decode(out[:, x["input_ids"].shape[1]:], skip_special_tokens=True), indent=1))

@@ -1,0 +1,211 @@
+"""CapoGRPOTrainer end to end on CPU with a tiny model: the advantages TRL trains on are capo core's, to 1e-6.
+
+Each run is 2 optimizer steps of 8 completions (2 prompts x G=4, 8 tokens) -- a few seconds after imports.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+trl = pytest.importorskip("trl", reason="TRL is not installed: pip install 'capo[trl]'")
+
+import torch  # noqa: E402
+
+from capo.core import ADVANTAGES, REWARDS, capo_noise_mask, compute_advantages, sequence_logprob_mean  # noqa: E402
+from capo.errors import ConfigError  # noqa: E402
+
+G = 4
+TOL = 1e-6
+
+
+def seven_reward(completions, **kwargs):
+    """A deterministic verifiable reward independent of capo.verify: 1 if the answer tag holds a 7."""
+    return [1.0 if re.search(r"<answer>\s*7\s*</answer>", c) else 0.0 for c in completions]
+
+
+def _args(tmp_path, **kw):
+    from trl import GRPOConfig
+
+    base = dict(
+        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
+        per_device_train_batch_size=8, num_generations=G, max_completion_length=8, max_steps=2, logging_steps=1,
+        learning_rate=5e-3, beta=0.0, temperature=1.0, save_strategy="no", seed=0, disable_dropout=True,
+    )
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def _dataset(n=8):
+    from datasets import Dataset
+
+    import _tiny
+
+    return Dataset.from_list(_tiny.prompts(n))
+
+
+def _probe_class():
+    from capo.adapters.trl import CapoGRPOTrainer
+
+    class Probe(CapoGRPOTrainer):
+        """Records, per generation batch, an independent recomputation of the advantages and what the loss saw."""
+
+        probe_ref = None  # independent frozen reference model, set by the test
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            self.records = getattr(self, "records", [])
+            self.records.append({"out": {k: v for k, v in out.items()}, "batch": dict(self.capo_last_batch),
+                                 "expected": self._independent(out)})
+            return out
+
+        def _independent(self, out):
+            """Recompute everything from the rollout tensors with plain HF forwards and capo core (no adapter code)."""
+            cfg = self.capo
+            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+            attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+            t = out["completion_ids"].size(1)
+            mask = out["completion_mask"]
+
+            def token_logps(model):
+                with torch.no_grad():
+                    logits = model(input_ids=ids, attention_mask=attn).logits[:, -t - 1:-1].float() / self.temperature
+                return torch.log_softmax(logits, -1).gather(-1, ids[:, -t:, None]).squeeze(-1)
+
+            texts = self.processing_class.batch_decode(out["completion_ids"], skip_special_tokens=True)
+            rewards = torch.tensor(seven_reward(texts), dtype=torch.float64)
+            lpm = sequence_logprob_mean(token_logps(self.accelerator.unwrap_model(self.model)).double(), mask)
+            keep = torch.ones(len(texts), dtype=torch.bool)
+            if cfg.estimator == "capo" and cfg.noise_mask:
+                ppl = torch.exp(-sequence_logprob_mean(token_logps(self.probe_ref).double(), mask))
+                keep = capo_noise_mask(ppl, rewards > 0.5, low=cfg.mask_low, high=cfg.mask_high)
+            return compute_advantages(cfg.estimator, rewards, G, scores=lpm if cfg.estimator == "capo" else None,
+                                      keep=keep, **cfg.estimator_kwargs), keep
+
+        def _compute_loss(self, model, inputs):
+            self.used = getattr(self, "used", [])
+            self.used.append(inputs["advantages"].detach().clone())
+            return super()._compute_loss(model, inputs)
+
+    return Probe
+
+
+def test_capo_advantages_used_by_trl_equal_core(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = CapoAdvantageConfig(estimator="capo", estimator_kwargs={"tau": 0.6}, noise_mask=True,
+                              mask_low=1.3, mask_high=1.9)
+    Probe = _probe_class()
+    Probe.probe_ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tr = Probe(model=tiny_model_dir, reward_funcs=seven_reward, args=_args(tmp_path), train_dataset=_dataset(),
+               processing_class=tok, capo=cfg)
+    tr.train()
+    assert len(tr.records) == 2 and len(tr.used) == 2
+    nonzero = 0
+    for rec, used in zip(tr.records, tr.used):
+        expected, keep = rec["expected"]
+        got = rec["out"]["advantages"].double()
+        assert got.shape == expected.shape == (8,)
+        assert torch.allclose(got, expected, atol=TOL, rtol=0), (got, expected)
+        # the loss saw exactly these advantages (TRL shuffles rows before the loss: compare as multisets)
+        assert torch.allclose(used.double().sort().values, got.sort().values, atol=0, rtol=0)
+        assert torch.equal(rec["batch"]["keep"].cpu(), keep)
+        nonzero += int((got.abs() > 1e-9).sum())
+    assert nonzero > 0, "no signal in either batch: the test would not notice a wrong estimator"
+    kept = torch.cat([r["batch"]["keep"] for r in tr.records])
+    assert 0 < int(kept.sum()) < kept.numel(), "the noise mask should drop some but not all responses here"
+    # the step's calibration metrics were logged
+    logged = {k for h in tr.state.log_history for k in h}
+    assert {"calib/accuracy", "calib/auroc", "calib/ece", "train/capo_mask_keep_frac"} <= logged, logged
+    assert "time/capo_extra_forward_s" in logged and "time/capo_ref_forward_s" in logged
+
+
+def test_capo_grpo_equals_trl_grpo(tiny_model_dir, tmp_path):
+    """capo's grpo with TRL's eps (1e-4), Bessel std and group scaling == TRL's own GRPO advantages, same batch."""
+    from transformers import AutoTokenizer
+
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = CapoAdvantageConfig(estimator="grpo", estimator_kwargs={"eps": 1e-4, "std_ddof": 1, "scale": "group"},
+                              calibration_metrics=False)
+    Probe = _probe_class()
+    tr = Probe(model=tiny_model_dir, reward_funcs=seven_reward, args=_args(tmp_path), train_dataset=_dataset(),
+               processing_class=tok, capo=cfg)
+    tr.train()
+    n_signal = 0
+    for rec in tr.records:
+        ours = rec["out"]["advantages"]
+        trl_own = rec["batch"]["trl_advantages_local"]
+        assert torch.allclose(ours, trl_own, atol=TOL, rtol=0), (ours, trl_own)
+        assert torch.allclose(ours.double(), rec["expected"][0], atol=TOL, rtol=0)
+        n_signal += int((trl_own.abs() > 1e-3).sum())
+    assert n_signal > 0, "all groups had equal rewards: the comparison tested nothing"
+    logged = {k for h in tr.state.log_history for k in h}
+    assert "time/capo_extra_forward_s" not in logged  # grpo without metrics costs no extra forward
+
+
+def test_rlcr_end_to_end_logs_verbal_calibration(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer, RLCRReward
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    reward = RLCRReward(answer_key="answer")
+    tr = CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=reward, args=_args(tmp_path), train_dataset=_dataset(),
+                         processing_class=tok, capo=CapoAdvantageConfig(estimator="grpo", estimator_kwargs={"eps": 1e-4}))
+    tr.train()
+    b = reward.last
+    assert b is not None and len(b.rewards) == 8
+    # the rewards TRL received are REWARDS["rlcr"] of the verdicts
+    expected = REWARDS.get("rlcr")(torch.tensor(b.correct), confidence=torch.tensor(b.confidence, dtype=torch.float32),
+                                   format_ok=torch.tensor(b.format_ok))
+    assert torch.allclose(tr.capo_last_batch["rewards"].float(), expected, atol=TOL)
+    assert sum(b.format_ok) > 0, "the tiny model should write well-formed RLCR answers"
+    last = [h for h in tr.state.log_history if "calib/verbal_brier" in h]
+    assert last, "verbalized Brier was not logged"
+    brier = sum((q - c) ** 2 for q, c, ok in zip(b.confidence, b.correct, b.format_ok) if ok) / sum(b.format_ok)
+    assert math.isclose(last[-1]["calib/verbal_brier"], brier, abs_tol=1e-6)
+    assert "calib/verbal_ece" in last[-1]
+
+
+def test_rlcr_and_correctness_reward_functions_on_text():
+    from capo.adapters.trl import CorrectnessReward, RLCRReward
+    from capo.verify import Verifier
+
+    with Verifier(workers=1) as v:
+        rl = RLCRReward(answer_key="gold", verifier=v)
+        texts = ["<answer>0.5</answer><confidence>0.8</confidence>",  # 1/2 == 0.5 by math, not string
+                 "<answer>3</answer><confidence>0.8</confidence>",
+                 "<answer>1/2</answer>",  # no confidence: format failure
+                 [{"role": "assistant", "content": "<answer>\\frac{1}{2}</answer><confidence>1</confidence>"}]]
+        r = rl(prompts=[""] * 4, completions=texts, gold=["1/2"] * 4)
+        assert r == pytest.approx([1 - 0.2 ** 2, 0 - 0.8 ** 2, -1.0, 1.0], abs=1e-6)
+        cr = CorrectnessReward(answer_key="gold", verifier=v)
+        assert cr(completions=["so \\boxed{0.5}", "\\boxed{2}"], gold=["1/2", "1/2"]) == [1.0, 0.0]
+        with pytest.raises(ConfigError, match="no column 'gold'"):
+            cr(completions=["x"], answer=["1"])
+
+
+def test_bad_configuration_messages(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with pytest.raises(ConfigError, match="not known to the installed capo; allowed values: " + ", ".join(ADVANTAGES.names())):
+        CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=seven_reward, args=_args(tmp_path),
+                        train_dataset=_dataset(), processing_class=tok, capo=CapoAdvantageConfig(estimator="gspo_adv"))
+    with pytest.raises(ConfigError, match="no hyperparameter 'temperature'; allowed: tau"):
+        CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=seven_reward, args=_args(tmp_path),
+                        train_dataset=_dataset(), processing_class=tok,
+                        capo=CapoAdvantageConfig(estimator_kwargs={"temperature": 0.6}))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with pytest.raises(ConfigError, match="Pass ref_model=<model or path>"):
+        CapoGRPOTrainer(model=model, reward_funcs=seven_reward, args=_args(tmp_path), train_dataset=_dataset(),
+                        processing_class=tok, capo=CapoAdvantageConfig(estimator="capo", noise_mask=True))
