@@ -1,0 +1,426 @@
+"""The embedded default: a tiny causal LM and a verifiable reasoning-gym task that need nothing beyond pip.
+
+Task: reasoning-gym ``chain_sum`` (additions/subtractions of 2-4 non-negative integers of 1-2 digits; the answer is
+a plain integer, possibly negative). Problems are generated reproducibly from fixed seeds; the train / eval split is
+decided by a hash of the expression, so the splits are disjoint whatever seeds and sizes are asked for.
+
+Model string (raw text, no chat template)::
+
+    prompt   = "<s>55+98-93+77="                      (format_prompt(problem), BOS added by the tokenizer)
+    response = "55+98=153 153-93=60 60+77=137<answer>137</answer><confidence>0.4</confidence></s>"
+
+The response is RLCR's format (arXiv 2507.16806) with a short step-by-step trace in place of ``<think>``; the four
+tags are single tokens of a character-level tokenizer. The shipped model (``DEFAULT_MODEL_DIR``) is a ~1M-parameter
+Qwen2 built by supervised warm-up that is deliberately stopped early, so sampled accuracy leaves RL room to work.
+``build_default_model`` rebuilds it deterministically on CPU (``capo build-default``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capo.tasks.problem import Problem
+
+__all__ = [
+    "DEFAULT_MODEL_DIR",
+    "TASK_NAME",
+    "TASK_CONFIG",
+    "SPLITS",
+    "ANSWER_OPEN",
+    "ANSWER_CLOSE",
+    "CONF_OPEN",
+    "CONF_CLOSE",
+    "default_problems",
+    "format_prompt",
+    "format_response",
+    "solution_trace",
+    "build_tokenizer",
+    "build_default_model",
+    "load_default",
+    "evaluate_default",
+]
+
+DEFAULT_MODEL_DIR: Path = Path(str(resources.files("capo") / "assets" / "default_model"))
+
+TASK_NAME = "chain_sum"
+# reasoning-gym ChainSumConfig fields (besides seed/size). Difficulty varies from "4-1" to "55+98-93+77".
+TASK_CONFIG: dict[str, Any] = {"min_terms": 2, "max_terms": 5, "min_digits": 1, "max_digits": 1}
+SPLITS = ("train", "eval")
+# One expression in EVAL_BUCKETS goes to "eval", the rest to "train" (by sha256 of the expression).
+EVAL_BUCKETS = 8
+# reasoning-gym item i of seed s uses random.Random(s + i): keep the streams of different (split, seed) far apart.
+_SEED_STRIDE = 10_000_019
+_SPLIT_OFFSET = {"train": 0, "eval": 5_000_011}
+
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+CONF_OPEN, CONF_CLOSE = "<confidence>", "</confidence>"
+TAGS = (ANSWER_OPEN, ANSWER_CLOSE, CONF_OPEN, CONF_CLOSE)
+BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
+# Confidence values the warm-up data carries: one decimal, uniform, independent of correctness.
+CONFIDENCE_GRID = tuple(f"{k / 10:.1f}" for k in range(11))
+
+
+# ----------------------------------------------------------------------------------------------------- problems
+
+
+def _split_of(expression: str) -> str:
+    h = int.from_bytes(hashlib.sha256(expression.encode()).digest()[:8], "big")
+    return "eval" if h % EVAL_BUCKETS == 0 else "train"
+
+
+def default_problems(split: str, n: int, seed: int = 0) -> list[Problem]:
+    """``n`` chain-sum problems of ``split`` ("train" or "eval"), reproducible for a given ``seed``.
+
+    Train and eval are disjoint by construction (hash of the expression). Eval problems are unique within a call;
+    train problems follow the generator's distribution (easy expressions, of which there are few, may repeat).
+    ``Problem.prompt`` is the compact expression without spaces (``"55+98-93+77"``); ``answer`` is a plain integer
+    string; ``meta`` keeps reasoning-gym's question, expression, num_terms and num_digits.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} is not allowed; allowed values: {', '.join(SPLITS)}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    import reasoning_gym
+
+    base = seed * _SEED_STRIDE + _SPLIT_OFFSET[split]
+    ds = reasoning_gym.create_dataset(TASK_NAME, size=max(1, 1 << 30), seed=base, **TASK_CONFIG)
+    out: list[Problem] = []
+    seen: set[str] = set()
+    idx = 0
+    max_tries = 200 * n + 1000
+    while len(out) < n:
+        if idx >= max_tries:
+            raise RuntimeError(f"could not generate {n} unique {split} problems")
+        item = ds[idx]
+        idx += 1
+        expr = item["metadata"]["expression"]
+        compact = expr.replace(" ", "")
+        if _split_of(compact) != split:
+            continue
+        if split == "eval":
+            if compact in seen:
+                continue
+            seen.add(compact)
+        answer = str(int(item["answer"]))
+        out.append(
+            Problem(
+                id=f"{TASK_NAME}-{split}-s{seed}-{idx - 1}",
+                prompt=compact,
+                answer=answer,
+                meta={
+                    "question": item["question"],
+                    "expression": expr,
+                    "num_terms": item["metadata"]["num_terms"],
+                    "num_digits": item["metadata"]["num_digits"],
+                    "source": f"reasoning_gym:{TASK_NAME}",
+                },
+            )
+        )
+    return out
+
+
+def format_prompt(problem: Problem) -> str:
+    """The raw text prompt the model sees (no chat template; the tokenizer adds BOS): ``"55+98-93+77="``."""
+    return f"{problem.prompt}="
+
+
+def solution_trace(expression: str) -> str:
+    """Left-to-right partial sums: ``"55+98-93"`` -> ``"55+98=153 153-93=60"``."""
+    import re
+
+    toks = re.findall(r"\d+|[+-]", expression.replace(" ", ""))
+    acc = int(toks[0])
+    steps = []
+    for op, num in zip(toks[1::2], toks[2::2]):
+        new = acc + int(num) if op == "+" else acc - int(num)
+        steps.append(f"{acc}{op}{num}={new}")
+        acc = new
+    return " ".join(steps)
+
+
+def format_response(problem: Problem, confidence: str) -> str:
+    """The warm-up target: trace, ``<answer>``, ``<confidence>`` (EOS is appended by the caller)."""
+    return f"{solution_trace(problem.prompt)}{ANSWER_OPEN}{problem.answer}{ANSWER_CLOSE}{CONF_OPEN}{confidence}{CONF_CLOSE}"
+
+
+# ---------------------------------------------------------------------------------------------------- tokenizer
+
+
+def build_tokenizer():
+    """Character-level ``PreTrainedTokenizerFast``: printable ASCII + newline, the four RLCR tags as single tokens,
+    ``<s>`` (BOS, added in front of every encoded text), ``</s>`` (EOS), ``<pad>``, ``<unk>``. Decoding is exact."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [PAD, BOS, EOS, UNK]
+    chars = ["\n"] + [chr(c) for c in range(32, 127)]
+    vocab = {t: i for i, t in enumerate(specials + list(TAGS) + chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(specials)
+    tok.add_tokens(list(TAGS))
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=256,
+    )
+    return fast
+
+
+# -------------------------------------------------------------------------------------------------------- model
+
+
+def _model_config(tokenizer, hidden: int, layers: int, heads: int, intermediate: int):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _sft_batch(problems: list[Problem], rng: random.Random, tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (input_ids, attention_mask, labels); labels are -100 on the prompt and padding."""
+    seqs, labs = [], []
+    for p in problems:
+        pr = tokenizer(format_prompt(p))["input_ids"]
+        resp = tokenizer(format_response(p, rng.choice(CONFIDENCE_GRID)), add_special_tokens=False)["input_ids"]
+        resp = resp + [tokenizer.eos_token_id]
+        seqs.append(pr + resp)
+        labs.append([-100] * len(pr) + resp)
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), tokenizer.pad_token_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), T), dtype=torch.long)
+    lab = torch.full((len(seqs), T), -100, dtype=torch.long)
+    for i, (s, l) in enumerate(zip(seqs, labs)):
+        ids[i, : len(s)] = torch.tensor(s)
+        att[i, : len(s)] = 1
+        lab[i, : len(l)] = torch.tensor(l)
+    return ids, att, lab
+
+
+def build_default_model(
+    out_dir: str | Path,
+    seed: int = 0,
+    *,
+    steps: int = 700,
+    batch_size: int = 64,
+    lr: float = 2e-3,
+    warmup_steps: int = 50,
+    hidden: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    intermediate: int = 384,
+    eval_prompts: int = 256,
+    group_size: int = 8,
+    log_every: int = 100,
+    log=None,
+) -> dict:
+    """Build tokenizer + Qwen2 model by supervised warm-up on ``chain_sum`` train problems and save both to
+    ``out_dir`` (safetensors, fp32). Deterministic on CPU for a fixed ``seed`` (and thread count).
+
+    The warm-up is stopped after ``steps`` (default chosen so sampled accuracy at temperature 1 is in the 20-70%
+    band); the confidence in the targets is uniform over {0.0, 0.1, ..., 1.0}, independent of correctness. With
+    ``eval_prompts > 0`` the built model is measured on held-out problems (``evaluate_default``). Returns stats,
+    also written to ``out_dir/capo_default.json``.
+    """
+    from transformers import Qwen2ForCausalLM
+
+    out_dir = Path(out_dir)
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = build_tokenizer()
+    config = _model_config(tokenizer, hidden, layers, heads, intermediate)
+    model = Qwen2ForCausalLM(config).float()
+    n_params = sum(p.numel() for p in model.parameters())
+    train = default_problems("train", steps * batch_size, seed=seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)))
+    model.train()
+    losses = []
+    for step in range(steps):
+        ids, att, lab = _sft_batch(train[step * batch_size : (step + 1) * batch_size], rng, tokenizer)
+        loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if log is not None and (step + 1) % log_every == 0:
+            log(f"step {step + 1}/{steps} loss {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f}")
+    train_s = time.perf_counter() - t0
+    model.eval()
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    _portable_tokenizer_config(out_dir)
+    stats: dict[str, Any] = {
+        "task": f"reasoning_gym:{TASK_NAME}",
+        "task_config": TASK_CONFIG,
+        "seed": seed,
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "warmup_steps": warmup_steps,
+        "architecture": {"type": "qwen2", "hidden": hidden, "layers": layers, "heads": heads,
+                         "intermediate": intermediate, "vocab": len(tokenizer)},
+        "params": n_params,
+        "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+        "train_seconds": round(train_s, 1),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    if eval_prompts > 0:
+        ev = evaluate_default(model, tokenizer, default_problems("eval", eval_prompts, seed=0),
+                              group_size=group_size, seed=seed)
+        stats["eval"] = {k: v for k, v in ev.items() if k != "samples"}
+    stats["total_seconds"] = round(time.perf_counter() - t0, 1)
+    (out_dir / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")
+    return stats
+
+
+def _portable_tokenizer_config(out_dir: Path) -> None:
+    """transformers 5 writes ``tokenizer_class: TokenizersBackend``, unknown to transformers 4.x (and so to most
+    vLLM installs); ``PreTrainedTokenizerFast`` names the same tokenizer for both."""
+    path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def load_default(dtype: torch.dtype = torch.float32, model_dir: str | Path | None = None):
+    """(model, tokenizer) of the shipped default (plain ``transformers`` loaders; model in eval mode)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
+    if not (d / "config.json").exists():
+        from capo.errors import DataError
+
+        raise DataError(f"no default model at {d}; build one with `capo build-default --out {d}`")
+    tok = AutoTokenizer.from_pretrained(str(d))
+    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=dtype)
+    model.eval()
+    return model, tok
+
+
+# -------------------------------------------------------------------------------------------------- measurement
+
+
+def _auroc(pos: list[float], neg: list[float]) -> float:
+    if not pos or not neg:
+        return float("nan")
+    wins = 0.0
+    for a in pos:
+        for b in neg:
+            wins += 1.0 if a > b else 0.5 if a == b else 0.0
+    return wins / (len(pos) * len(neg))
+
+
+@torch.no_grad()
+def evaluate_default(
+    model,
+    tokenizer,
+    problems: list[Problem],
+    *,
+    group_size: int = 8,
+    temperature: float = 1.0,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    batch_prompts: int = 64,
+) -> dict:
+    """Sample ``group_size`` responses per problem and measure accuracy, RLCR format rate, the fraction of prompts
+    with mixed outcomes, and the AUROC of the mean token log-prob (pooled, and averaged per prompt: AUC-mean).
+
+    Correctness: the ``<answer>`` content (capo's RLCR extractor) equals the gold integer. Log-probs are those of
+    the sampling distribution (temperature applied), over the response tokens including EOS.
+    """
+    from capo.verify.extract import extract_rlcr
+
+    torch.manual_seed(seed)
+    model.eval()
+    recs = []
+    for b in range(0, len(problems), batch_prompts):
+        chunk = problems[b : b + batch_prompts]
+        enc = tokenizer([format_prompt(p) for p in chunk], return_tensors="pt", padding=True, padding_side="left")
+        ids = enc["input_ids"].repeat_interleave(group_size, 0)
+        att = enc["attention_mask"].repeat_interleave(group_size, 0)
+        out = model.generate(
+            input_ids=ids, attention_mask=att, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+            max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            output_scores=True, return_dict_in_generate=True,
+        )
+        resp = out.sequences[:, ids.shape[1] :]
+        logits = torch.stack(out.scores, 1).float()  # processed (temperature-scaled) scores
+        lp = torch.log_softmax(logits, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
+        # response mask: tokens up to and including the first EOS
+        is_eos = resp == tokenizer.eos_token_id
+        after = (is_eos.long().cumsum(1) - is_eos.long()) > 0
+        mask = ~after
+        lengths = mask.sum(1)
+        lpm = (lp * mask).sum(1) / lengths.clamp(min=1)
+        texts = tokenizer.batch_decode(resp.masked_fill(~mask, tokenizer.pad_token_id), skip_special_tokens=True)
+        for i, text in enumerate(texts):
+            p = chunk[i // group_size]
+            parse = extract_rlcr(text)
+            correct = parse.answer is not None and parse.answer.strip() == p.answer
+            recs.append({"id": p.id, "text": text, "format_ok": parse.format_ok, "correct": bool(correct),
+                         "confidence": parse.confidence, "lpm": float(lpm[i]), "length": int(lengths[i]),
+                         "terminated": bool(is_eos[i].any())})
+    by_prompt: dict[str, list[dict]] = {}
+    for r in recs:
+        by_prompt.setdefault(r["id"], []).append(r)
+    mixed = [g for g in by_prompt.values() if 0 < sum(r["correct"] for r in g) < len(g)]
+    per_prompt_auc = [_auroc([r["lpm"] for r in g if r["correct"]], [r["lpm"] for r in g if not r["correct"]])
+                      for g in mixed]
+    pooled = _auroc([r["lpm"] for r in recs if r["correct"]], [r["lpm"] for r in recs if not r["correct"]])
+    n = len(recs)
+    acc_by_prompt = [sum(r["correct"] for r in g) / len(g) for g in by_prompt.values()]
+    return {
+        "n_prompts": len(by_prompt),
+        "group_size": group_size,
+        "temperature": temperature,
+        "seed": seed,
+        "accuracy": sum(r["correct"] for r in recs) / n,
+        "format_rate": sum(r["format_ok"] for r in recs) / n,
+        "terminated_rate": sum(r["terminated"] for r in recs) / n,
+        "mixed_fraction": len(mixed) / len(by_prompt),
+        "all_correct_fraction": sum(a == 1.0 for a in acc_by_prompt) / len(by_prompt),
+        "all_wrong_fraction": sum(a == 0.0 for a in acc_by_prompt) / len(by_prompt),
+        "lpm_auroc_pooled": pooled,
+        "lpm_auc_mean": (sum(per_prompt_auc) / len(per_prompt_auc)) if per_prompt_auc else float("nan"),
+        "mean_response_tokens": sum(r["length"] for r in recs) / n,
+        "mean_confidence": (sum(r["confidence"] for r in recs if r["confidence"] is not None)
+                            / max(1, sum(r["confidence"] is not None for r in recs))),
+        "samples": recs,
+    }
