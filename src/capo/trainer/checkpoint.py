@@ -1,0 +1,96 @@
+"""Checkpoints in Hugging Face format plus the trainer state, written atomically.
+
+Layout: ``RUN/checkpoints/step-000010/`` holds ``model.safetensors`` + config + tokenizer (loadable by
+``from_pretrained`` and vLLM without capo), ``trainer_state.pt`` (optimizer, scheduler, step, data position, mask
+thresholds) and ``rng_rank{r}.pt`` per process. It is first written as ``step-000010.tmp`` and renamed when
+complete, so a crash mid-write never leaves a directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from capo.errors import CapoError
+
+_STEP_DIR = re.compile(r"^step-(\d{6,})$")
+STATE_FILE = "trainer_state.pt"
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    d = Path(run_dir) / "checkpoints"
+    if not d.is_dir():
+        return []
+    out = [(int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return sorted(out)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        return None
+    path = ckpts[-1][1]
+    missing = [f for f in (STATE_FILE, "config.json") if not (path / f).is_file()]
+    if missing:
+        raise CapoError(f"checkpoint {path} is incomplete or corrupt (missing {', '.join(missing)}); delete it to "
+                        "resume from the previous one")
+    return path
+
+
+def _fsync_dir(path: Path) -> None:
+    for p in [*path.rglob("*"), path]:
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, state: dict, accelerator, keep: int) -> Path:
+    """Collective: every process calls it. Returns the final checkpoint path."""
+    ckdir = Path(run_dir) / "checkpoints"
+    final = ckdir / f"step-{step:06d}"
+    tmp = ckdir / f"step-{step:06d}.tmp"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        torch.save(state, tmp / STATE_FILE)
+    torch.save(rng_state(), tmp / f"rng_rank{accelerator.process_index}.pt")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        _fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for _, old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_state(path: Path, rank: int) -> tuple[dict, dict | None]:
+    try:
+        state = torch.load(path / STATE_FILE, weights_only=False)
+    except Exception as e:  # noqa: BLE001
+        raise CapoError(f"checkpoint {path} has an unreadable {STATE_FILE} ({e}); delete the checkpoint") from None
+    rng_file = path / f"rng_rank{rank}.pt"
+    rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
+    return state, rng

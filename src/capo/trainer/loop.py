@@ -1,0 +1,333 @@
+"""capo's lean RL trainer: rollout -> reward -> advantage -> update -> log -> eval/save, every phase timed.
+
+Runs on one CPU/GPU or data-parallel under ``accelerate launch`` (each process samples its share of the prompts;
+losses are normalised by *global* token/sequence counts so 1 process and P processes, and any number of gradient
+accumulation micro-batches, give the same update). What it computes only when the configuration needs it:
+- reference log-probs: only with ``algo.kl_coef > 0`` or CAPO's noise mask;
+- old log-probs: only with several updates per rollout batch (``optim.ppo_epochs`` or ``optim.mini_batches`` > 1);
+  otherwise the training forward's own (detached) log-probs are the old ones, exactly;
+- CAPO's sequence confidences: the rollout-time log-probs recorded during generation (no extra pass).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+
+from capo.core import (
+    REWARDS,
+    aggregate,
+    capo_noise_mask,
+    compute_advantages,
+    informative_groups,
+    kl_penalty,
+    overlong_penalty,
+    policy_loss,
+    ppl_quantile_thresholds,
+    sequence_logprob_mean,
+)
+from capo.core.calibration import summarize
+from capo.trainer import checkpoint as ckpt
+from capo.trainer.config import TrainConfig, dump_yaml
+from capo.trainer.data import load_problems, render_prompts
+from capo.trainer.grading import grade
+from capo.trainer.logging import MetricsLogger, Progress
+from capo.trainer.models import load_model
+from capo.trainer.rollout import Rollout, generate, token_logprobs
+from capo.verify import Verifier
+
+
+class Timer(dict):
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        yield
+        self[f"time/{phase}"] = self.get(f"time/{phase}", 0.0) + time.perf_counter() - t0
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, accelerator: Accelerator | None = None):
+        self.cfg = cfg
+        self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        self.rank, self.world = self.acc.process_index, self.acc.num_processes
+        if cfg.rollout.prompts_per_step % self.world:
+            raise ValueError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be divisible by the "
+                             f"number of processes ({self.world})")
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        self.run_dir = Path(cfg.run.out_dir)
+        self.train_set, self.eval_set = load_problems(cfg.data, seed=cfg.run.seed)
+        resume_from = ckpt.latest_checkpoint(self.run_dir) if cfg.run.resume else None
+        self.model, self.tok = load_model(str(resume_from) if resume_from else cfg.model.path, cfg.model.dtype)
+        self.ref = None
+        if cfg.needs_reference:
+            self.ref, _ = load_model(cfg.model.ref_path or cfg.model.path, cfg.model.dtype)
+            self.ref.requires_grad_(False)
+            self.ref.to(self.acc.device)
+        self.verifier = Verifier(workers=max(1, min(4, torch.get_num_threads())))
+        self.reward_fn = REWARDS.get(cfg.algo.reward)
+        o = cfg.optim
+        opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (o.warmup_steps + 1)))
+        self.model, self.opt, self.sched = self.acc.prepare(self.model, opt, sched)
+        self.step, self.data_pos, self.mask_thresholds = 0, 0, None
+        self._seed_everything(cfg.run.seed)
+        if resume_from:
+            self._restore(resume_from)
+
+    # ----------------------------------------------------------------------------------------------- the loop
+    def train(self) -> dict:
+        cfg, last = self.cfg, {}
+        if self.acc.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        if cfg.algo.noise_mask != "off" and self.mask_thresholds is None:
+            self.mask_thresholds = self.calibrate_mask()
+        with MetricsLogger(self.run_dir, self.step, enabled=self.acc.is_main_process) as log, \
+                Progress(cfg.run.steps, self.step, enabled=cfg.run.progress and self.acc.is_main_process) as bar:
+            while self.step < cfg.run.steps:
+                t = Timer()
+                with t("step"):
+                    problems = self.next_problems()
+                    with t("rollout"):
+                        ro = self.rollout(problems, cfg.rollout.group_size)
+                    with t("reward"):
+                        g, rewards = self.reward(ro, problems)
+                    with t("reference"):
+                        ref_logp = self.logprobs(self.ref, ro) if self.ref is not None else None
+                    with t("old_logprobs"):
+                        old_logp = None if cfg.single_update else self.logprobs(self.model, ro)
+                    with t("advantage"):
+                        adv, keep, stats = self.advantages(ro, g, rewards, ref_logp, old_logp)
+                    with t("update"):
+                        stats |= self.update(ro, adv, keep, old_logp, ref_logp)
+                    self.step += 1
+                    stats |= self.rollout_metrics(ro, g, rewards)
+                    if self.step == cfg.run.steps or (cfg.run.eval_every and self.step % cfg.run.eval_every == 0):
+                        with t("eval"):
+                            stats |= self.evaluate()
+                    if self.step == cfg.run.steps or (cfg.run.save_every and self.step % cfg.run.save_every == 0):
+                        with t("save"):
+                            self.save()
+                last = {**stats, **t, "step": self.step}
+                log.write(last)
+                bar.update(self.step, last)
+        return last
+
+    # ------------------------------------------------------------------------------------------------ phases
+    def next_problems(self):
+        """This process's share of the next B prompts; the global order is a seeded permutation per epoch."""
+        b, n = self.cfg.rollout.prompts_per_step, len(self.train_set)
+        out = []
+        for pos in range(self.data_pos, self.data_pos + b):
+            epoch, i = divmod(pos, n)
+            perm = np.random.default_rng([self.cfg.run.seed, epoch]).permutation(n)
+            out.append(self.train_set[perm[i]])
+        self.data_pos += b
+        per = b // self.world
+        return out[self.rank * per:(self.rank + 1) * per]
+
+    def rollout(self, problems, group_size: int) -> Rollout:
+        c = self.cfg
+        model = self.acc.unwrap_model(self.model)
+        model.eval()
+        prompts = render_prompts(problems, self.tok, c.data, use_chat_template=c.model.chat_template)
+        return generate(model, self.tok, prompts, group_size=group_size, max_new_tokens=c.rollout.max_new_tokens,
+                        temperature=c.rollout.temperature, top_p=c.rollout.top_p,
+                        autocast_bf16=c.model.autocast_bf16)
+
+    def reward(self, ro: Rollout, problems):
+        g_size = len(ro.texts) // len(problems)
+        golds = [p.answer for p in problems for _ in range(g_size)]
+        g = grade(ro.texts, golds, self.cfg.data.answer_format, self.verifier)
+        rewards = self.reward_fn(g.correct, confidence=g.confidence, format_ok=g.format_ok,
+                                 **self.cfg.algo.reward_kwargs)
+        if self.cfg.algo.overlong_cache:
+            rewards = rewards + overlong_penalty(ro.lengths, self.cfg.rollout.max_new_tokens,
+                                                 self.cfg.algo.overlong_cache)
+        return g, rewards
+
+    @torch.no_grad()
+    def logprobs(self, model, ro: Rollout) -> torch.Tensor:
+        model = self.acc.unwrap_model(model)
+        out = []
+        for idx in self._micro_batches(torch.arange(len(ro.texts))):
+            out.append(token_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
+                                      ro.response_mask[idx], autocast_bf16=self.cfg.model.autocast_bf16))
+        return torch.cat(out)
+
+    def advantages(self, ro, g, rewards, ref_logp, old_logp):
+        a, G = self.cfg.algo, self.cfg.rollout.group_size
+        lp = old_logp if old_logp is not None else ro.gen_logp  # the most exact rollout-time log-probs we have
+        scores = sequence_logprob_mean(lp, ro.response_mask)
+        keep = torch.ones_like(g.correct)
+        stats = {}
+        if a.noise_mask != "off":
+            ref_ppl = torch.exp(-sequence_logprob_mean(ref_logp, ro.response_mask))
+            low, high = self.mask_thresholds
+            keep = capo_noise_mask(ref_ppl, g.correct, low=low, high=high)
+            stats["train/masked_frac"] = self._mean(1.0 - keep.float())
+        if a.group_filter:
+            groups = informative_groups(rewards, G).repeat_interleave(G)
+            stats["train/filtered_frac"] = self._mean(1.0 - groups.float())
+            keep = keep & groups
+        adv = compute_advantages(a.advantage, rewards, G, scores=scores, keep=keep, **a.advantage_kwargs)
+        stats["policy/adv_abs_mean"] = self._mean(adv.abs())
+        return adv, keep, stats
+
+    def update(self, ro: Rollout, adv, keep, old_logp, ref_logp) -> dict:
+        c, a = self.cfg, self.cfg.algo
+        rows = torch.arange(len(adv))
+        if a.group_filter:
+            rows = rows[keep]  # DAPO: filtered groups take no part (and do not count in the normaliser)
+        sums: dict[str, float] = {}
+        n_updates = 0
+        for _ in range(c.optim.ppo_epochs):
+            for mb in rows.chunk(c.optim.mini_batches) if len(rows) else []:
+                n_tok = self.acc.reduce(ro.response_mask[mb].sum().float(), "sum").item()
+                n_seq = len(mb) * self.world
+                micros = self._micro_batches(mb)
+                for k, idx in enumerate(micros):
+                    sync = k == len(micros) - 1
+                    with contextlib.nullcontext() if sync else self.acc.no_sync(self.model):
+                        loss, m = self._micro_step(ro, idx, adv, old_logp, ref_logp, n_seq, n_tok)
+                    sums["policy/loss"] = sums.get("policy/loss", 0.0) + loss  # global denominators: parts sum
+                    for key, v in m.items():
+                        sums[key] = sums.get(key, 0.0) + v * len(idx) / len(mb)
+                norm = self.acc.clip_grad_norm_(self.model.parameters(), c.optim.max_grad_norm or float("inf"))
+                sums["policy/grad_norm"] = sums.get("policy/grad_norm", 0.0) + float(norm)
+                self.opt.step()
+                self.sched.step()
+                self.opt.zero_grad(set_to_none=True)
+                n_updates += 1
+        if "policy/loss" in sums:
+            sums["policy/loss"] = self.acc.reduce(torch.tensor(sums["policy/loss"], device=self.acc.device),
+                                                  "sum").item()
+        out = {k: v / max(n_updates, 1) for k, v in sums.items()}
+        out["policy/lr"] = self.sched.get_last_lr()[0]
+        out["policy/updates"] = n_updates
+        return out
+
+    def _micro_step(self, ro, idx, adv, old_logp, ref_logp, n_seq, n_tok) -> tuple[float, dict]:
+        c, a = self.cfg, self.cfg.algo
+        self.model.train()
+        mask = ro.response_mask[idx]
+        logp, entropy = token_logprobs(self.model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
+                                       mask, autocast_bf16=c.model.autocast_bf16, with_entropy=True)
+        old = logp.detach() if old_logp is None else old_logp[idx]
+        loss_tok, lm = policy_loss(a.loss, logp, old, adv[idx].to(logp.dtype), mask, **a.loss_kwargs)
+        kl = None
+        if a.kl_coef > 0:
+            kl = kl_penalty(logp, ref_logp[idx], a.kl_estimator)
+            loss_tok = loss_tok + a.kl_coef * kl
+        agg = dict(num_seqs=n_seq, num_tokens=n_tok, max_len=c.rollout.max_new_tokens)
+        loss = aggregate(loss_tok, mask, a.aggregation, **agg)
+        self.acc.backward(loss * self.world)  # DDP averages gradients over processes; we want their sum
+        mf = mask.float()
+        out = {f"policy/{k}": float(v) for k, v in lm.items()}
+        out["policy/entropy"] = float((entropy * mf).sum() / mf.sum().clamp(min=1))
+        if kl is not None:
+            out["policy/kl"] = float((kl.detach() * mf).sum() / mf.sum().clamp(min=1))
+        return float(loss.detach()), out
+
+    # ------------------------------------------------------------------------------------------- measurement
+    def rollout_metrics(self, ro: Rollout, g, rewards) -> dict:
+        G = self.cfg.rollout.group_size
+        lpm = sequence_logprob_mean(ro.gen_logp, ro.response_mask)
+        t = self.acc.gather
+        correct, lpm, rewards = t(g.correct.to(self.acc.device)), t(lpm), t(rewards.to(self.acc.device))
+        conf, fmt = t(g.confidence.to(self.acc.device)), t(g.format_ok.to(self.acc.device))
+        lengths, trunc = t(ro.lengths.float()), t(ro.truncated.float())
+        groups = torch.arange(len(correct)) // G
+        s = summarize(lpm.cpu(), correct.cpu(), groups, verbal_conf=conf.cpu())
+        per_group = correct.view(-1, G).float().mean(1)
+        return {
+            "train/reward_mean": float(rewards.mean()), "train/accuracy": float(correct.float().mean()),
+            "train/mixed_group_frac": float(((per_group > 0) & (per_group < 1)).float().mean()),
+            "train/response_len": float(lengths.mean()), "train/truncated_frac": float(trunc.mean()),
+            "train/format_ok_frac": float(fmt.float().mean()),
+            "train/verbal_conf_mean": float(torch.nanmean(conf)) if torch.isfinite(conf).any() else float("nan"),
+            "calib/auc_mean": s["auc_mean"], "calib/auc_mean_groups": s["auc_mean_groups"],
+            "calib/auroc": s["auroc"], "calib/ece": s["ece"], "calib/brier": s["brier"],
+            "calib/verbal_ece": s.get("verbal_ece", float("nan")),
+            "calib/verbal_brier": s.get("verbal_brier", float("nan")),
+        }
+
+    def evaluate(self) -> dict:
+        """Sample run.eval_samples responses for each held-out problem with a fixed seed (the same samples at every
+        evaluation for a given model), without disturbing the training RNG stream."""
+        k = self.cfg.run.eval_samples
+        share = self.eval_set[self.rank::self.world]
+        with torch.random.fork_rng():
+            torch.manual_seed(self.cfg.run.seed + 10_007 + self.rank)
+            ro = self.rollout(share, k)
+        g, _ = self.reward(ro, share)
+        lpm = sequence_logprob_mean(ro.gen_logp, ro.response_mask)
+        gid = torch.arange(len(share)).repeat_interleave(k) * self.world + self.rank
+        t = self.acc.gather_for_metrics
+        s = summarize(t(lpm).cpu(), t(g.correct.to(self.acc.device)).cpu(), t(gid.to(self.acc.device)).cpu(),
+                      verbal_conf=t(g.confidence.to(self.acc.device)).cpu())
+        return {f"eval/{key}": float(v) for key, v in s.items()}
+
+    def calibrate_mask(self) -> tuple[float, float]:
+        """CAPO's mask thresholds: fixed numbers, or quantiles of the reference model's PPL on its own rollouts."""
+        a = self.cfg.algo
+        if a.noise_mask == "fixed":
+            return a.mask_low, a.mask_high
+        n = max(1, a.mask_calib_prompts // self.world)
+        probs = [self.train_set[i % len(self.train_set)] for i in range(self.rank * n, (self.rank + 1) * n)]
+        with torch.random.fork_rng():
+            torch.manual_seed(self.cfg.run.seed + 20_011 + self.rank)
+            ro = generate(self.ref, self.tok, render_prompts(probs, self.tok, self.cfg.data,
+                                                             use_chat_template=self.cfg.model.chat_template),
+                          group_size=self.cfg.rollout.group_size, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                          temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p,
+                          autocast_bf16=self.cfg.model.autocast_bf16)
+        ppl = torch.exp(-sequence_logprob_mean(self.logprobs(self.ref, ro), ro.response_mask))
+        low, high = ppl_quantile_thresholds(self.acc.gather(ppl.to(self.acc.device)).cpu(), a.mask_q_low,
+                                            a.mask_q_high)
+        if self.acc.is_main_process:
+            (self.run_dir / "mask_thresholds.json").write_text(json.dumps({"low": low, "high": high}))
+        return low, high
+
+    # ------------------------------------------------------------------------------------------------ state
+    def save(self) -> None:
+        state = {"step": self.step, "data_pos": self.data_pos, "mask_thresholds": self.mask_thresholds,
+                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
+        ckpt.save_checkpoint(self.run_dir, self.step, model=self.model, tokenizer=self.tok, state=state,
+                             accelerator=self.acc, keep=self.cfg.run.keep_checkpoints)
+
+    def _restore(self, path: Path) -> None:
+        state, rng = ckpt.load_state(path, self.rank)
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.step, self.data_pos = state["step"], state["data_pos"]
+        self.mask_thresholds = state["mask_thresholds"]
+        if rng is not None:
+            ckpt.set_rng_state(rng)
+
+    def _seed_everything(self, seed: int) -> None:
+        random.seed(seed + self.rank)
+        np.random.seed((seed + self.rank) % 2**32)
+        torch.manual_seed(seed + self.rank)
+
+    # ---------------------------------------------------------------------------------------------- helpers
+    def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        size = self.cfg.optim.micro_batch_size or len(rows)
+        return list(rows.split(size)) if len(rows) else []
+
+    def _mean(self, x: torch.Tensor) -> float:
+        return float(self.acc.gather(x.float().reshape(-1).to(self.acc.device)).mean())
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train with ``cfg`` (already resolved); returns the last step's metrics."""
+    return Trainer(cfg).train()

@@ -1,0 +1,53 @@
+"""One deterministic update, for the 1-process vs 2-process invariance test (run under `accelerate launch`).
+
+Every process builds the same global rollout batch (same seed, same model), keeps its own share of the groups,
+computes advantages on it, and makes one optimizer step; rank 0 writes the updated parameters to OUT.
+Usage: python update_once.py MODEL_DIR OUT_FILE [micro_batch_size]
+"""
+
+import sys
+
+import torch
+
+
+def main():
+    from capo.trainer.config import load_config
+    from capo.trainer.loop import Trainer
+    from capo.trainer.rollout import generate
+
+    model_dir, out = sys.argv[1], sys.argv[2]
+    micro = sys.argv[3] if len(sys.argv) > 3 else "0"
+    B, G = 4, 4
+    cfg = load_config(None, {"model.path": model_dir, "rollout.prompts_per_step": B, "rollout.group_size": G,
+                             "rollout.max_new_tokens": 12, "algo.name": "capo", "algo.noise_mask": "off",
+                             "optim.micro_batch_size": micro, "optim.lr": 1e-2, "run.out_dir": out + ".run",
+                             "run.resume": False, "data.n_train": 64, "data.n_eval": 4})
+    tr = Trainer(cfg)
+    problems = tr.train_set[:B]
+    torch.manual_seed(123)  # the same global rollout on every process
+    from capo.trainer.data import render_prompts
+
+    model = tr.acc.unwrap_model(tr.model)
+    ro = generate(model, tr.tok, render_prompts(problems, tr.tok, cfg.data, use_chat_template=False), group_size=G,
+                  max_new_tokens=12)
+    g, _ = tr.reward(ro, problems)
+    rewards = torch.rand(B * G, generator=torch.Generator().manual_seed(7)).round()  # mixed groups, deterministic
+    per = B // tr.world * G
+    rows = torch.arange(tr.rank * per, (tr.rank + 1) * per)
+    ro, g.correct, rewards = ro.select(rows), g.correct[rows], rewards[rows]
+    adv, keep, _ = tr.advantages(ro, g, rewards, None, None)
+    seen, step = [], tr.opt.step
+
+    def wrapped(*args, **kwargs):  # the gradient the optimizer receives (Adam would amplify float noise)
+        seen.append(torch.cat([p.grad.detach().flatten() for p in tr.model.parameters()]))
+        return step(*args, **kwargs)
+
+    tr.opt.step = wrapped
+    tr.update(ro, adv, keep, None, None)
+    if tr.acc.is_main_process:
+        torch.save(seen[0], out)
+    tr.acc.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()
