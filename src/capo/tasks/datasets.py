@@ -209,7 +209,7 @@ def load_problems(
     """Load a dataset as a list of :class:`Problem` (file order; the first ``limit`` rows when given).
 
     Args:
-        dataset: ``"gsm8k"``, ``"math500"``, or a path to a ``.jsonl``/``.json``/``.parquet`` file.
+        dataset: ``"default"`` (the embedded task), ``"gsm8k"``, ``"math500"``, or a path to a ``.jsonl``/``.json``/``.parquet`` file.
         split: split of a built-in dataset (``train``/``test`` for gsm8k, ``test`` for math500); ignored for files.
         prompt_field, answer_field: field names in a file (built-ins use their own fields).
         answer_format: for files, how the gold answer is stored: ``plain``, ``gsm8k`` (``#### N``), ``boxed``.
@@ -225,13 +225,19 @@ def load_problems(
         raise DataError(f"limit must be an integer >= 1, got {limit!r}")
     if source not in ("auto", "local", "hub"):
         raise DataError(f"source={source!r} is not allowed; allowed values: auto, local, hub")
+    if dataset == "default":  # the embedded chain-sum task: "test" is its held-out "eval" split
+        from capo.tasks.default import default_problems
+
+        if split not in ("train", "test", "eval"):
+            raise DataError(f"split={split!r} is not allowed for 'default'; allowed values: train, test")
+        return default_problems("train" if split == "train" else "eval", limit or 500, seed=0)
     if dataset in BUILTIN_DATASETS:
         return _load_builtin(dataset, split, limit, source)
     path = Path(dataset).expanduser()
     looks_like_path = path.suffix in (".jsonl", ".json", ".ndjson", ".parquet") or os.sep in dataset
     if not looks_like_path and not path.exists():
         raise DataError(
-            f"unknown dataset {dataset!r}; allowed names: {', '.join(BUILTIN_DATASETS)}, or a path to a "
+            f"unknown dataset {dataset!r}; allowed names: default, {', '.join(BUILTIN_DATASETS)}, or a path to a "
             ".jsonl/.json/.parquet file"
         )
     return _load_file(path, prompt_field=prompt_field, answer_field=answer_field, answer_format=answer_format,

@@ -47,6 +47,7 @@ class DataConfig:
     dataset: str = knob("default", "'default' (embedded chain-sum task), 'gsm8k', 'math500', or a JSONL/parquet path")
     prompt_field: str = knob("prompt", "prompt field name for JSONL/parquet datasets")
     answer_field: str = knob("answer", "gold-answer field name for JSONL/parquet datasets")
+    gold_format: str = knob("plain", "how JSONL/parquet files store the gold answer: plain, gsm8k (#### N), boxed")
     answer_format: str = knob("auto", "how to extract the model's answer: auto, rlcr, boxed, gsm8k")
     system_prompt: str | None = knob(None, "system message for chat-template models (None = the built-in one "
                                      "asking for the answer in the RLCR or \\boxed{} format)")
@@ -196,6 +197,7 @@ class TrainConfig:
             raise ConfigError(f"data.dataset={d.dataset!r} is neither a built-in dataset ({', '.join(BUILTIN_DATASETS)})"
                               " nor an existing JSONL/parquet file")
         _choice("data.answer_format", d.answer_format, ("auto", "rlcr", "boxed", "gsm8k"))
+        _choice("data.gold_format", d.gold_format, ("plain", "gsm8k", "boxed"))
         _at_least("data.n_train", d.n_train, 1)
         _at_least("data.n_eval", d.n_eval, 1)
         _at_least("rollout.prompts_per_step", r.prompts_per_step, 1)

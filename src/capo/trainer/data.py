@@ -17,15 +17,22 @@ def load_problems(data, seed: int) -> tuple[list[Problem], list[Problem]]:
         from capo.tasks.default import default_problems
 
         return default_problems("train", data.n_train, seed=seed), default_problems("eval", data.n_eval, seed=0)
-    try:
-        from capo.tasks import datasets
-    except ImportError as e:  # pragma: no cover
-        raise ConfigError(f"data.dataset={data.dataset!r} needs capo.tasks.datasets ({e})") from None
-    train = datasets.load_problems(data.dataset, split="train", prompt_field=data.prompt_field,
-                                   answer_field=data.answer_field, limit=data.n_train)
-    held = datasets.load_problems(data.dataset, split="test", prompt_field=data.prompt_field,
-                                  answer_field=data.answer_field, limit=data.n_eval)
-    return train, held
+    from capo.tasks import datasets
+
+    kw = dict(prompt_field=data.prompt_field, answer_field=data.answer_field)
+    builtin = datasets.BUILTIN_DATASETS.get(data.dataset)
+    if builtin is not None and "train" in builtin["local"]:
+        train = datasets.load_problems(data.dataset, split="train", limit=data.n_train, **kw)
+        held = datasets.load_problems(data.dataset, split="test", limit=data.n_eval, **kw)
+        return train, held
+    # one split only (MATH-500, a user file): the first n_eval problems are held out, the rest are trained on
+    if builtin is None:
+        kw["answer_format"] = data.gold_format
+    rows = datasets.load_problems(data.dataset, split="test", **kw)
+    if len(rows) <= data.n_eval:
+        raise ConfigError(f"data.dataset={data.dataset!r} has {len(rows)} problems: not enough for data.n_eval="
+                          f"{data.n_eval} held-out problems plus training problems")
+    return rows[data.n_eval:data.n_eval + data.n_train], rows[:data.n_eval]
 
 
 def render_prompts(problems: list[Problem], tokenizer, data, *, use_chat_template: bool) -> list[str]:

@@ -1,0 +1,121 @@
+"""`capo demo`: GRPO vs CAPO vs RLCR from the same embedded base, same budget, evaluated on held-out problems."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from capo.errors import ConfigError
+
+# Measured on the 2-core reference machine (docs/results.md); only used for the up-front estimate.
+SECONDS_PER_STEP_ESTIMATE = 1.5
+SECONDS_PER_EVAL_ESTIMATE = 20.0
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "demo",
+        help="train GRPO, CAPO and RLCR on the embedded default and compare accuracy and calibration",
+        description="Trains each algorithm from the same embedded base model with the same budget (the 'default' "
+        "preset), evaluates the base and every trained model on the same held-out problems, and writes "
+        "OUT/report.html with accuracy and AUC-mean over training, reliability diagrams and precision-coverage "
+        "curves. Needs no download.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", default="runs/demo", help="output folder (one run folder per algorithm and seed)")
+    p.add_argument("--algos", default="grpo,capo,rlcr", help="comma-separated algorithm presets to compare")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the preset's)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds; each algorithm is trained once per seed")
+    p.add_argument("--eval-problems", type=int, default=200, help="held-out problems for the final evaluation")
+    p.add_argument("--eval-k", type=int, default=8, help="samples per held-out problem in the final evaluation")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra config override for every run, e.g. --set optim.lr=1e-4 (repeatable)")
+    return p
+
+
+def _parse(args):
+    from capo.trainer.config import ALGORITHMS
+
+    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    for a in algos:
+        if a not in ALGORITHMS:
+            raise ConfigError(f"--algos: {a!r} is not an algorithm; allowed: {', '.join(ALGORITHMS)}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    if not algos or not seeds:
+        raise ConfigError("--algos and --seeds must each name at least one value")
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    if args.eval_problems < 1 or args.eval_k < 1:
+        raise ConfigError("--eval-problems and --eval-k must be >= 1")
+    extra = {}
+    for kv in args.set:
+        if "=" not in kv:
+            raise ConfigError(f"--set expects KEY=VALUE, got {kv!r}")
+        k, v = kv.split("=", 1)
+        extra[k.strip()] = v
+    return algos, seeds, extra
+
+
+def run(args) -> int:
+    from capo.evaluation.report import load_run, write_report
+    from capo.evaluation.run import EvalSettings, run_eval
+    from capo.trainer.config import load_config
+    from capo.trainer.loop import Trainer
+
+    algos, seeds, extra = _parse(args)
+    out = Path(args.out)
+    cfgs = {}
+    for seed in seeds:
+        for algo in algos:
+            ov = {"algo.name": algo, "run.seed": seed, "run.out_dir": str(out / f"{algo}-seed{seed}"), **extra}
+            if args.steps is not None:
+                ov["run.steps"] = args.steps
+            cfgs[(algo, seed)] = load_config("default", ov)  # validates everything before any work starts
+    first = next(iter(cfgs.values()))
+    steps = first.run.steps
+    n_evals = len(cfgs) * (steps // max(first.run.eval_every, 1) if first.run.eval_every else 1) + len(cfgs) + 1
+    est = len(cfgs) * steps * SECONDS_PER_STEP_ESTIMATE + n_evals * SECONDS_PER_EVAL_ESTIMATE
+    print(f"capo demo: {len(algos)} algorithms ({', '.join(algos)}) x {len(seeds)} seed(s), {steps} steps each "
+          f"({first.rollout.prompts_per_step} prompts x {first.rollout.group_size} samples per step), then a "
+          f"held-out evaluation of {args.eval_problems} problems x {args.eval_k} samples per model.\n"
+          f"Estimated time on a 2-core CPU: ~{est / 60:.0f} min. Output: {out}/", flush=True)
+    t0 = time.perf_counter()
+    for (algo, seed), cfg in cfgs.items():
+        print(f"\n== training {algo} (seed {seed}) -> {cfg.run.out_dir}", flush=True)
+        Trainer(cfg).train()
+        done = list(cfgs).index((algo, seed)) + 1
+        el = time.perf_counter() - t0
+        print(f"   {done}/{len(cfgs)} runs in {el / 60:.1f} min; about {el / done * (len(cfgs) - done) / 60:.1f} min "
+              "of training left", flush=True)
+
+    print("\n== held-out evaluation", flush=True)
+    models = {"base": "default"}
+    for (algo, seed), cfg in cfgs.items():
+        models[f"{algo}-seed{seed}"] = str(Path(cfg.run.out_dir) / "checkpoints" / f"step-{cfg.run.steps:06d}")
+    results = {}
+    for name, model in models.items():
+        s = EvalSettings(model=model, dataset="default", split="test", limit=args.eval_problems, k=args.eval_k,
+                         temperature=first.rollout.temperature, max_new_tokens=first.rollout.max_new_tokens,
+                         batch_size=64, seed=0, chat_template=False, system_prompt="", answer_format="rlcr",
+                         n_boot=200)
+        results[name] = run_eval(s, out / "eval" / name, progress=True)
+    runs = [load_run(out / "eval" / n, name=n) for n in models]
+    runs += [load_run(Path(c.run.out_dir), name=f"{a}-seed{s} (training)") for (a, s), c in cfgs.items()]
+    report = write_report(runs, out / "report.html", title="capo demo: GRPO vs CAPO vs RLCR on the embedded default")
+    summary = {n: {k: r.get(k) for k in ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece",
+                                         "verbal_brier")} for n, r in results.items()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"\n{'model':<16}" + "".join(f"{k:>13}" for k in next(iter(summary.values()))))
+    for n, r in summary.items():
+        print(f"{n:<16}" + "".join(f"{_f(v):>13}" for v in r.values()))
+    print(f"\nreport: {report}   ({(time.perf_counter() - t0) / 60:.1f} min in all)")
+    return 0
+
+
+def _f(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and v != v) else f"{v:.3f}"
