@@ -1,0 +1,92 @@
+"""``capo eval``: sample k responses per prompt from a causal LM, judge them, and measure calibration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from capo.errors import ConfigError
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a model: accuracy, calibration (AUC-mean, AUROC, ECE, Brier, AURC), test-time scaling",
+        description="Sample k responses per prompt, verify them with math-verify, and write generations.jsonl, "
+        "metrics.json, plots and report.html to --out. Rerun the same command to resume an interrupted eval.",
+    )
+    p.add_argument("--model", help="HF model folder, DIR/FILE.gguf, 'default', or a Hub id")
+    p.add_argument("--generations", metavar="FILE.jsonl",
+                   help="compute everything from responses + log-probs produced elsewhere "
+                   "(schema: docs/generations-schema.md); no model is loaded")
+    p.add_argument("--dataset", default="gsm8k", help="gsm8k, math500, or a .jsonl/.parquet file (default: gsm8k)")
+    p.add_argument("--split", default="test", help="split of a built-in dataset (default: test)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
+    p.add_argument("--prompt-field", default="prompt", help="prompt field of a JSONL/parquet dataset")
+    p.add_argument("--answer-field", default="answer", help="gold-answer field of a JSONL/parquet dataset")
+    p.add_argument("--dataset-answer-format", default="plain", choices=["plain", "gsm8k", "boxed"],
+                   help="how the gold answer is stored in a JSONL/parquet dataset")
+    p.add_argument("-k", type=int, default=4, help="responses sampled per prompt (default: 4)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default: 1.0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default: 1.0)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="maximum response length (default: 512)")
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="sequences per generate call; rounded down to a multiple of k, at least k (default: 16)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+                   help="feed the raw prompt even if the tokenizer has a chat template")
+    p.add_argument("--system-prompt", default=None,
+                   help="system message (default: asks for the final answer within \\boxed{})")
+    p.add_argument("--answer-format", default="auto", choices=["auto", "boxed", "gsm8k", "rlcr", "last_number"],
+                   help="how to extract the model's answer (default: auto = <answer> tag, else last \\boxed{}, "
+                   "else '#### N')")
+    p.add_argument("--fallback-last-number", action="store_true",
+                   help="use the last number in the response when no answer was found")
+    p.add_argument("--autocast", default="auto", choices=["auto", "on", "off"],
+                   help="bf16 autocast (auto: on for CUDA with bf16 and for bf16-capable CPUs with >= 25M params)")
+    p.add_argument("--verify-timeout", type=float, default=5.0, help="hard timeout per answer judgement, s")
+    p.add_argument("--verify-workers", type=int, default=None, help="verifier processes (default: min(4, cpus))")
+    p.add_argument("--n-bins", type=int, default=10, help="equal-width bins for ECE and reliability (default: 10)")
+    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates for intervals; 0 = none")
+    p.add_argument("--out", required=True, help="run directory (created; an existing one is resumed)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
+    return p
+
+
+def run(args) -> int:
+    from capo.evaluation.run import EvalSettings, run_eval, validate_settings
+
+    if args.model and args.generations:
+        raise ConfigError("--model and --generations are mutually exclusive: give one")
+    s = EvalSettings(
+        model=args.model, dataset=args.dataset, split=args.split, limit=args.limit, k=args.k,
+        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, seed=args.seed, chat_template=args.chat_template,
+        system_prompt=args.system_prompt, answer_format=args.answer_format,
+        fallback_last_number=args.fallback_last_number, prompt_field=args.prompt_field,
+        answer_field=args.answer_field, dataset_answer_format=args.dataset_answer_format, autocast=args.autocast,
+        verify_timeout=args.verify_timeout, verify_workers=args.verify_workers, n_bins=args.n_bins,
+        n_boot=args.n_boot, generations=args.generations,
+    )
+    validate_settings(s)  # before loading anything
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    t0 = time.perf_counter()
+    m = run_eval(s, out, progress=args.progress)
+    el = time.perf_counter() - t0
+
+    def f(key):
+        v = m.get(key)
+        return "n/a" if v is None else f"{v:.4f}"
+
+    print(f"capo eval: {int(m['n'])} responses on {int(m['n_groups'])} prompts in {el:.1f} s -> {out}")
+    print(f"  accuracy {f('accuracy')}  AUC-mean {f('auc_mean')} ({int(m['auc_mean_groups'] or 0)} prompts)  "
+          f"AUROC {f('auroc')}  ECE {f('ece')}  Brier {f('brier')}  AURC {f('aurc')}")
+    print(f"  report: {out / 'report.html'}")
+    return 0

@@ -1,0 +1,485 @@
+"""``capo eval``: sample k responses per prompt, judge them, compute every metric, write plots and a report.
+
+Run directory layout (``--out DIR``)::
+
+    config.json          the settings (written first; a resumed run must use the same generation settings)
+    generations.jsonl    one row per response, appended batch by batch (flushed + fsynced); see
+                         docs/generations-schema.md
+    timing.json          wall-clock seconds spent generating / verifying, summed over sessions
+    plots/*.png          reliability diagram, precision-coverage curve, confidence histograms
+    report.html          self-contained report
+    metrics.json         written last, atomically: a run is complete exactly when this file exists
+
+Resume: rerunning the same command continues where it stopped. Prompts are split into fixed batches
+(``batch_size // k`` prompts each, in dataset order) and batch b is sampled with seed ``seed * 1_000_003 + b``;
+a batch whose rows are all present is skipped, a partially written batch is sampled again and only its missing
+rows are appended, and a torn last line (a crash mid-write) is cut off first. So no row is lost or duplicated,
+and on CPU a resumed run's rows equal an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from capo.errors import ConfigError, DataError
+from capo.evaluation import plots
+from capo.evaluation.metrics import compute_metrics
+from capo.evaluation.report import load_run, write_report
+from capo.verify import ANSWER_FORMATS, Verifier, extract_answer, extract_rlcr
+
+__all__ = ["EvalSettings", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
+
+# settings that change what is generated: a resumed run must match them exactly
+GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "top_p", "max_new_tokens", "batch_size",
+                   "seed", "chat_template", "system_prompt", "prompt_field", "answer_field", "dataset_answer_format")
+
+
+@dataclass
+class EvalSettings:
+    """Everything ``capo eval`` needs; the CLI flags map 1:1 onto these fields."""
+
+    model: str | None = None
+    dataset: str = "gsm8k"
+    split: str = "test"
+    limit: int | None = None
+    k: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    batch_size: int = 16
+    seed: int = 0
+    chat_template: bool = True
+    system_prompt: str | None = None
+    answer_format: str = "auto"
+    fallback_last_number: bool = False
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    dataset_answer_format: str = "plain"
+    autocast: str = "auto"
+    verify_timeout: float = 5.0
+    verify_workers: int | None = None
+    n_bins: int = 10
+    n_boot: int = 1000
+    n_examples: int = 8
+    generations: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def validate_settings(s: EvalSettings) -> None:
+    """Check every value before anything is loaded; raises ConfigError naming the flag and what is allowed."""
+
+    def bad(flag, msg):
+        raise ConfigError(f"{flag}: {msg}")
+
+    if s.generations is None and not s.model:
+        bad("--model", "required (or give --generations FILE.jsonl)")
+    if isinstance(s.k, bool) or not isinstance(s.k, int) or s.k < 1:
+        bad("-k", f"must be an integer >= 1, got {s.k!r}")
+    if s.limit is not None and (not isinstance(s.limit, int) or s.limit < 1):
+        bad("--limit", f"must be an integer >= 1, got {s.limit!r}")
+    if not (isinstance(s.temperature, (int, float)) and 0 <= s.temperature and math.isfinite(s.temperature)):
+        bad("--temperature", f"must be >= 0 (0 = greedy), got {s.temperature!r}")
+    if not (isinstance(s.top_p, (int, float)) and 0 < s.top_p <= 1):
+        bad("--top-p", f"must be in (0, 1], got {s.top_p!r}")
+    if not isinstance(s.max_new_tokens, int) or s.max_new_tokens < 1:
+        bad("--max-new-tokens", f"must be an integer >= 1, got {s.max_new_tokens!r}")
+    if not isinstance(s.batch_size, int) or s.batch_size < 1:
+        bad("--batch-size", f"must be an integer >= 1, got {s.batch_size!r}")
+    if s.answer_format not in ANSWER_FORMATS:
+        bad("--answer-format", f"{s.answer_format!r} is not allowed; allowed values: {', '.join(ANSWER_FORMATS)}")
+    if s.dataset_answer_format not in ("plain", "gsm8k", "boxed"):
+        bad("--dataset-answer-format", f"{s.dataset_answer_format!r} is not allowed; allowed values: plain, gsm8k, boxed")
+    if s.autocast not in ("auto", "on", "off"):
+        bad("--autocast", f"{s.autocast!r} is not allowed; allowed values: auto, on, off")
+    if not (s.verify_timeout > 0):
+        bad("--verify-timeout", f"must be > 0, got {s.verify_timeout!r}")
+    if s.verify_workers is not None and s.verify_workers < 1:
+        bad("--verify-workers", f"must be >= 1, got {s.verify_workers!r}")
+    if not isinstance(s.n_bins, int) or s.n_bins < 1:
+        bad("--n-bins", f"must be an integer >= 1, got {s.n_bins!r}")
+    if s.n_boot < 0:
+        bad("--n-boot", f"must be >= 0, got {s.n_boot!r}")
+    if s.temperature == 0 and s.k > 1:
+        print("capo eval: note: --temperature 0 is greedy decoding; the k samples will be identical", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------------ file helpers
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder + fsync + os.replace: readers see the old or the new file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _json_default(o):
+    if hasattr(o, "value"):
+        return o.value
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def read_rows(path: Path, repair: bool = False) -> list[dict]:
+    """Rows of a run's generations.jsonl. A torn last line (no newline, or invalid JSON) is dropped; with
+    ``repair`` the file is truncated to its last complete row so that appending continues cleanly."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    rows, good_end, pos = [], 0, 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl == -1:
+            break  # torn tail without newline
+        line = data[pos:nl]
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        pos = nl + 1
+        good_end = pos
+    if repair and good_end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    return rows
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: Path):
+    """Exclusive lock on DIR/.lock so that two evals never append to the same run directory."""
+    import fcntl
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    f = open(out_dir / ".lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ConfigError(f"--out {out_dir}: another capo eval is writing to this directory") from None
+    try:
+        yield
+    finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+class _Progress:
+    """rich progress bar (rate, ETA) on a terminal; plain periodic lines otherwise (logs, nohup)."""
+
+    def __init__(self, total: int, done: int, label: str):
+        self.total, self.done, self.label = total, done, label
+        self.t0, self.start_done = time.perf_counter(), done
+        self.rich = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
+            self.rich = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                                 TimeRemainingColumn(), console=Console(stderr=True))
+            self.task = self.rich.add_task(label, total=total, completed=done, rate="")
+
+    def __enter__(self):
+        if self.rich:
+            self.rich.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.rich:
+            self.rich.__exit__(*exc)
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        el = time.perf_counter() - self.t0
+        rate = (self.done - self.start_done) / el if el > 0 else 0.0
+        eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+        if self.rich:
+            self.rich.update(self.task, completed=self.done, rate=f"{rate:.2f} resp/s")
+        else:
+            eta_s = "?" if math.isnan(eta) else f"{eta / 60:.1f} min"
+            print(f"[{self.label}] {self.done}/{self.total} responses, {rate:.2f} resp/s, elapsed {el / 60:.1f} min, "
+                  f"ETA {eta_s}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ rows
+def make_row(*, prompt_id: str, prompt_idx: int, sample_idx: int, prompt: str, gold: str, text: str,
+             answer: str | None, verdict: str, n_tokens: int, sum_logprob: float, mean_logprob: float | None,
+             finish_reason: str | None, token_logprobs: list[float] | None = None) -> dict:
+    rl = extract_rlcr(text)
+    row = {
+        "prompt_id": prompt_id, "prompt_idx": prompt_idx, "sample_idx": sample_idx, "prompt": prompt, "gold": gold,
+        "text": text, "answer": answer, "verdict": verdict, "n_tokens": n_tokens,
+        "mean_logprob": mean_logprob, "sum_logprob": sum_logprob, "confidence": rl.confidence,
+        "format_ok": rl.format_ok, "finish_reason": finish_reason,
+    }
+    if token_logprobs is not None:
+        row["token_logprobs"] = token_logprobs
+    return row
+
+
+def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, verifier: Verifier,
+            timing: dict) -> dict:
+    """Answer classes, metrics, plots, report; metrics.json last."""
+    t0 = time.perf_counter()
+    by_prompt: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_prompt.setdefault(str(r["prompt_id"]), []).append(i)
+    groups = list(by_prompt.values())
+    classes = verifier.equivalence_classes_batch([[rows[i]["answer"] for i in idx] for idx in groups])
+    for idx, ids in zip(groups, classes):
+        for i, a in zip(idx, ids):
+            rows[i]["answer_id"] = a
+    timing["classes_s"] = time.perf_counter() - t0
+    res = compute_metrics(rows, n_bins=s.n_bins, n_boot=s.n_boot, seed=s.seed)
+    pdir = out_dir / "plots"
+    pdir.mkdir(exist_ok=True)
+    one = {"run": res["curves"]}
+    plots.plot_reliability(one, pdir / "reliability.png")
+    plots.plot_selective(one, pdir / "precision_coverage.png")
+    plots.plot_hist(res["curves"], pdir / "confidence_hist.png")
+    if "reliability_verbal" in res["curves"]:
+        plots.plot_reliability({"run": res["curves"]}, pdir / "reliability_verbal.png", key="reliability_verbal",
+                               title="Reliability diagram (verbal confidence)")
+        plots.plot_selective({"run": res["curves"]}, pdir / "precision_coverage_verbal.png", key="selective_verbal",
+                             title="Precision-coverage (verbal confidence)")
+    metrics = dict(res["metrics"])
+    for key, v in timing.items():
+        metrics[f"time_{key}"] = round(float(v), 3)
+    payload = {"config": config, "metrics": metrics, "curves": res["curves"]}
+    # the report is rendered from the same payload, before metrics.json marks the run complete
+    tmp_metrics = out_dir / ".metrics.json.pending"
+    atomic_write_text(tmp_metrics, json.dumps(payload, indent=1))
+    from capo.evaluation.report import RunInfo, render_report
+
+    info = RunInfo(out_dir.name, out_dir, "eval", metrics, res["curves"], config, rows[: s.n_examples])
+    atomic_write_text(out_dir / "report.html", render_report([info], title=f"capo eval: {out_dir.name}"))
+    os.replace(tmp_metrics, out_dir / "metrics.json")
+    return metrics
+
+
+def _load_timing(out_dir: Path) -> dict:
+    p = out_dir / "timing.json"
+    if p.exists():
+        try:
+            return json.loads(p.read_text())
+        except json.JSONDecodeError:
+            return {}
+    return {}
+
+
+def _check_config(out_dir: Path, config: dict) -> None:
+    p = out_dir / "config.json"
+    if p.exists():
+        try:
+            old = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            old = None
+        if old is not None:
+            diff = [k for k in GENERATION_KEYS if old.get(k) != config.get(k)]
+            if diff:
+                details = ", ".join(f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in diff)
+                raise ConfigError(
+                    f"--out {out_dir} holds an eval with different settings ({details}); resume with the same "
+                    "settings or choose another --out"
+                )
+    atomic_write_text(p, json.dumps(config, indent=1))
+
+
+def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True) -> dict:
+    """Run (or resume) an evaluation into ``out_dir``; returns the metrics dict."""
+    validate_settings(s)
+    if s.generations is not None:
+        return run_from_generations(Path(s.generations), out_dir, s)
+    from capo.evaluation.sampling import check_model_spec
+
+    check_model_spec(s.model)
+    from capo.tasks.datasets import load_problems
+
+    problems = load_problems(s.dataset, split=s.split, prompt_field=s.prompt_field, answer_field=s.answer_field,
+                             answer_format=s.dataset_answer_format, limit=s.limit)
+    out_dir = Path(out_dir)
+    config = {k: v for k, v in asdict(s).items() if k != "extra"}
+    config["n_prompts"] = len(problems)
+    config["logprob_definition"] = "raw log_softmax at temperature 1 of the sampled tokens (re-forward)"
+    with run_lock(out_dir):
+        _check_config(out_dir, config)
+        gen_path = out_dir / "generations.jsonl"
+        rows = read_rows(gen_path, repair=True)
+        done = {(str(r["prompt_id"]), int(r["sample_idx"])) for r in rows}
+        total = len(problems) * s.k
+        timing = _load_timing(out_dir)
+        with Verifier(workers=s.verify_workers, timeout_s=s.verify_timeout) as verifier:
+            if len(done) < total:
+                _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress)
+            rows = read_rows(gen_path)
+            keys = [(str(r["prompt_id"]), int(r["sample_idx"])) for r in rows]
+            if len(set(keys)) != len(keys) or len(keys) != total:
+                raise DataError(f"{gen_path}: expected {total} unique rows, found {len(keys)} ({len(set(keys))} unique)")
+            order = {p.id: i for i, p in enumerate(problems)}
+            rows.sort(key=lambda r: (order[str(r["prompt_id"])], int(r["sample_idx"])))
+            return _finish(out_dir, rows, s, config, verifier, timing)
+
+
+def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress) -> None:
+    from capo.evaluation.sampling import SYSTEM_BOXED, load_model, render_prompt, sample_batch
+
+    t_load = time.perf_counter()
+    model, tok = load_model(s.model)
+    timing["load_model_s"] = time.perf_counter() - t_load
+    system = s.system_prompt if s.system_prompt is not None else SYSTEM_BOXED
+    per_batch = max(1, s.batch_size // s.k)
+    total = len(problems) * s.k
+    prog = _Progress(total, len(done), "capo eval") if progress else contextlib.nullcontext()
+    with prog, open(gen_path, "a", encoding="utf-8") as f:
+        for b in range(0, len(problems), per_batch):
+            batch = problems[b : b + per_batch]
+            missing = [(i, j) for i, p in enumerate(batch) for j in range(s.k) if (p.id, j) not in done]
+            if not missing:
+                continue
+            texts = [render_prompt(tok, p.prompt, chat_template=s.chat_template, system=system) for p in batch]
+            t0 = time.perf_counter()
+            samples = sample_batch(model, tok, texts, k=s.k, temperature=s.temperature, top_p=s.top_p,
+                                   max_new_tokens=s.max_new_tokens, seed=s.seed * 1_000_003 + b // per_batch,
+                                   autocast=s.autocast)
+            timing["generate_s"] = timing.get("generate_s", 0.0) + time.perf_counter() - t0
+            timing["generated_tokens"] = timing.get("generated_tokens", 0) + sum(x.n_tokens for r in samples for x in r)
+            t0 = time.perf_counter()
+            answers = [extract_answer(samples[i][j].text, s.answer_format, fallback_last_number=s.fallback_last_number)
+                       for i, j in missing]
+            verdicts = verifier.verify_batch(answers, [batch[i].answer for i, _ in missing])
+            timing["verify_s"] = timing.get("verify_s", 0.0) + time.perf_counter() - t0
+            lines = []
+            for (i, j), ans, v in zip(missing, answers, verdicts):
+                smp = samples[i][j]
+                row = make_row(prompt_id=batch[i].id, prompt_idx=b + i, sample_idx=j, prompt=batch[i].prompt,
+                               gold=batch[i].answer, text=smp.text, answer=ans, verdict=v.value,
+                               n_tokens=smp.n_tokens, sum_logprob=smp.sum_logprob, mean_logprob=smp.mean_logprob,
+                               finish_reason=smp.finish_reason)
+                lines.append(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
+            # one write of complete lines, then flush + fsync: a crash leaves at most a torn last line
+            f.write("".join(lines))
+            f.flush()
+            os.fsync(f.fileno())
+            done.update((batch[i].id, j) for i, j in missing)
+            atomic_write_text(out_dir / "timing.json", json.dumps(timing))
+            if progress:
+                prog.advance(len(missing))
+    del model
+
+
+# ------------------------------------------------------------------------------------------------ BYO generations
+def _num(v) -> bool:
+    """A log-prob: a real number <= 0 (-inf allowed, NaN not)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) and v <= 0
+
+
+def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
+    """Compute everything from responses + log-probs produced elsewhere (schema: docs/generations-schema.md)."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"generations file {path} does not exist")
+    raw: list[tuple[int, dict]] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path} line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(r, dict):
+                raise DataError(f"{path} line {lineno}: each row must be a JSON object")
+            raw.append((lineno, r))
+    if not raw:
+        raise DataError(f"generations file {path} has no rows")
+    norm: list[dict] = []
+    seen_idx: dict[str, int] = {}
+    keys = set()
+    for lineno, r in raw:
+        where = f"{path} line {lineno}"
+        for fld in ("prompt_id", "text", "gold"):
+            if fld not in r or r[fld] is None:
+                raise DataError(f"{where}: missing field {fld!r} (required: prompt_id, text, gold, and log-probs)")
+        if not isinstance(r["text"], str):
+            raise DataError(f"{where}: field 'text' must be a string")
+        pid = str(r["prompt_id"])
+        tl = r.get("token_logprobs")
+        n_tokens = r.get("n_tokens")
+        if tl is not None:
+            if not isinstance(tl, list) or not all(_num(x) for x in tl):
+                raise DataError(f"{where}: 'token_logprobs' must be a list of numbers <= 0")
+            sum_lp, n_tokens = float(sum(tl)), len(tl)
+            mean_lp = sum_lp / n_tokens if n_tokens else None
+        elif r.get("mean_logprob") is not None:
+            if not _num(r["mean_logprob"]):
+                raise DataError(f"{where}: 'mean_logprob' must be a number <= 0, got {r['mean_logprob']!r}")
+            mean_lp = float(r["mean_logprob"])
+            n_tokens = int(n_tokens) if isinstance(n_tokens, int) else None
+            sum_lp = r.get("sum_logprob")
+            if sum_lp is None and n_tokens is not None:
+                sum_lp = mean_lp * n_tokens
+        elif r.get("sum_logprob") is not None and isinstance(n_tokens, int) and n_tokens > 0:
+            if not _num(r["sum_logprob"]):
+                raise DataError(f"{where}: 'sum_logprob' must be a number <= 0, got {r['sum_logprob']!r}")
+            sum_lp, mean_lp = float(r["sum_logprob"]), float(r["sum_logprob"]) / n_tokens
+        elif n_tokens == 0:
+            sum_lp, mean_lp = 0.0, None
+        else:
+            raise DataError(
+                f"{where}: missing log-probs: give 'token_logprobs' (list), 'mean_logprob', or 'sum_logprob' with "
+                "'n_tokens' (prompt_id " + repr(pid) + ")"
+            )
+        idx = r.get("sample_idx")
+        if idx is None:
+            idx = seen_idx.get(pid, 0)
+        seen_idx[pid] = max(seen_idx.get(pid, 0), int(idx) + 1)
+        if (pid, int(idx)) in keys:
+            raise DataError(f"{where}: duplicate (prompt_id, sample_idx) = ({pid!r}, {idx})")
+        keys.add((pid, int(idx)))
+        conf = r.get("confidence")
+        if conf is not None and not (isinstance(conf, (int, float)) and 0 <= conf <= 1):
+            raise DataError(f"{where}: 'confidence' must be a number in [0, 1] or null, got {conf!r}")
+        norm.append({"lineno": lineno, "pid": pid, "idx": int(idx), "r": r, "sum": sum_lp, "mean": mean_lp,
+                     "n": n_tokens, "conf": conf})
+    out_dir = Path(out_dir)
+    config = {"generations": str(path), "answer_format": s.answer_format, "n_bins": s.n_bins, "n_boot": s.n_boot,
+              "seed": s.seed, "logprob_definition": "as provided in the generations file"}
+    with run_lock(out_dir):
+        atomic_write_text(out_dir / "config.json", json.dumps(config, indent=1))
+        timing = {}
+        with Verifier(workers=s.verify_workers, timeout_s=s.verify_timeout) as verifier:
+            t0 = time.perf_counter()
+            answers = [extract_answer(x["r"]["text"], s.answer_format, fallback_last_number=s.fallback_last_number)
+                       for x in norm]
+            verdicts = verifier.verify_batch(answers, [str(x["r"]["gold"]) for x in norm])
+            timing["verify_s"] = time.perf_counter() - t0
+            rows = []
+            order: dict[str, int] = {}
+            for x, ans, v in zip(norm, answers, verdicts):
+                r = x["r"]
+                order.setdefault(x["pid"], len(order))
+                row = make_row(prompt_id=x["pid"], prompt_idx=order[x["pid"]], sample_idx=x["idx"],
+                               prompt=r.get("prompt", ""), gold=str(r["gold"]), text=r["text"], answer=ans,
+                               verdict=v.value, n_tokens=x["n"], sum_logprob=x["sum"], mean_logprob=x["mean"],
+                               finish_reason=r.get("finish_reason"))
+                if x["conf"] is not None:
+                    row["confidence"] = float(x["conf"])
+                rows.append(row)
+            atomic_write_text(out_dir / "generations.jsonl",
+                              "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+            return _finish(out_dir, rows, s, config, verifier, timing)
+
+
+def load_eval(run_dir: Path):
+    """Convenience: the :class:`~capo.evaluation.report.RunInfo` of a finished run."""
+    return load_run(run_dir)

@@ -1,0 +1,111 @@
+"""`capo eval` end to end on a tiny random model: outputs, resume without loss or duplicates, bad input."""
+
+import json
+import shutil
+
+import pytest
+from conftest import eval_argv
+
+from capo.cli import main
+from capo.evaluation.run import read_rows
+
+
+def test_eval_smoke_outputs(tiny_model_dir, tiny_dataset, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(eval_argv(tiny_model_dir, tiny_dataset, out, "--limit", "3")) == 0
+    for f in ("config.json", "generations.jsonl", "metrics.json", "report.html", "plots/reliability.png",
+              "plots/precision_coverage.png", "plots/confidence_hist.png"):
+        assert (out / f).exists(), f
+    rows = read_rows(out / "generations.jsonl")
+    assert len(rows) == 6
+    assert [(r["prompt_id"], r["sample_idx"]) for r in rows] == [(f"q{i}", j) for i in range(3) for j in range(2)]
+    for r in rows:
+        assert set(r) >= {"prompt_id", "sample_idx", "prompt", "text", "answer", "verdict", "n_tokens",
+                          "mean_logprob", "sum_logprob", "confidence", "finish_reason"}
+        assert r["verdict"] in ("correct", "incorrect", "unparsable", "timeout")
+        assert 1 <= r["n_tokens"] <= 6
+        assert r["mean_logprob"] == pytest.approx(r["sum_logprob"] / r["n_tokens"], rel=1e-12)
+        assert r["mean_logprob"] < 0
+        assert r["finish_reason"] in ("stop", "length")
+        assert (r["finish_reason"] == "length") == (r["n_tokens"] == 6) or r["finish_reason"] == "stop"
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["metrics"]["n"] == 6 and m["metrics"]["n_groups"] == 3
+    assert m["metrics"]["accuracy"] == sum(r["verdict"] == "correct" for r in rows) / 6
+    assert m["config"]["k"] == 2
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 3
+    assert "capo eval:" in capsys.readouterr().out
+
+
+def test_eval_resume_loses_and_duplicates_nothing(tiny_model_dir, tiny_dataset, tmp_path):
+    full = tmp_path / "full"
+    assert main(eval_argv(tiny_model_dir, tiny_dataset, full)) == 0
+    ref = read_rows(full / "generations.jsonl")
+    assert len(ref) == 10
+    # simulate a crash: 5 complete rows (one batch and a half) + a torn line, no metrics.json
+    part = tmp_path / "part"
+    part.mkdir()
+    shutil.copy(full / "config.json", part / "config.json")
+    lines = (full / "generations.jsonl").read_text().splitlines(keepends=True)
+    (part / "generations.jsonl").write_text("".join(lines[:5]) + lines[5][: len(lines[5]) // 2])
+    assert main(eval_argv(tiny_model_dir, tiny_dataset, part)) == 0
+    got = read_rows(part / "generations.jsonl")
+    key = lambda r: (r["prompt_id"], r["sample_idx"])  # noqa: E731
+    assert sorted(map(key, got)) == sorted(map(key, ref))  # nothing lost, nothing duplicated
+    strip = lambda r: {k: v for k, v in r.items()}  # noqa: E731
+    assert sorted(map(strip, got), key=key) == sorted(map(strip, ref), key=key)  # identical rows (CPU determinism)
+    assert (part / "metrics.json").exists()
+    m_full = json.loads((full / "metrics.json").read_text())["metrics"]
+    m_part = json.loads((part / "metrics.json").read_text())["metrics"]
+    for k in ("accuracy", "ece", "brier", "mean_tokens", "auroc"):
+        assert m_full[k] == m_part[k]
+    # resuming a complete run does not generate again
+    assert main(eval_argv(tiny_model_dir, tiny_dataset, part)) == 0
+    assert len(read_rows(part / "generations.jsonl")) == 10
+
+
+def test_resume_with_different_settings_is_refused(tiny_model_dir, tiny_dataset, tmp_path, capsys):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"model": "other", "k": 2}))
+    assert main(eval_argv(tiny_model_dir, tiny_dataset, out)) == 2
+    err = capsys.readouterr().err
+    assert "different settings" in err and "model" in err and not (out / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv_patch, match",
+    [
+        ({"-k": "0"}, "-k: must be an integer >= 1, got 0"),
+        ({"--temperature": "-1"}, "--temperature: must be >= 0"),
+        ({"--top-p": "0"}, r"--top-p: must be in \(0, 1\]"),
+        ({"--max-new-tokens": "0"}, "--max-new-tokens: must be an integer >= 1"),
+        ({"--batch-size": "0"}, "--batch-size: must be an integer >= 1"),
+        ({"--model": "/no/such/model"}, "model '/no/such/model': no such file or folder"),
+        ({"--dataset": "/no/such/data.jsonl"}, "dataset file /no/such/data.jsonl does not exist"),
+        ({"--dataset": "gsm9k"}, "unknown dataset 'gsm9k'; allowed names: gsm8k, math500"),
+        ({"--answer-field": "nope"}, r"line 1: no field 'nope'"),
+    ],
+)
+def test_eval_bad_input(tiny_model_dir, tiny_dataset, tmp_path, capsys, argv_patch, match):
+    import re
+
+    argv = eval_argv(tiny_model_dir, tiny_dataset, tmp_path / "bad")
+    for flag, val in argv_patch.items():
+        if flag in argv:
+            argv[argv.index(flag) + 1] = val
+        else:
+            argv += [flag, val]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(match, err), err
+    assert "Traceback" not in err
+    assert not (tmp_path / "bad" / "metrics.json").exists()
+
+
+def test_malformed_dataset_names_line(tiny_model_dir, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "a", "solution": "\\\\boxed{1}"}\n{"question": \n')
+    assert main(eval_argv(tiny_model_dir, bad, tmp_path / "o")) == 2
+    assert "bad.jsonl line 2: malformed JSON" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "metrics.json").exists()
