@@ -77,10 +77,13 @@ def test_grad_accumulation_invariance(tiny_model, tmp_path, algo, extra):
         grads.append(record_grads(tr))
         tr.update(ro, adv, keep, old, None)
     assert len(grads[0]) == tr.cfg.optim.ppo_epochs * tr.cfg.optim.mini_batches
-    for a, b in zip(*grads):
+    for i, (a, b) in enumerate(zip(*grads)):
         assert a.abs().max() > 1e-4  # the update did something
-        # Adam would amplify float noise in near-zero gradients, so compare the gradients the optimizer receives
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(a.abs().max()))
+        # Compare the gradients the optimizer receives. The first is exact up to float summation order; later ones
+        # (several PPO epochs / mini-batches) follow an Adam step, which turns 1e-8 float noise in near-zero
+        # gradient entries into parameter differences of ~lr * 1e-3, so they get a looser bound.
+        tol = 1e-6 if i == 0 else 1e-4
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=tol * float(a.abs().max()))
 
 
 def record_grads(tr):

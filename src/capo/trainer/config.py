@@ -89,7 +89,12 @@ class AlgorithmConfig:
     loss: str | None = knob(None, "policy loss (registry name): " + ", ".join(POLICY_LOSSES.names()))
     loss_kwargs: dict = knob({}, "policy-loss hyperparameters, e.g. {eps_low: 0.2, eps_high: 0.28}")
     aggregation: str | None = knob(None, "loss aggregation: " + ", ".join(AGGREGATIONS))
-    reward: str | None = knob(None, "reward on verdicts (registry name): " + ", ".join(REWARDS.names()))
+    reward: str | None = knob(None, "reward on verdicts (registry name: " + ", ".join(REWARDS.names())
+                              + ") or a user function 'package.module:function' called as fn(prompt, response, "
+                              "gold) -> float")
+    reward_timeout: float = knob(10.0, "user reward function: seconds allowed per call")
+    reward_errors: str = knob("fail", "user reward function exception/timeout: fail (stop with the sample) or "
+                              "zero (score 0, count in train/reward_errors)")
     reward_kwargs: dict = knob({}, "reward hyperparameters, e.g. {format_failure_reward: -1.0}")
     kl_coef: float = knob(0.0, "beta of the per-token KL penalty to the reference model (0 = off, no ref pass)")
     kl_estimator: str = knob("k3", "KL estimator: k1, k2, k3")
@@ -128,6 +133,8 @@ class RunConfig:
     keep_checkpoints: int = knob(2, "how many recent checkpoints to keep")
     resume: bool = knob(True, "resume from the last complete checkpoint in out_dir if there is one")
     threads: int = knob(0, "torch CPU threads (0 = torch default)")
+    on_bad_sample: str = knob("skip", "a response with a NaN/inf reward or log-prob: skip (drop its group from the "
+                              "update, count it in train/bad_samples) or fail (stop with the sample)")
     progress: bool = knob(True, "show a progress bar")
 
 
@@ -209,7 +216,13 @@ class TrainConfig:
         _choice("algo.advantage", a.advantage, ADVANTAGES.names())
         _choice("algo.loss", a.loss, POLICY_LOSSES.names())
         _choice("algo.aggregation", a.aggregation, AGGREGATIONS)
-        _choice("algo.reward", a.reward, REWARDS.names())
+        if ":" in (a.reward or ""):
+            from capo.trainer.user_reward import load_user_reward
+
+            load_user_reward(a.reward)
+        else:
+            _choice("algo.reward", a.reward, REWARDS.names())
+        _choice("algo.reward_errors", a.reward_errors, ("fail", "zero"))
         _choice("algo.kl_estimator", a.kl_estimator, ("k1", "k2", "k3"))
         _choice("algo.noise_mask", a.noise_mask, ("off", "fixed", "quantile"))
         if a.kl_coef < 0:
@@ -245,6 +258,7 @@ class TrainConfig:
         for k in ("eval_every", "save_every", "threads"):
             _at_least(f"run.{k}", getattr(run, k), 0)
         _at_least("run.eval_samples", run.eval_samples, 1)
+        _choice("run.on_bad_sample", run.on_bad_sample, ("skip", "fail"))
         _at_least("run.keep_checkpoints", run.keep_checkpoints, 1)
 
     @property

@@ -19,6 +19,7 @@ class Graded:
     correct: torch.Tensor  # [N] bool
     confidence: torch.Tensor  # [N] float32
     format_ok: torch.Tensor  # [N] bool (RLCR tags well formed)
+    reward_errors: int = 0  # user reward function failures scored 0 (algo.reward_errors=zero)
 
 
 def grade(texts: Sequence[str], golds: Sequence[str], answer_format: str, verifier: Verifier) -> Graded:

@@ -35,6 +35,8 @@ from capo.core import (
     sequence_logprob_mean,
 )
 from capo.core.calibration import summarize
+from capo.errors import CapoError
+from capo.evaluation.run import run_lock
 from capo.trainer import checkpoint as ckpt
 from capo.trainer.config import TrainConfig, dump_yaml
 from capo.trainer.data import load_problems, render_prompts
@@ -42,6 +44,7 @@ from capo.trainer.grading import grade
 from capo.trainer.logging import MetricsLogger, Progress
 from capo.trainer.models import load_model
 from capo.trainer.rollout import Rollout, generate, token_logprobs
+from capo.trainer.user_reward import load_user_reward, user_rewards
 from capo.verify import Verifier
 
 
@@ -73,7 +76,8 @@ class Trainer:
             self.ref.requires_grad_(False)
             self.ref.to(self.acc.device)
         self.verifier = Verifier(workers=max(1, min(4, torch.get_num_threads())))
-        self.reward_fn = REWARDS.get(cfg.algo.reward)
+        self.user_reward = load_user_reward(cfg.algo.reward) if ":" in cfg.algo.reward else None
+        self.reward_fn = None if self.user_reward else REWARDS.get(cfg.algo.reward)
         o = cfg.optim
         opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (o.warmup_steps + 1)))
@@ -91,7 +95,8 @@ class Trainer:
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
         if cfg.algo.noise_mask != "off" and self.mask_thresholds is None:
             self.mask_thresholds = self.calibrate_mask()
-        with MetricsLogger(self.run_dir, self.step, enabled=self.acc.is_main_process) as log, \
+        with run_lock(self.run_dir) if self.acc.is_main_process else contextlib.nullcontext(), \
+                MetricsLogger(self.run_dir, self.step, enabled=self.acc.is_main_process) as log, \
                 Progress(cfg.run.steps, self.step, enabled=cfg.run.progress and self.acc.is_main_process) as bar:
             while self.step < cfg.run.steps:
                 t = Timer()
@@ -106,9 +111,9 @@ class Trainer:
                     with t("old_logprobs"):
                         old_logp = None if cfg.single_update else self.logprobs(self.model, ro)
                     with t("advantage"):
-                        adv, keep, stats = self.advantages(ro, g, rewards, ref_logp, old_logp)
+                        adv, active, stats = self.advantages(ro, g, rewards, ref_logp, old_logp)
                     with t("update"):
-                        stats |= self.update(ro, adv, keep, old_logp, ref_logp)
+                        stats |= self.update(ro, adv, active, old_logp, ref_logp)
                     self.step += 1
                     stats |= self.rollout_metrics(ro, g, rewards)
                     if self.step == cfg.run.steps or (cfg.run.eval_every and self.step % cfg.run.eval_every == 0):
@@ -148,8 +153,14 @@ class Trainer:
         g_size = len(ro.texts) // len(problems)
         golds = [p.answer for p in problems for _ in range(g_size)]
         g = grade(ro.texts, golds, self.cfg.data.answer_format, self.verifier)
-        rewards = self.reward_fn(g.correct, confidence=g.confidence, format_ok=g.format_ok,
-                                 **self.cfg.algo.reward_kwargs)
+        if self.user_reward is not None:
+            prompts = [p.prompt for p in problems for _ in range(g_size)]
+            rewards, g.reward_errors, _ = user_rewards(self.user_reward, prompts, ro.texts, golds,
+                                                       timeout=self.cfg.algo.reward_timeout,
+                                                       on_error=self.cfg.algo.reward_errors)
+        else:
+            rewards = self.reward_fn(g.correct, confidence=g.confidence, format_ok=g.format_ok,
+                                     **self.cfg.algo.reward_kwargs)
         if self.cfg.algo.overlong_cache:
             rewards = rewards + overlong_penalty(ro.lengths, self.cfg.rollout.max_new_tokens,
                                                  self.cfg.algo.overlong_cache)
@@ -165,11 +176,12 @@ class Trainer:
         return torch.cat(out)
 
     def advantages(self, ro, g, rewards, ref_logp, old_logp):
+        """Returns advantages [N], the rows that take part in the update [N] bool, and statistics."""
         a, G = self.cfg.algo, self.cfg.rollout.group_size
         lp = old_logp if old_logp is not None else ro.gen_logp  # the most exact rollout-time log-probs we have
         scores = sequence_logprob_mean(lp, ro.response_mask)
+        rewards, scores, active, stats = self._guard(ro, rewards, scores, ref_logp)
         keep = torch.ones_like(g.correct)
-        stats = {}
         if a.noise_mask != "off":
             ref_ppl = torch.exp(-sequence_logprob_mean(ref_logp, ro.response_mask))
             low, high = self.mask_thresholds
@@ -178,18 +190,34 @@ class Trainer:
         if a.group_filter:
             groups = informative_groups(rewards, G).repeat_interleave(G)
             stats["train/filtered_frac"] = self._mean(1.0 - groups.float())
-            keep = keep & groups
-        adv = compute_advantages(a.advantage, rewards, G, scores=scores, keep=keep, **a.advantage_kwargs)
+            active = active & groups
+        adv = compute_advantages(a.advantage, rewards, G, scores=scores, keep=keep & active, **a.advantage_kwargs)
         stats["policy/adv_abs_mean"] = self._mean(adv.abs())
-        return adv, keep, stats
+        return adv, active, stats
 
-    def update(self, ro: Rollout, adv, keep, old_logp, ref_logp) -> dict:
-        c, a = self.cfg, self.cfg.algo
-        rows = torch.arange(len(adv))
-        if a.group_filter:
-            rows = rows[keep]  # DAPO: filtered groups take no part (and do not count in the normaliser)
+    def _guard(self, ro, rewards, scores, ref_logp):
+        """Numerical guard: a NaN/inf reward or log-prob never reaches the parameters. By ``run.on_bad_sample``
+        the whole group of a bad sample is dropped from the update (and counted), or the run stops naming it."""
+        G = self.cfg.rollout.group_size
+        bad = ~torch.isfinite(rewards) | ~torch.isfinite(scores)
+        if ref_logp is not None:
+            bad |= ~torch.isfinite(sequence_logprob_mean(ref_logp, ro.response_mask))
+        stats = {"train/bad_samples": self.acc.reduce(bad.sum().to(self.acc.device), "sum").item()}
+        if bad.any() and self.cfg.run.on_bad_sample == "fail":
+            i = int(bad.nonzero()[0])
+            raise CapoError(f"step {self.step + 1}: response {i} ({ro.texts[i][:80]!r}) has reward "
+                            f"{float(rewards[i])} and mean log-prob {float(scores[i])}; set run.on_bad_sample=skip "
+                            "to drop such groups and count them instead")
+        active = ~bad.view(-1, G).any(dim=1).repeat_interleave(G)
+        zero = torch.zeros((), dtype=rewards.dtype)
+        return torch.where(bad, zero, rewards), torch.where(bad, zero.to(scores.dtype), scores), active, stats
+
+    def update(self, ro: Rollout, adv, active, old_logp, ref_logp) -> dict:
+        """PPO-style update over ``active`` rows (filtered or bad groups take no part, nor count in normalisers)."""
+        c = self.cfg
+        rows = torch.arange(len(adv))[active]
         sums: dict[str, float] = {}
-        n_updates = 0
+        n_updates = skipped = 0
         for _ in range(c.optim.ppo_epochs):
             for mb in rows.chunk(c.optim.mini_batches) if len(rows) else []:
                 n_tok = self.acc.reduce(ro.response_mask[mb].sum().float(), "sum").item()
@@ -202,18 +230,22 @@ class Trainer:
                     sums["policy/loss"] = sums.get("policy/loss", 0.0) + loss  # global denominators: parts sum
                     for key, v in m.items():
                         sums[key] = sums.get(key, 0.0) + v * len(idx) / len(mb)
-                norm = self.acc.clip_grad_norm_(self.model.parameters(), c.optim.max_grad_norm or float("inf"))
-                sums["policy/grad_norm"] = sums.get("policy/grad_norm", 0.0) + float(norm)
-                self.opt.step()
+                norm = float(self.acc.clip_grad_norm_(self.model.parameters(), c.optim.max_grad_norm or float("inf")))
+                if math.isfinite(norm):
+                    sums["policy/grad_norm"] = sums.get("policy/grad_norm", 0.0) + norm
+                    self.opt.step()
+                    n_updates += 1
+                else:  # never let a NaN/inf gradient reach the parameters
+                    skipped += 1
                 self.sched.step()
                 self.opt.zero_grad(set_to_none=True)
-                n_updates += 1
         if "policy/loss" in sums:
             sums["policy/loss"] = self.acc.reduce(torch.tensor(sums["policy/loss"], device=self.acc.device),
                                                   "sum").item()
         out = {k: v / max(n_updates, 1) for k, v in sums.items()}
         out["policy/lr"] = self.sched.get_last_lr()[0]
         out["policy/updates"] = n_updates
+        out["policy/skipped_updates"] = skipped
         return out
 
     def _micro_step(self, ro, idx, adv, old_logp, ref_logp, n_seq, n_tok) -> tuple[float, dict]:
@@ -247,13 +279,15 @@ class Trainer:
         conf, fmt = t(g.confidence.to(self.acc.device)), t(g.format_ok.to(self.acc.device))
         lengths, trunc = t(ro.lengths.float()), t(ro.truncated.float())
         groups = torch.arange(len(correct)) // G
-        s = summarize(lpm.cpu(), correct.cpu(), groups, verbal_conf=conf.cpu())
+        ok = torch.isfinite(lpm).cpu()  # the numerical guard already counted the others
+        s = summarize(lpm.cpu()[ok], correct.cpu()[ok], groups[ok], verbal_conf=conf.cpu()[ok])
         per_group = correct.view(-1, G).float().mean(1)
         return {
             "train/reward_mean": float(rewards.mean()), "train/accuracy": float(correct.float().mean()),
             "train/mixed_group_frac": float(((per_group > 0) & (per_group < 1)).float().mean()),
             "train/response_len": float(lengths.mean()), "train/truncated_frac": float(trunc.mean()),
             "train/format_ok_frac": float(fmt.float().mean()),
+            "train/reward_errors": self.acc.reduce(torch.tensor(g.reward_errors, device=self.acc.device), "sum").item(),
             "train/verbal_conf_mean": float(torch.nanmean(conf)) if torch.isfinite(conf).any() else float("nan"),
             "calib/auc_mean": s["auc_mean"], "calib/auc_mean_groups": s["auc_mean_groups"],
             "calib/auroc": s["auroc"], "calib/ece": s["ece"], "calib/brier": s["brier"],

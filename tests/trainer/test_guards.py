@@ -1,0 +1,81 @@
+"""Numerical guards, user reward functions and the run-directory lock."""
+
+import pytest
+import torch
+
+from capo.errors import CapoError
+from capo.trainer.loop import Trainer
+from capo.trainer.user_reward import user_rewards
+
+from test_trainer import _fixed_batch, cfg_for, record_grads, rows
+
+
+@pytest.fixture
+def reward_path(monkeypatch):
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent))
+
+
+def test_nan_reward_and_inf_logprob_never_reach_parameters(tiny_model, tmp_path):
+    tr = Trainer(cfg_for(tiny_model, tmp_path, **{"rollout.prompts_per_step": 4, "run.resume": False,
+                                                  "optim.lr": 1e-2}))
+    ro, g, rewards = _fixed_batch(tr)
+    rewards[1] = float("nan")  # group 0
+    ro.gen_logp[9, 0] = float("-inf")  # group 2
+    adv, active, stats = tr.advantages(ro, g, rewards, None, None)
+    assert stats["train/bad_samples"] == 2
+    assert active.view(4, 4).all(1).tolist() == [False, True, False, True]
+    assert torch.isfinite(adv).all() and (adv[~active] == 0).all()
+    grads = record_grads(tr)
+    tr.update(ro, adv, active, None, None)
+    assert all(torch.isfinite(p).all() for p in tr.model.parameters())
+    assert torch.isfinite(grads[0]).all()
+
+
+def test_bad_sample_fail_mode_names_the_sample(tiny_model, tmp_path):
+    tr = Trainer(cfg_for(tiny_model, tmp_path, **{"rollout.prompts_per_step": 4, "run.on_bad_sample": "fail"}))
+    ro, g, rewards = _fixed_batch(tr)
+    rewards[5] = float("inf")
+    with pytest.raises(CapoError, match="response 5 .* has reward inf.*run.on_bad_sample=skip"):
+        tr.advantages(ro, g, rewards, None, None)
+
+
+def test_nan_gradient_skips_the_optimizer_step(tiny_model, tmp_path):
+    tr = Trainer(cfg_for(tiny_model, tmp_path, **{"rollout.prompts_per_step": 4, "run.resume": False}))
+    ro, g, rewards = _fixed_batch(tr)
+    adv, active, _ = tr.advantages(ro, g, rewards, None, None)
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    out = tr.update(ro, adv * float("nan"), active, None, None)  # poison the loss
+    assert out["policy/skipped_updates"] == 1 and out["policy/updates"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.model.parameters()))
+
+
+def test_user_reward_errors_fail_or_count(reward_path):
+    import reward_fns
+
+    texts = ["a", "bb", "ccc", "dddd"]
+    with pytest.raises(CapoError, match=r"sample 0 \(prompt 'p', response 'a'\) raised RuntimeError: boom"):
+        user_rewards(reward_fns.raises_on_some, ["p"] * 4, texts, ["1"] * 4, timeout=1, on_error="fail")
+    r, n, msgs = user_rewards(reward_fns.raises_on_some, ["p"] * 4, texts, ["1"] * 4, timeout=1, on_error="zero")
+    assert r.tolist() == [0.0, 1.0, 0.0, 1.0] and n == 2 and "response 'ccc'" in msgs[1]
+    r, n, msgs = user_rewards(reward_fns.returns_nan, ["p"], ["x"], ["1"], timeout=1, on_error="zero")
+    assert n == 1 and "finite number" in msgs[0]
+    r, n, msgs = user_rewards(reward_fns.sleeps, ["p"], ["x"], ["1"], timeout=0.2, on_error="zero")
+    assert n == 1 and "timed out after 0.2 s" in msgs[0]
+
+
+def test_user_reward_function_trains(tiny_model, tmp_path, reward_path):
+    Trainer(cfg_for(tiny_model, tmp_path, **{"algo.reward": "reward_fns:raises_on_some", "run.steps": 1,
+                                             "algo.reward_errors": "zero"})).train()
+    r = rows(tmp_path)[-1]
+    assert r["train/reward_errors"] > 0
+
+
+def test_run_directory_is_locked(tiny_model, tmp_path):
+    from capo.errors import ConfigError
+    from capo.evaluation.run import run_lock
+
+    with run_lock(tmp_path):
+        with pytest.raises(ConfigError, match="another capo"):
+            Trainer(cfg_for(tiny_model, tmp_path, **{"run.steps": 1})).train()
