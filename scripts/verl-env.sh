@@ -13,7 +13,8 @@
 #   2. verl==0.9.1 with its declared dependencies (ray, tensordict, transformers<5.11, hydra-core, ...).
 #   3. capo itself, editable and WITHOUT dependencies (so pip never upgrades verl's transformers), then capo's
 #      light runtime dependencies that verl does not already bring.
-#   4. pytest (+ pytest-timeout) to run tests/adapters/test_verl*.py.
+#   4. pytest (+ pytest-timeout) to run tests/adapters/test_verl*.py, and three modules verl's trainer imports
+#      without declaring them (cachetools, uvicorn, fastapi).
 # The inference engines verl needs for real training (vLLM or SGLang, flash-attn) are not installed: they have
 # no CPU wheels. Install them on the GPU cluster, matching its CUDA version.
 set -eu
@@ -37,6 +38,10 @@ PIP="$VENV/bin/pip"
 # capo's own light dependencies (those of pyproject.toml minus torch/transformers/accelerate/datasets, which
 # verl's resolution already fixed; installing them again could only change versions verl chose).
 "$PIP" install --quiet 'math-verify>=0.8' 'pyyaml>=6.0' 'rich>=13.0' 'numpy>=1.26' 'pytest>=8' 'pytest-timeout>=2.3'
+# Imported by verl.trainer.ppo.ray_trainer but not declared by verl 0.9.1 (they usually arrive with vLLM/SGLang).
+# torch is repeated so pip cannot move it off the pinned CPU build. (Do not add torchvision from PyPI: its wheel
+# does not match the CPU torch build and breaks transformers' imports.)
+"$PIP" install --quiet cachetools uvicorn fastapi torch==2.13.0
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
 for name in ("torch", "transformers", "verl", "ray", "capo"):
