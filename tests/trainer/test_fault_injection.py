@@ -1,0 +1,83 @@
+"""Crash safety: SIGKILL a training run at random points, resume, and get exactly the uninterrupted run."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+STEPS = 6
+
+
+def _cmd(model, out):
+    return [sys.executable, "-m", "capo.cli", "train", "--model.path", model, "--run.out_dir", str(out),
+            "--run.steps", str(STEPS), "--run.save_every", "1", "--run.keep_checkpoints", "2", "--run.seed", "1",
+            "--rollout.prompts_per_step", "2", "--rollout.group_size", "4", "--rollout.max_new_tokens", "10",
+            "--data.n_train", "32", "--data.n_eval", "2", "--run.eval_samples", "2", "--run.progress", "false",
+            "--algo.name", "capo", "--optim.lr", "1e-3", "--run.threads", "1"]
+
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def _rows(run):
+    return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_then_resume_equals_uninterrupted(tiny_model, tmp_path):
+    ref = tmp_path / "ref"
+    subprocess.run(_cmd(tiny_model, ref), check=True, env=ENV, timeout=600, capture_output=True)
+    run = tmp_path / "killed"
+    rng = random.Random(0)
+    kills = 0
+    for attempt in range(8):
+        p = subprocess.Popen(_cmd(tiny_model, run), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if kills < 3:
+            # wait until this attempt has made progress past its resume point, then kill at a random moment
+            start = len(list((run / "checkpoints").glob("step-*"))) if (run / "checkpoints").exists() else 0
+            t0 = time.time()
+            while p.poll() is None and time.time() - t0 < 300:
+                ck = run / "checkpoints"
+                if ck.exists() and any(d.name.endswith(".tmp") or d.name > f"step-{start:06d}" for d in ck.iterdir()):
+                    break
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 1.5))
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+                kills += 1
+                continue
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err.decode()[-2000:]
+        break
+    assert kills >= 1, "the run finished before it could be killed; the test proved nothing"
+    assert _strip(_rows(run)) == _strip(_rows(ref))
+    a = load_file(ref / f"checkpoints/step-{STEPS:06d}/model.safetensors")
+    b = load_file(run / f"checkpoints/step-{STEPS:06d}/model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not list((run / "checkpoints").glob("*.tmp"))
+
+
+def test_partial_checkpoint_is_ignored_and_corrupt_one_is_reported(tiny_model, tmp_path):
+    from capo.errors import CapoError
+    from capo.trainer.checkpoint import latest_checkpoint
+
+    ck = tmp_path / "checkpoints"
+    (ck / "step-000003.tmp").mkdir(parents=True)  # a crash mid-write: never looks complete
+    assert latest_checkpoint(tmp_path) is None
+    (ck / "step-000002").mkdir()
+    (ck / "step-000002" / "config.json").write_text("{}")
+    with pytest.raises(CapoError, match="step-000002 is incomplete or corrupt .missing trainer_state.pt"):
+        latest_checkpoint(tmp_path)
