@@ -181,3 +181,35 @@ def test_reward_file_loaded_by_path_like_verl_does():
     path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "verl" / "capo_reward.py"
     fn = load_extern_object(module_path=str(path), object_name="compute_score")
     assert fn("math", "<answer>7</answer><confidence>1</confidence>", "7", {})["score"] == 1.0
+
+
+def test_example_launch_script_composes_with_verls_config(tmp_path):
+    """Every override of examples/verl/run_capo_qwen2.5_math_1.5b.sh exists in verl's config, and the settings
+    that CAPO depends on come out as intended (reference policy on with KL weight 0, capo estimator)."""
+    import os
+    import pathlib
+    import subprocess
+
+    from hydra import compose, initialize_config_dir
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done > "$OVERRIDES"\n')
+    (fake / "python3").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OVERRIDES=str(tmp_path / "ov.txt"), DATA="/data")
+    subprocess.run(["sh", str(root / "examples/verl/run_capo_qwen2.5_math_1.5b.sh")], env=env, check=True)
+    args = [a for a in (tmp_path / "ov.txt").read_text().splitlines() if a]
+    assert args[:2] == ["-m", "verl.trainer.main_ppo"]
+    cfgdir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=cfgdir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=args[2:])
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    a = cfg.actor_rollout_ref
+    assert cfg.algorithm.adv_estimator == "capo" and cfg.algorithm.capo.tau == 0.6
+    assert need_reference_policy(cfg) and a.actor.use_kl_loss and a.actor.kl_loss_coef == 0
+    assert a.actor.entropy_coeff == 0 and a.actor.clip_ratio == 0.2 and a.actor.optim.lr == 1e-6
+    assert cfg.data.train_batch_size == 128 and a.actor.ppo_mini_batch_size == 64 and a.rollout.n == 8
+    assert a.rollout.temperature == 1.0 and cfg.trainer.total_training_steps == 600
+    assert not cfg.algorithm.use_kl_in_reward
