@@ -138,7 +138,7 @@ def test_two_processes_equal_one(tiny_model, tmp_path):
     ({"algo.name": "ppo"}, "algo.name='ppo' is not known; allowed: grpo"),
     ({"algo.advantage": "foo"}, "algo.advantage='foo' is not allowed; allowed values: capo, dr_grpo"),
     ({"optim.lr": -1}, "optim.lr must be > 0"),
-    ({"model.path": "/does/not/exist"}, "model.path='/does/not/exist': no such file or folder"),
+    ({"model.path": "/does/not/exist"}, "model.path: model ./does/not/exist.: no such file or folder"),
     ({"optim.micro_batch_size": 3}, "optim.micro_batch_size=3 must be a multiple of rollout.group_size"),
     ({"optim.mini_batches": 3}, "optim.mini_batches=3 must divide rollout.prompts_per_step"),
     ({"optim.nope": 1}, "unknown key optim.nope; allowed keys in optim: lr"),
@@ -155,3 +155,21 @@ def test_cli_bad_config_exit_code(tmp_path):
                        text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert p.returncode == 2
     assert "rollout.group_size must be >= 2" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_accelerate_launch_two_processes_trains(tiny_model, tmp_path):
+    """`accelerate launch --num_processes 2` on CPU (gloo) runs the CLI end to end and writes one run directory."""
+    accel = Path(sys.executable).parent / "accelerate"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29534",
+                        "-m", "capo.cli", "train", "--model.path", tiny_model, "--run.out_dir", str(tmp_path / "ddp"),
+                        "--run.steps", "2", "--rollout.prompts_per_step", "4", "--rollout.group_size", "4",
+                        "--rollout.max_new_tokens", "8", "--data.n_train", "32", "--data.n_eval", "4",
+                        "--run.eval_samples", "2", "--run.progress", "false", "--algo.name", "capo"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = rows(tmp_path / "ddp")
+    assert [x["step"] for x in r] == [1, 2]  # written once (main process), not once per process
+    assert (tmp_path / "ddp/checkpoints/step-000002/model.safetensors").is_file()

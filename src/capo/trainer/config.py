@@ -195,11 +195,9 @@ class TrainConfig:
     def validate(self) -> None:
         m, d, r, a, o, run = self.model, self.data, self.rollout, self.algo, self.optim, self.run
         _choice("model.dtype", m.dtype, ("float32", "bfloat16"))
-        from capo.trainer.models import check_model_path
-
-        check_model_path(m.path, "model.path")
-        if m.ref_path is not None:
-            check_model_path(m.ref_path, "model.ref_path")
+        for key in ("path", "ref_path"):
+            if getattr(m, key) is not None:
+                _check_model(f"model.{key}", getattr(m, key))
         if d.dataset not in BUILTIN_DATASETS and not Path(d.dataset).is_file():
             raise ConfigError(f"data.dataset={d.dataset!r} is neither a built-in dataset ({', '.join(BUILTIN_DATASETS)})"
                               " nor an existing JSONL/parquet file")
@@ -273,6 +271,15 @@ class TrainConfig:
 
 BUILTIN_DATASETS = ("default", "gsm8k", "math500")
 SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)}
+
+
+def _check_model(key: str, spec: str) -> None:
+    from capo.evaluation.sampling import check_model_spec
+
+    try:
+        check_model_spec(spec)
+    except ConfigError as e:
+        raise ConfigError(f"{key}: {e}") from None
 
 
 def _choice(key, v, allowed):

@@ -42,10 +42,13 @@ from capo.trainer.config import TrainConfig, dump_yaml
 from capo.trainer.data import load_problems, render_prompts
 from capo.trainer.grading import grade
 from capo.trainer.logging import MetricsLogger, Progress
-from capo.trainer.models import load_model
+from capo.evaluation.sampling import load_model
 from capo.trainer.rollout import Rollout, generate, token_logprobs
 from capo.trainer.user_reward import load_user_reward, user_rewards
 from capo.verify import Verifier
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class Timer(dict):
@@ -69,10 +72,10 @@ class Trainer:
         self.run_dir = Path(cfg.run.out_dir)
         self.train_set, self.eval_set = load_problems(cfg.data, seed=cfg.run.seed)
         resume_from = ckpt.latest_checkpoint(self.run_dir) if cfg.run.resume else None
-        self.model, self.tok = load_model(str(resume_from) if resume_from else cfg.model.path, cfg.model.dtype)
+        self.model, self.tok = load_model(str(resume_from) if resume_from else cfg.model.path, DTYPES[cfg.model.dtype])
         self.ref = None
         if cfg.needs_reference:
-            self.ref, _ = load_model(cfg.model.ref_path or cfg.model.path, cfg.model.dtype)
+            self.ref, _ = load_model(cfg.model.ref_path or cfg.model.path, DTYPES[cfg.model.dtype])
             self.ref.requires_grad_(False)
             self.ref.to(self.acc.device)
         self.verifier = Verifier(workers=max(1, min(4, torch.get_num_threads())))
