@@ -10,7 +10,6 @@ from capo.errors import CapoError
 
 # name -> module (relative to capo.cli). Each module defines add_parser(subparsers) -> parser and run(args) -> int.
 SUBCOMMANDS = {
-    "info": "info_cmd",
     "eval": "eval_cmd",
     "report": "report_cmd",
     "train": "train_cmd",
@@ -40,8 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # accepted anywhere on the line, also after the subcommand
+    argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.debug = debug
     if not getattr(args, "_run", None):
         parser.print_help()
         return 1
