@@ -121,7 +121,7 @@ def test_capo_advantages_used_by_trl_equal_core(tiny_model_dir, tmp_path):
     assert 0 < int(kept.sum()) < kept.numel(), "the noise mask should drop some but not all responses here"
     # the step's calibration metrics were logged
     logged = {k for h in tr.state.log_history for k in h}
-    assert {"calib/accuracy", "calib/auroc", "calib/ece", "train/capo_mask_keep_frac"} <= logged, logged
+    assert {"calib/accuracy", "calib/auroc", "calib/ece", "train/masked_frac"} <= logged, logged
     assert "time/capo_extra_forward_s" in logged and "time/capo_ref_forward_s" in logged
 
 

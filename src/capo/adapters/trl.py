@@ -253,7 +253,7 @@ class CapoGRPOTrainer(GRPOTrainer):
         n_local = out["completion_ids"].size(0)
         sl = slice(acc.process_index * n_local, (acc.process_index + 1) * n_local)  # as TRL slices
         mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
-        timings: dict[str, float] = {}
+        timings: dict[str, float] = {}  # time/* and train/masked_frac
 
         scores = None
         if cfg.needs_scores():
@@ -282,7 +282,9 @@ class CapoGRPOTrainer(GRPOTrainer):
             timings["time/capo_ref_forward_s"] = time.perf_counter() - t0
             ppl_local = torch.exp(-sequence_logprob_mean(ref.double(), mask))
             ppl = acc.gather(ppl_local)
-            keep = keep & capo_noise_mask(ppl, correct, low=cfg.mask_low, high=cfg.mask_high)
+            noise_keep = capo_noise_mask(ppl, correct, low=cfg.mask_low, high=cfg.mask_high)
+            timings["train/masked_frac"] = float((~noise_keep).double().mean())
+            keep = keep & noise_keep
 
         adv = compute_advantages(
             cfg.estimator, rewards, g,
@@ -296,7 +298,7 @@ class CapoGRPOTrainer(GRPOTrainer):
             "trl_advantages_local": trl_local, "process_slice": sl, "group_size": g,
         }
 
-        metrics = self._capo_metrics(rewards, correct, keep, scores, g, cfg)
+        metrics = self._capo_metrics(correct, scores, g, cfg)
         metrics.update(timings)
         for k, v in metrics.items():
             if not math.isnan(v):  # e.g. AUC-mean when no prompt has both classes: absent rather than NaN
@@ -322,12 +324,10 @@ class CapoGRPOTrainer(GRPOTrainer):
             conf = self.accelerator.gather(torch.tensor(rl[0].last.confidence, dtype=torch.float64, device=dev))
         return correct, conf
 
-    def _capo_metrics(self, rewards, correct_by_reward, keep, scores, g, cfg) -> dict[str, float]:
+    def _capo_metrics(self, correct_by_reward, scores, g, cfg) -> dict[str, float]:
         from capo.core import calibration
 
         m: dict[str, float] = {}
-        if cfg.uses_mask():
-            m["train/capo_mask_keep_frac"] = float(keep.double().mean())
         if not cfg.calibration_metrics:
             return m
         correct, conf = self._capo_verdicts()
