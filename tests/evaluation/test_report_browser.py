@@ -1,0 +1,93 @@
+"""`capo report` comparing runs, rendered in headless Chromium (Debian package `chromium`)."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from capo.cli import main
+from capo.evaluation.metrics import compute_metrics
+from capo.evaluation.run import atomic_write_text
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def fake_eval_run(d, shift: float, seed: int):
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for p in range(12):
+        for j in range(4):
+            ok = rng.random() < 0.5
+            lp = -abs(rng.gauss(0.6 - (shift if ok else 0), 0.3))
+            rows.append({"prompt_id": f"p{p}", "sample_idx": j, "text": f"<b>t{p}{j}</b><script>alert(1)</script>",
+                         "prompt": "What is 1 < 2 & 3?", "gold": "1", "answer": "1" if ok else "2",
+                         "verdict": "correct" if ok else "incorrect", "mean_logprob": lp, "n_tokens": 9,
+                         "answer_id": 0 if ok else 1, "confidence": None, "finish_reason": "stop"})
+    res = compute_metrics(rows, n_boot=20)
+    d.mkdir(parents=True)
+    atomic_write_text(d / "metrics.json", json.dumps({"config": {"model": "m", "k": 4}, **res}))
+    (d / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def fake_train_run(d):
+    d.mkdir(parents=True)
+    rows = [{"step": s, "train/reward": 0.1 * s, "calib/auc_mean": 0.5 + 0.02 * s} for s in range(1, 6)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 6, "tor')
+    return d
+
+
+@pytest.fixture()
+def report(tmp_path):
+    a = fake_eval_run(tmp_path / "base", 0.0, 1)
+    b = fake_eval_run(tmp_path / "capo", 0.4, 2)
+    t = fake_train_run(tmp_path / "train")
+    out = tmp_path / "cmp.html"
+    assert main(["report", str(a), str(b), str(t), "--out", str(out), "--examples", "2"]) == 0
+    return out
+
+
+def test_report_content(report):
+    html = report.read_text()
+    assert html.count("data:image/png;base64,") >= 6  # 2 overlays + 2 histograms + 2 training curves
+    assert html.count("<table") >= 5
+    assert "<script>" not in html  # model text is escaped
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    for name in ("base", "capo", "train"):
+        assert f"<th>{name}</th>" in html
+
+
+def test_report_errors(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r.html")]) == 2
+    assert "neither metrics.json" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "r.html")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'ud'}",
+            "--enable-logging=stderr", "--v=0"]
+    url = report.resolve().as_uri()
+    dom = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert html.count("<img") >= 6 and "data:image/png;base64," in html
+    assert html.count("<table") >= 5
+    console = [ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
+    assert console == [], console
+    shot = tmp_path / "shot.png"
+    r = subprocess.run(base + [f"--screenshot={shot}", "--window-size=1280,2000", url], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and shot.exists() and shot.stat().st_size > 20_000, r.stderr[-2000:]
+    # the screenshot is not blank: many distinct colours (plots rendered)
+    from PIL import Image
+
+    im = Image.open(shot).convert("RGB").resize((320, 500))
+    assert len(im.getcolors(maxcolors=1_000_000)) > 50
