@@ -38,7 +38,8 @@ __all__ = ["EvalSettings", "run_eval", "run_from_generations", "read_rows", "val
 
 # settings that change what is generated: a resumed run must match them exactly
 GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "top_p", "max_new_tokens", "batch_size",
-                   "seed", "chat_template", "system_prompt", "prompt_field", "answer_field", "dataset_answer_format")
+                   "seed", "chat_template", "system_prompt", "prompt_field", "answer_field", "dataset_answer_format",
+                   "answer_format", "fallback_last_number")  # the last two: rows store their extracted answers
 
 
 @dataclass
