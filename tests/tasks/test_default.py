@@ -28,7 +28,7 @@ def test_shipped_folder_loads_with_plain_transformers():
     assert sum(f.stat().st_size for f in folder.iterdir()) < 8 * 2**20
     tok = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_pretrained(str(folder))
-    assert model.config.model_type == "qwen2"
+    assert model.config.model_type == "llama"
     assert model.config.tie_word_embeddings
     assert model.config.vocab_size == len(tok)
     assert tok.eos_token == "</s>" and tok.pad_token == "<pad>" and tok.bos_token == "<s>"

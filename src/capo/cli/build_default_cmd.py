@@ -1,4 +1,4 @@
-"""``capo build-default``: rebuild the embedded default model (tokenizer + tiny Qwen2) from scratch on CPU."""
+"""``capo build-default``: rebuild the embedded default model (tokenizer + tiny Llama) from scratch on CPU."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import time
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "build-default",
-        help="rebuild the embedded default model (tiny Qwen2 + char tokenizer, chain_sum warm-up) on CPU",
+        help="rebuild the embedded default model (tiny Llama + char tokenizer, chain_sum warm-up) on CPU",
         description=(
-            "Build the embedded default: a character-level tokenizer and a ~0.9M-parameter Qwen2 trained by a short "
+            "Build the embedded default: a character-level tokenizer and a ~0.37M-parameter Llama trained by a short "
             "supervised warm-up on reasoning-gym chain_sum problems in RLCR's <answer>/<confidence> format, "
             "stopped early so sampled accuracy leaves room for RL. Deterministic on CPU for a fixed seed and thread "
             "count. The folder loads with transformers' AutoModelForCausalLM / AutoTokenizer."
@@ -26,8 +26,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default: the shipped model's)")
     p.add_argument("--eval-prompts", type=int, default=256,
                    help="held-out prompts to measure the built model on, 8 samples each (0 to skip; default 256)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (results are bit-identical only for the same thread count)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: the tiny model gains little from more, and results are "
+                        "bit-identical only for the same thread count)")
     return p
 
 
@@ -45,8 +46,9 @@ def run(args) -> int:
         raise ConfigError(f"--lr must be > 0, got {args.lr}")
     if args.eval_prompts < 0:
         raise ConfigError(f"--eval-prompts must be >= 0, got {args.eval_prompts}")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    if args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     kwargs = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr))
               if v is not None}
     t0 = time.perf_counter()

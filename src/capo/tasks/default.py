@@ -1,17 +1,17 @@
 """The embedded default: a tiny causal LM and a verifiable reasoning-gym task that need nothing beyond pip.
 
-Task: reasoning-gym ``chain_sum`` (additions/subtractions of 2-4 non-negative integers of 1-2 digits; the answer is
+Task: reasoning-gym ``chain_sum`` (additions/subtractions of 2-5 one-digit non-negative integers; the answer is
 a plain integer, possibly negative). Problems are generated reproducibly from fixed seeds; the train / eval split is
 decided by a hash of the expression, so the splits are disjoint whatever seeds and sizes are asked for.
 
 Model string (raw text, no chat template)::
 
-    prompt   = "<s>55+98-93+77="                      (format_prompt(problem), BOS added by the tokenizer)
-    response = "55+98=153 153-93=60 60+77=137<answer>137</answer><confidence>0.4</confidence></s>"
+    prompt   = "<s>5+8-9+7="                      (format_prompt(problem), BOS added by the tokenizer)
+    response = "5+8=13 13-9=4 4+7=11<answer>11</answer><confidence>0.4</confidence></s>"
 
 The response is RLCR's format (arXiv 2507.16806) with a short step-by-step trace in place of ``<think>``; the four
-tags are single tokens of a character-level tokenizer. The shipped model (``DEFAULT_MODEL_DIR``) is a ~1M-parameter
-Qwen2 built by supervised warm-up that is deliberately stopped early, so sampled accuracy leaves RL room to work.
+tags are single tokens of a character-level tokenizer. The shipped model (``DEFAULT_MODEL_DIR``) is a ~0.37M-parameter
+Llama built by supervised warm-up that is deliberately stopped early, so sampled accuracy leaves RL room to work.
 ``build_default_model`` rebuilds it deterministically on CPU (``capo build-default``).
 """
 
@@ -51,7 +51,7 @@ __all__ = [
 DEFAULT_MODEL_DIR: Path = Path(str(resources.files("capo") / "assets" / "default_model"))
 
 TASK_NAME = "chain_sum"
-# reasoning-gym ChainSumConfig fields (besides seed/size). Difficulty varies from "4-1" to "55+98-93+77".
+# reasoning-gym ChainSumConfig fields (besides seed/size). Difficulty varies from "4-1" to "5+8-9+7-6".
 TASK_CONFIG: dict[str, Any] = {"min_terms": 2, "max_terms": 5, "min_digits": 1, "max_digits": 1}
 SPLITS = ("train", "eval")
 # One expression in EVAL_BUCKETS goes to "eval", the rest to "train" (by sha256 of the expression).
@@ -81,7 +81,7 @@ def default_problems(split: str, n: int, seed: int = 0) -> list[Problem]:
 
     Train and eval are disjoint by construction (hash of the expression). Eval problems are unique within a call;
     train problems follow the generator's distribution (easy expressions, of which there are few, may repeat).
-    ``Problem.prompt`` is the compact expression without spaces (``"55+98-93+77"``); ``answer`` is a plain integer
+    ``Problem.prompt`` is the compact expression without spaces (``"5+8-9+7"``); ``answer`` is a plain integer
     string; ``meta`` keeps reasoning-gym's question, expression, num_terms and num_digits.
     """
     if split not in SPLITS:
@@ -128,7 +128,7 @@ def default_problems(split: str, n: int, seed: int = 0) -> list[Problem]:
 
 
 def format_prompt(problem: Problem) -> str:
-    """The raw text prompt the model sees (no chat template; the tokenizer adds BOS): ``"55+98-93+77="``."""
+    """The raw text prompt the model sees (no chat template; the tokenizer adds BOS): ``"5+8-9+7="``."""
     return f"{problem.prompt}="
 
 
@@ -188,6 +188,7 @@ def build_tokenizer():
 
 
 def _model_config(tokenizer, hidden: int, layers: int, heads: int, intermediate: int):
+    """The architecture trained: Qwen2 (q/k/v biases, RMSNorm, SwiGLU, RoPE), tied embeddings."""
     from transformers import Qwen2Config
 
     return Qwen2Config(
@@ -203,6 +204,45 @@ def _model_config(tokenizer, hidden: int, layers: int, heads: int, intermediate:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+
+
+def _export_llama(qwen):
+    """The same network in the Llama layout (q/k/v biases kept, a zero o_proj bias added): bit-identical outputs.
+
+    Why: transformers 5's AutoTokenizer forces ``Qwen2Tokenizer`` (byte-level BPE) on every ``qwen2`` checkpoint and
+    would silently rebuild the character tokenizer (dropping spaces); for ``llama`` it loads tokenizer.json as saved.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    qc = qwen.config
+    cfg = LlamaConfig(
+        vocab_size=qc.vocab_size,
+        hidden_size=qc.hidden_size,
+        intermediate_size=qc.intermediate_size,
+        num_hidden_layers=qc.num_hidden_layers,
+        num_attention_heads=qc.num_attention_heads,
+        num_key_value_heads=qc.num_key_value_heads,
+        max_position_embeddings=qc.max_position_embeddings,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        mlp_bias=False,
+        rms_norm_eps=qc.rms_norm_eps,
+        rope_parameters=dict(qc.rope_parameters),
+        hidden_act=qc.hidden_act,
+        bos_token_id=qc.bos_token_id,
+        eos_token_id=qc.eos_token_id,
+        pad_token_id=qc.pad_token_id,
+    )
+    llama = LlamaForCausalLM(cfg).float()
+    sd = {k: v.clone() for k, v in qwen.state_dict().items()}
+    for i in range(qc.num_hidden_layers):
+        sd[f"model.layers.{i}.self_attn.o_proj.bias"] = torch.zeros(qc.hidden_size)
+    missing, unexpected = llama.load_state_dict(sd, strict=False)
+    if [k for k in missing if k != "lm_head.weight"] or unexpected:
+        raise RuntimeError(f"Qwen2 -> Llama export mismatch: missing {missing}, unexpected {unexpected}")
+    llama.tie_weights()
+    llama.eval()
+    return llama
 
 
 def _sft_batch(problems: list[Problem], rng: random.Random, tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -229,20 +269,20 @@ def build_default_model(
     out_dir: str | Path,
     seed: int = 0,
     *,
-    steps: int = 700,
+    steps: int = 500,
     batch_size: int = 64,
-    lr: float = 2e-3,
+    lr: float = 4e-3,
     warmup_steps: int = 50,
-    hidden: int = 128,
-    layers: int = 4,
+    hidden: int = 96,
+    layers: int = 3,
     heads: int = 4,
-    intermediate: int = 384,
+    intermediate: int = 288,
     eval_prompts: int = 256,
     group_size: int = 8,
     log_every: int = 100,
     log=None,
 ) -> dict:
-    """Build tokenizer + Qwen2 model by supervised warm-up on ``chain_sum`` train problems and save both to
+    """Build tokenizer + Llama model by supervised warm-up on ``chain_sum`` train problems and save both to
     ``out_dir`` (safetensors, fp32). Deterministic on CPU for a fixed ``seed`` (and thread count).
 
     The warm-up is stopped after ``steps`` (default chosen so sampled accuracy at temperature 1 is in the 20-70%
@@ -278,6 +318,7 @@ def build_default_model(
             log(f"step {step + 1}/{steps} loss {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f}")
     train_s = time.perf_counter() - t0
     model.eval()
+    model = _export_llama(model)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
@@ -293,7 +334,7 @@ def build_default_model(
         "batch_size": batch_size,
         "lr": lr,
         "warmup_steps": warmup_steps,
-        "architecture": {"type": "qwen2", "hidden": hidden, "layers": layers, "heads": heads,
+        "architecture": {"type": "llama (trained as qwen2, exported)", "hidden": hidden, "layers": layers, "heads": heads,
                          "intermediate": intermediate, "vocab": len(tokenizer)},
         "params": n_params,
         "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
