@@ -30,9 +30,9 @@ def test_hostile_outputs_are_judged_within_the_timeout(verifier, tmp_path):
     rows = load_hostile()
     preds, t_extract = [], []
     for r in rows:
-        t = time.perf_counter()
+        t = time.process_time()  # CPU time: robust to a loaded machine
         preds.append(extract_answer(r["text"], r["format"]))
-        t_extract.append(time.perf_counter() - t)
+        t_extract.append(time.process_time() - t)
     assert max(t_extract) < 2.0, "extraction must be linear-time"
     t = time.perf_counter()
     verdicts = verifier.verify_batch(preds, [r["gold"] for r in rows])
