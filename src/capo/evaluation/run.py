@@ -332,12 +332,13 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True) -> dict:
 
 
 def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress) -> None:
-    from capo.evaluation.sampling import SYSTEM_BOXED, load_model, render_prompt, sample_batch
+    from capo.evaluation.sampling import load_model, sample_batch
+    from capo.tasks.prompts import default_system, render_problem
 
     t_load = time.perf_counter()
     model, tok = load_model(s.model)
     timing["load_model_s"] = time.perf_counter() - t_load
-    system = s.system_prompt if s.system_prompt is not None else SYSTEM_BOXED
+    system = s.system_prompt if s.system_prompt is not None else default_system(s.answer_format)
     per_batch = max(1, s.batch_size // s.k)
     total = len(problems) * s.k
     prog = _Progress(total, len(done), "capo eval") if progress else contextlib.nullcontext()
@@ -347,7 +348,8 @@ def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress) 
             missing = [(i, j) for i, p in enumerate(batch) for j in range(s.k) if (p.id, j) not in done]
             if not missing:
                 continue
-            texts = [render_prompt(tok, p.prompt, chat_template=s.chat_template, system=system) for p in batch]
+            texts = [render_problem(tok, p, dataset=s.dataset, chat_template=s.chat_template, system=system)
+                     for p in batch]
             t0 = time.perf_counter()
             samples = sample_batch(model, tok, texts, k=s.k, temperature=s.temperature, top_p=s.top_p,
                                    max_new_tokens=s.max_new_tokens, seed=s.seed * 1_000_003 + b // per_batch,

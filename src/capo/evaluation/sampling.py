@@ -22,7 +22,7 @@ from capo.errors import ConfigError
 
 __all__ = ["Sample", "check_model_spec", "load_model", "render_prompt", "sample_batch", "autocast_context"]
 
-SYSTEM_BOXED = "Solve the problem step by step. Put your final answer within \\boxed{}."
+from capo.tasks.prompts import SYSTEM_BOXED, render_prompt  # noqa: F401  (re-exported)
 
 
 def check_model_spec(spec: str) -> None:
@@ -77,15 +77,6 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32):
     tok.padding_side = "left"
     model.generation_config.pad_token_id = tok.pad_token_id
     return model.eval(), tok
-
-
-def render_prompt(tokenizer, prompt: str, *, chat_template: bool = True, system: str | None = SYSTEM_BOXED) -> str:
-    """The text fed to the model: the chat template (system + user turn, generation prompt) when the tokenizer has
-    one and ``chat_template`` is on; otherwise ``system`` and the prompt as plain text."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    return f"{system}\n\n{prompt}\n" if system else f"{prompt}\n"
 
 
 def _cpu_has_bf16() -> bool:

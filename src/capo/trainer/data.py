@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from capo.errors import ConfigError
 from capo.tasks.problem import Problem
-
-SYSTEM_BOXED = ("Solve the problem step by step. Put your final answer within \\boxed{}.")
-SYSTEM_RLCR = ("Solve the problem step by step inside <think></think>. Then give the final answer as "
-               "<answer>...</answer>, analyse how likely it is to be right inside <analysis></analysis>, and give "
-               "your confidence that it is correct as a number between 0 and 1 in <confidence></confidence>.")
-
+from capo.tasks.prompts import default_system, render_problem
 
 def load_problems(data, seed: int) -> tuple[list[Problem], list[Problem]]:
     """(train, held-out eval) problems for a DataConfig; the two sets are disjoint."""
@@ -36,16 +31,7 @@ def load_problems(data, seed: int) -> tuple[list[Problem], list[Problem]]:
 
 
 def render_prompts(problems: list[Problem], tokenizer, data, *, use_chat_template: bool) -> list[str]:
-    """Prompt strings for generation: the embedded task's raw format, or the chat template with a system message."""
-    if data.dataset == "default":
-        from capo.tasks.default import format_prompt
-
-        return [format_prompt(p) for p in problems]
-    system = data.system_prompt
-    if system is None:
-        system = SYSTEM_RLCR if data.answer_format == "rlcr" else SYSTEM_BOXED
-    if use_chat_template and getattr(tokenizer, "chat_template", None):
-        return [tokenizer.apply_chat_template([{"role": "system", "content": system},
-                                               {"role": "user", "content": p.prompt}],
-                                              tokenize=False, add_generation_prompt=True) for p in problems]
-    return [f"{system}\n\n{p.prompt}\n" for p in problems]
+    """Prompt strings for generation (the same rendering ``capo eval`` uses)."""
+    system = data.system_prompt if data.system_prompt is not None else default_system(data.answer_format)
+    return [render_problem(tokenizer, p, dataset=data.dataset, chat_template=use_chat_template, system=system)
+            for p in problems]

@@ -1,0 +1,35 @@
+"""The text a model is prompted with: one function for training and evaluation, so both see the same prompts."""
+
+from __future__ import annotations
+
+from capo.tasks.problem import Problem
+
+SYSTEM_BOXED = "Solve the problem step by step. Put your final answer within \\boxed{}."
+SYSTEM_RLCR = ("Solve the problem step by step inside <think></think>. Then give the final answer as "
+               "<answer>...</answer>, analyse how likely it is to be right inside <analysis></analysis>, and give "
+               "your confidence that it is correct as a number between 0 and 1 in <confidence></confidence>.")
+
+
+def default_system(answer_format: str) -> str:
+    """The built-in system message for an answer format (RLCR tags, else ``\\boxed{}``)."""
+    return SYSTEM_RLCR if answer_format == "rlcr" else SYSTEM_BOXED
+
+
+def render_prompt(tokenizer, prompt: str, *, chat_template: bool = True, system: str | None = SYSTEM_BOXED) -> str:
+    """The chat template (system + user turn, generation prompt) when the tokenizer has one and ``chat_template`` is
+    on; otherwise ``system`` and the prompt as plain text."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return f"{system}\n\n{prompt}\n" if system else f"{prompt}\n"
+
+
+def render_problem(tokenizer, problem: Problem, *, dataset: str, chat_template: bool = True,
+                   system: str | None = SYSTEM_BOXED) -> str:
+    """The prompt for ``problem`` of ``dataset``: the embedded default task uses its own raw format (it was trained
+    on it: ``"7-1-3="``, no system text, no template); every other dataset goes through :func:`render_prompt`."""
+    if dataset == "default":
+        from capo.tasks.default import format_prompt
+
+        return format_prompt(problem)
+    return render_prompt(tokenizer, problem.prompt, chat_template=chat_template, system=system)
