@@ -107,15 +107,54 @@ def run(args) -> int:
     runs = [load_run(out / "eval" / n, name=n) for n in models]
     runs += [load_run(Path(c.run.out_dir), name=f"{a}-seed{s} (training)") for (a, s), c in cfgs.items()]
     report = write_report(runs, out / "report.html", title="capo demo: GRPO vs CAPO vs RLCR on the embedded default")
-    summary = {n: {k: r.get(k) for k in ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece",
-                                         "verbal_brier")} for n, r in results.items()}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"\n{'model':<16}" + "".join(f"{k:>13}" for k in next(iter(summary.values()))))
-    for n, r in summary.items():
-        print(f"{n:<16}" + "".join(f"{_f(v):>13}" for v in r.values()))
+    keys = ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece", "verbal_brier")
+    summary = {n: {k: _flat(r).get(k) for k in keys} for n, r in results.items()}
+    by_algo = {"base": [summary["base"]]} | {a: [summary[f"{a}-seed{s}"] for s in seeds] for a in algos}
+    table = {a: {k: _mean_sd([r[k] for r in rs]) for k in keys} for a, rs in by_algo.items()}
+    paired = {n: _paired_vs_base(out / "eval" / "base", out / "eval" / n) for n in models if n != "base"}
+    (out / "summary.json").write_text(json.dumps({"per_run": summary, "mean_sd_over_seeds": table,
+                                                  "paired_auc_vs_base": paired}, indent=2))
+    print(f"\nheld-out: {args.eval_problems} problems x {args.eval_k} samples; mean (sd over {len(seeds)} seed(s))")
+    print(f"{'model':<8}" + "".join(f"{k:>17}" for k in keys))
+    for a, row in table.items():
+        print(f"{a:<8}" + "".join(f"{_ms(*v):>17}" for v in row.values()))
+    print("\nAUC-mean, paired per-prompt difference vs base (prompts mixed for both; 95% bootstrap interval):")
+    for n, d in paired.items():
+        print(f"  {n:<14} {_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  "
+              f"over {d['n_prompts']} prompts")
     print(f"\nreport: {report}   ({(time.perf_counter() - t0) / 60:.1f} min in all)")
     return 0
 
 
-def _f(v) -> str:
-    return "-" if v is None or (isinstance(v, float) and v != v) else f"{v:.3f}"
+def _paired_vs_base(base_dir: Path, run_dir: Path) -> dict:
+    """Paired per-prompt AUC-mean difference (run - base) on the same held-out prompts, with a bootstrap CI."""
+    from capo.core.calibration import paired_difference
+
+    def load(d):
+        rows = [json.loads(ln) for ln in (d / "generations.jsonl").read_text().splitlines() if ln.strip()]
+        ids = {p: i for i, p in enumerate(sorted({str(r["prompt_id"]) for r in rows}))}
+        lpm = [r["mean_logprob"] if r["mean_logprob"] is not None else float("-inf") for r in rows]
+        return lpm, [r["verdict"] == "correct" for r in rows], [ids[str(r["prompt_id"])] for r in rows]
+
+    pd = paired_difference(*load(run_dir), *load(base_dir), n_boot=1000, seed=0)
+    return {"diff": pd.value, "low": pd.low, "high": pd.high, "n_prompts": pd.n_groups_used}
+
+
+def _flat(r: dict) -> dict:
+    """run_eval returns {"metrics": {...}, ...} or a flat dict; take the flat metrics either way."""
+    return r.get("metrics", r) if isinstance(r, dict) else {}
+
+
+def _mean_sd(vals):
+    xs = [v for v in vals if isinstance(v, (int, float)) and v == v]
+    if not xs:
+        return None, None
+    m = sum(xs) / len(xs)
+    sd = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else None
+    return m, sd
+
+
+def _ms(m, sd) -> str:
+    if m is None:
+        return "-"
+    return f"{m:.3f}" + (f" ({sd:.3f})" if sd is not None else "")

@@ -33,6 +33,11 @@ from capo.verify import _worker
 __all__ = ["Verdict", "Verifier", "looks_like_code"]
 
 
+# An integer literal (sign, up to 30 digits): two of them are equivalent iff they are equal as integers, which is
+# what math-verify decides too; judging them here skips a worker round trip (the embedded task's answers).
+_INT = re.compile(r"[+-]?\d{1,30}")
+
+
 class Verdict(str, enum.Enum):
     """Outcome of judging one answer. ``str`` valued so it serialises to JSON as its name."""
 
@@ -100,7 +105,8 @@ class Verifier:
         float_rounding: decimal places math-verify rounds floats to before comparing.
         start_method: ``"forkserver"`` (default where available) or ``"spawn"``; ``"fork"`` is refused.
         startup_timeout_s: how long a new worker may take to import sympy/math-verify and warm up.
-        exact_match_shortcut: judge identical strings ``CORRECT`` without parsing (saves a worker round trip;
+        exact_match_shortcut: judge identical strings ``CORRECT``, and two integer literals by integer equality,
+            without parsing (saves a worker round trip;
             turn off to make every judgement go through math-verify, as the MATH-500 self-check does).
 
     Use as a context manager, or call :meth:`close`. Workers start lazily on first use.
@@ -285,6 +291,9 @@ class Verifier:
             if self.exact_match_shortcut and p == g:  # identical strings are equivalent without parsing (math-verify agrees; saves a round trip)
                 out[i] = Verdict.CORRECT
                 continue
+            if self.exact_match_shortcut and _INT.fullmatch(p) and _INT.fullmatch(g):  # two integer literals
+                out[i] = Verdict.CORRECT if int(p) == int(g) else Verdict.INCORRECT
+                continue
             tasks.append((_worker.verify_task, p, g, soft, self.float_rounding))
             where.append(i)
         for i, r in zip(where, self._run_tasks(tasks, on_timeout="timeout")):
@@ -320,18 +329,28 @@ class Verifier:
             # (equal strings always share a class: they are deduplicated here before any comparison)
             uniq_per_group.append(list(seen))
         # 1) which unique answers parse at all, and can be compared with something in time
-        parse_tasks = [(_worker.parse_ok_task, u, soft, True) for uniq in uniq_per_group for u in uniq]
+        def is_int(u: str) -> bool:
+            return self.exact_match_shortcut and _INT.fullmatch(u) is not None
+
+        parse_tasks = [(_worker.parse_ok_task, u, soft, True) for uniq in uniq_per_group for u in uniq
+                       if not is_int(u)]
         parse_res = iter(self._run_tasks(parse_tasks, on_timeout="timeout"))
-        ok_per_group = [[next(parse_res) == "ok" for _ in uniq] for uniq in uniq_per_group]
-        # 2) pairwise equivalence among the parsable ones
-        pair_tasks, pair_where = [], []
+        ok_per_group = [[True if is_int(u) else next(parse_res) == "ok" for u in uniq] for uniq in uniq_per_group]
+        # 2) pairwise equivalence among the parsable ones (two integer literals are compared as integers)
+        pair_tasks, pair_where, int_equal = [], [], []
         for gi, (uniq, ok) in enumerate(zip(uniq_per_group, ok_per_group)):
             idx = [j for j, o in enumerate(ok) if o]
             for a in range(len(idx)):
                 for b in range(a + 1, len(idx)):
-                    pair_tasks.append((_worker.equal_task, uniq[idx[a]], uniq[idx[b]], soft, self.float_rounding))
+                    ua, ub = uniq[idx[a]], uniq[idx[b]]
+                    if is_int(ua) and is_int(ub):
+                        if int(ua) == int(ub):
+                            int_equal.append((gi, idx[a], idx[b]))
+                        continue
+                    pair_tasks.append((_worker.equal_task, ua, ub, soft, self.float_rounding))
                     pair_where.append((gi, idx[a], idx[b]))
-        pair_res = self._run_tasks(pair_tasks, on_timeout="timeout")
+        pair_res = self._run_tasks(pair_tasks, on_timeout="timeout") + ["equal"] * len(int_equal)
+        pair_where += int_equal
         parents = [list(range(len(u))) for u in uniq_per_group]
 
         def find(p: list[int], x: int) -> int:
