@@ -66,7 +66,8 @@ def build_assets(size: str) -> Path:
         name = "SmolLM2-135M-Instruct.Q4_1.gguf"
         tok = AutoTokenizer.from_pretrained(str(d), gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(str(d), gguf_file=name, dtype=torch.float32)
-        model.config.quantization_config = None
+        model.config.quantization_config = None  # dequantised weights: save them as a normal folder
+        model.hf_quantizer, model.is_quantized = None, False
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token  # a real token: pads are masked, never counted as EOS below
     pad = tok.pad_token
