@@ -28,7 +28,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--algos", default="grpo,capo,rlcr", help="comma-separated algorithm presets to compare")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the preset's)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds; each algorithm is trained once per seed")
-    p.add_argument("--eval-problems", type=int, default=200, help="held-out problems for the final evaluation")
+    p.add_argument("--eval-problems", type=int, default=100, help="held-out problems for the final evaluation")
     p.add_argument("--eval-k", type=int, default=8, help="samples per held-out problem in the final evaluation")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for every run, e.g. --set optim.lr=1e-4 (repeatable)")

@@ -15,13 +15,21 @@ def default_system(answer_format: str) -> str:
     return SYSTEM_RLCR if answer_format == "rlcr" else SYSTEM_BOXED
 
 
+def _bos(tokenizer) -> str:
+    return getattr(tokenizer, "bos_token", None) or ""
+
+
 def render_prompt(tokenizer, prompt: str, *, chat_template: bool = True, system: str | None = SYSTEM_BOXED) -> str:
     """The chat template (system + user turn, generation prompt) when the tokenizer has one and ``chat_template`` is
-    on; otherwise ``system`` and the prompt as plain text."""
+    on; otherwise the tokenizer's BOS token (if it has one), ``system`` and the prompt as plain text.
+
+    The result is complete: tokenize it with ``add_special_tokens=False`` (chat templates write their own special
+    tokens, and the plain form carries its BOS), so training and evaluation see identical token ids.
+    """
     if chat_template and getattr(tokenizer, "chat_template", None):
         msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    return f"{system}\n\n{prompt}\n" if system else f"{prompt}\n"
+    return _bos(tokenizer) + (f"{system}\n\n{prompt}\n" if system else f"{prompt}\n")
 
 
 def render_problem(tokenizer, problem: Problem, *, dataset: str, chat_template: bool = True,
@@ -31,5 +39,5 @@ def render_problem(tokenizer, problem: Problem, *, dataset: str, chat_template: 
     if dataset == "default":
         from capo.tasks.default import format_prompt
 
-        return format_prompt(problem)
+        return _bos(tokenizer) + format_prompt(problem)
     return render_prompt(tokenizer, problem.prompt, chat_template=chat_template, system=system)

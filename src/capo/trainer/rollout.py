@@ -64,7 +64,7 @@ def generate(model, tokenizer, prompts: list[str], *, group_size: int, max_new_t
     """Sample ``group_size`` responses for each prompt string. Returns a :class:`Rollout` with N = len(prompts) * G."""
     device = next(model.parameters()).device
     tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=True)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)  # prompts are complete
     prompt_ids = enc["input_ids"].repeat_interleave(group_size, 0).to(device)  # [N, P]
     prompt_mask = enc["attention_mask"].repeat_interleave(group_size, 0).to(device)
     recorder = _RecordLogprobs(prompt_ids.shape[1])
