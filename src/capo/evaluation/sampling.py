@@ -72,6 +72,7 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32):
             ) from None
         if kw and getattr(model.config, "quantization_config", None) is not None:
             model.config.quantization_config = None  # weights are dequantised; lets users save a normal folder
+            model.hf_quantizer, model.is_quantized = None, False  # (checkpoints of a GGUF-started run are plain)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
