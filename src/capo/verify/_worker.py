@@ -172,6 +172,17 @@ def _with_deadline(fn, soft_timeout_s: float):
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+def _judged(run, soft_timeout_s: float, on_error: str) -> str:
+    """``run()`` under the soft deadline: its result string; 'timeout' past the deadline or on memory/recursion
+    exhaustion; ``on_error`` for any other failure of math-verify/sympy on hostile input."""
+    try:
+        return _with_deadline(run, soft_timeout_s)
+    except (_Deadline, MemoryError, RecursionError):
+        return "timeout"
+    except Exception:
+        return on_error
+
+
 # Results are plain strings (Verdict values) so that the parent does not unpickle anything rich from a worker.
 def verify_task(pred: str, gold: str, soft_timeout_s: float, float_rounding: int) -> str:
     """Judge one extracted answer against one gold answer. Returns a Verdict value string."""
@@ -185,14 +196,7 @@ def verify_task(pred: str, gold: str, soft_timeout_s: float, float_rounding: int
             return "unparsable"
         return "correct" if _equal(g, p, float_rounding) else "incorrect"
 
-    try:
-        return _with_deadline(run, soft_timeout_s)
-    except _Deadline:
-        return "timeout"
-    except (MemoryError, RecursionError):
-        return "timeout"
-    except Exception:
-        return "unparsable"
+    return _judged(run, soft_timeout_s, "unparsable")
 
 
 def parse_ok_task(answer: str, soft_timeout_s: float, probe: bool = False) -> str:
@@ -203,39 +207,25 @@ def parse_ok_task(answer: str, soft_timeout_s: float, probe: bool = False) -> st
     timing out against every other answer of its question.
     """
 
-    def run() -> bool:
+    def run() -> str:
         p = _parse(answer)
         if p and probe:
             _equal(_parse("0"), p, 6)
-        return bool(p)
+        return "ok" if p else "unparsable"
 
-    try:
-        return "ok" if _with_deadline(run, soft_timeout_s) else "unparsable"
-    except _Deadline:
-        return "timeout"
-    except (MemoryError, RecursionError):
-        return "timeout"
-    except Exception:
-        return "unparsable"
+    return _judged(run, soft_timeout_s, "unparsable")
 
 
 def equal_task(a: str, b: str, soft_timeout_s: float, float_rounding: int) -> str:
     """'equal' if a and b are mathematically equivalent (either direction), else 'different' / 'timeout'."""
 
-    def run() -> bool:
+    def run() -> str:
         pa, pb = _parse(a), _parse(b)
-        if not pa or not pb:
-            return False
-        return _equal(pa, pb, float_rounding) or _equal(pb, pa, float_rounding)
-
-    try:
-        return "equal" if _with_deadline(run, soft_timeout_s) else "different"
-    except _Deadline:
-        return "timeout"
-    except (MemoryError, RecursionError):
-        return "timeout"
-    except Exception:
+        if pa and pb and (_equal(pa, pb, float_rounding) or _equal(pb, pa, float_rounding)):
+            return "equal"
         return "different"
+
+    return _judged(run, soft_timeout_s, "different")
 
 
 def probe_sympify(payload: str) -> str:
