@@ -10,8 +10,8 @@ from pathlib import Path
 from capo.errors import ConfigError
 
 # Measured on the 2-core reference machine (docs/results.md); only used for the up-front estimate.
-SECONDS_PER_STEP_ESTIMATE = 1.5
-SECONDS_PER_EVAL_ESTIMATE = 20.0
+SECONDS_PER_STEP_ESTIMATE = 2.0
+SECONDS_PER_EVAL_ESTIMATE = 30.0
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
