@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"capo {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:  # full disk, read-only or missing output folder, ...: the OS's reason and the path
+        if args.debug:
+            raise
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        print(f"capo {args.command}: error: {e.strerror or e}{where}; nothing was marked complete", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"capo {args.command}: interrupted", file=sys.stderr)
         return 130
