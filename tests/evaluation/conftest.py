@@ -23,9 +23,3 @@ def tiny_dataset(tmp_path_factory):
     rows = [{"id": f"q{i}", "question": f"What is {i}+{i}?", "solution": f"so \\boxed{{{2 * i}}}"} for i in range(5)]
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return p
-
-
-def eval_argv(model, data, out, *extra):
-    return ["eval", "--model", str(model), "--dataset", str(data), "--prompt-field", "question", "--answer-field",
-            "solution", "--dataset-answer-format", "boxed", "-k", "2", "--max-new-tokens", "6", "--batch-size", "4",
-            "--verify-workers", "1", "--n-boot", "20", "--no-progress", "--out", str(out), *extra]

@@ -4,7 +4,7 @@ import json
 import shutil
 
 import pytest
-from conftest import eval_argv
+from eval_cli_helpers import eval_argv
 
 from capo.cli import main
 from capo.evaluation.run import read_rows

@@ -22,7 +22,7 @@ from capo.errors import ConfigError
 
 __all__ = ["Sample", "check_model_spec", "load_model", "render_prompt", "sample_batch", "autocast_context"]
 
-from capo.tasks.prompts import SYSTEM_BOXED, render_prompt  # noqa: F401  (re-exported)
+from capo.tasks.prompts import SYSTEM_BOXED, check_context, render_prompt  # noqa: F401  (re-exported)
 
 
 def check_model_spec(spec: str) -> None:
@@ -166,6 +166,7 @@ def sample_batch(
     device = next(model.parameters()).device
     n_params = sum(p.numel() for p in model.parameters())
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    check_context(model, enc["attention_mask"], max_new_tokens, prompts)
     ids = enc["input_ids"].repeat_interleave(k, 0)  # [P*k, L]: the k samples of a prompt are contiguous
     am = enc["attention_mask"].repeat_interleave(k, 0)
     eos = tokenizer.eos_token_id

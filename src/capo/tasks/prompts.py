@@ -41,3 +41,23 @@ def render_problem(tokenizer, problem: Problem, *, dataset: str, chat_template: 
 
         return _bos(tokenizer) + format_prompt(problem)
     return render_prompt(tokenizer, problem.prompt, chat_template=chat_template, system=system)
+
+
+def check_context(model, attention_mask, max_new_tokens: int, prompts: list[str]) -> None:
+    """Refuse prompts that cannot fit: prompt tokens + ``max_new_tokens`` beyond the model's context window.
+
+    ``attention_mask``: [P, L] of the tokenized prompts. Raises :class:`capo.errors.DataError` naming the first
+    offending prompt, its length and the limit (rather than failing deep inside the model or silently truncating).
+    """
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if not limit:
+        return
+    lengths = attention_mask.sum(-1).tolist()
+    for i, n in enumerate(lengths):
+        if n + max_new_tokens > limit:
+            from capo.errors import DataError
+
+            head = prompts[i][:60].replace("\n", " ")
+            raise DataError(f"prompt {i} ({head!r}...) has {n} tokens; with max_new_tokens={max_new_tokens} it "
+                            f"exceeds the model's context of {limit} positions: shorten or drop the prompt, or lower "
+                            "max_new_tokens")

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from capo.tasks.prompts import check_context
+
 
 @dataclass
 class Rollout:
@@ -65,6 +67,7 @@ def generate(model, tokenizer, prompts: list[str], *, group_size: int, max_new_t
     device = next(model.parameters()).device
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)  # prompts are complete
+    check_context(model, enc["attention_mask"], max_new_tokens, prompts)
     prompt_ids = enc["input_ids"].repeat_interleave(group_size, 0).to(device)  # [N, P]
     prompt_mask = enc["attention_mask"].repeat_interleave(group_size, 0).to(device)
     recorder = _RecordLogprobs(prompt_ids.shape[1])
