@@ -38,7 +38,14 @@ def run(args) -> int:
     from capo.trainer.loop import train
 
     last = train(cfg)
-    print(f"done: {cfg.run.steps} steps in {cfg.run.out_dir}; final train/accuracy={last.get('train/accuracy'):.3f} "
-          f"eval/accuracy={last.get('eval/accuracy', float('nan')):.3f} eval/auc_mean="
-          f"{last.get('eval/auc_mean', float('nan')):.3f}")
+    if not last:  # resumed a run whose last checkpoint is already the final step
+        print(f"done: {cfg.run.out_dir} already holds the final checkpoint of {cfg.run.steps} steps")
+        return 0
+
+    def f(key):
+        v = last.get(key)
+        return "-" if v is None or v != v else f"{v:.3f}"
+
+    print(f"done: {cfg.run.steps} steps in {cfg.run.out_dir}; final train/accuracy={f('train/accuracy')} "
+          f"eval/accuracy={f('eval/accuracy')} eval/auc_mean={f('eval/auc_mean')}")
     return 0
