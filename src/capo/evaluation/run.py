@@ -391,18 +391,13 @@ def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
     path = Path(path)
     if not path.exists():
         raise DataError(f"generations file {path} does not exist")
+    from capo.tasks.datasets import iter_jsonl
+
     raw: list[tuple[int, dict]] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path} line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(r, dict):
-                raise DataError(f"{path} line {lineno}: each row must be a JSON object")
-            raw.append((lineno, r))
+    for lineno, r in iter_jsonl(path):
+        if not isinstance(r, dict):
+            raise DataError(f"{path} line {lineno}: each row must be a JSON object")
+        raw.append((lineno, r))
     if not raw:
         raise DataError(f"generations file {path} has no rows")
     norm: list[dict] = []

