@@ -80,17 +80,30 @@ def build_assets(size: str) -> Path:
     model.generation_config.bos_token_id = None
     model.save_pretrained(out / "model")
     tok.save_pretrained(out / "model")
-    rows = [{"prompt": f"What is {p}?", "answer": str(eval(p))} for p in PROMPTS * 4]
-    (out / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (out / "done").write_text("ok")
     return out
 
 
-def capo_cfg(assets: Path, steps: int, precision: str, algo: str, extra: dict | None = None):
+def write_data(assets: Path, prompts: str) -> Path:
+    """A JSONL file: 1 held-out row (capo holds out data.n_eval = 1) + exactly 8 training rows, so both engines
+    train on the same 8 distinct prompts at every step (B = 8) and no prompt repeats within a step."""
+    if prompts == "arith":
+        rows = [{"prompt": "What is 1+1?", "answer": "2"}]
+        rows += [{"prompt": f"What is {p}?", "answer": str(eval(p))} for p in PROMPTS]
+    else:  # the first 9 GSM8K train problems (offline copy)
+        from capo.tasks.datasets import load_problems
+
+        rows = [{"prompt": q.prompt, "answer": q.answer} for q in load_problems("gsm8k", split="train", limit=9)]
+    path = assets / f"data_{prompts}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def capo_cfg(assets: Path, steps: int, precision: str, algo: str, prompts: str, extra: dict | None = None):
     from capo.trainer.config import load_config
 
     o = {"model.path": str(assets / "model"), "model.autocast_bf16": precision == "bf16",
-         "model.chat_template": False, "data.dataset": str(assets / "data.jsonl"), "data.n_eval": 1,
+         "model.chat_template": prompts == "gsm8k", "data.dataset": str(write_data(assets, prompts)), "data.n_eval": 1,
          "data.answer_format": "boxed", "data.system_prompt": "Answer in \\boxed{}.",
          "rollout.prompts_per_step": 8, "rollout.group_size": 8, "rollout.max_new_tokens": 64,
          "algo.name": algo, "optim.lr": 1e-6, "run.steps": steps, "run.resume": False, "run.progress": False,
@@ -98,12 +111,20 @@ def capo_cfg(assets: Path, steps: int, precision: str, algo: str, extra: dict | 
     return load_config(None, {**o, **(extra or {})})
 
 
-def update_flops(model, n: int, p: int, t: int) -> float:
+def update_flops(model, n: int, p: int, t: int, u: int | None = None) -> float:
+    """FLOPs of one forward+backward over n rows of p (padded) prompt + t response tokens. ``u``: the prompt part
+    runs on u distinct prompts only (capo's shared prefix); None: on all n rows (TRL, capo without sharing)."""
     c = model.config
     emb = c.vocab_size * c.hidden_size
     body = sum(q.numel() for q in model.parameters()) - emb * (1 if c.tie_word_embeddings else 2)
-    s = p + t
-    return 6 * body * n * s + 6 * emb * n * (t + 1) + 12 * c.num_hidden_layers * n * s * s * c.hidden_size
+    u = n if u is None else u
+    attn = 12 * c.num_hidden_layers * c.hidden_size * (u * p * p + n * t * (p + t))
+    return 6 * body * (u * p + n * t) + 6 * emb * n * (t + 1) + attn
+
+
+def prompt_len(tok, texts: list[str]) -> int:
+    """Padded prompt length of the batch (what both engines compute over)."""
+    return max(len(x) for x in tok(texts, add_special_tokens=False)["input_ids"])
 
 
 def timed_cpu(obj, name, key, out):
@@ -126,7 +147,8 @@ def peak_rss_gib() -> float:
 
 
 # ------------------------------------------------------------------------------------------------ engines
-def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, extra: dict | None) -> dict:
+def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, prompts: str,
+             extra: dict | None) -> dict:
     from capo.trainer.loop import Trainer
 
     class BenchTrainer(Trainer):  # the real loop; end-of-run eval and checkpoint are not part of a step
@@ -136,7 +158,7 @@ def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, e
         def save(self):
             pass
 
-    cfg = capo_cfg(assets, warmup + steps, precision, algo, extra)
+    cfg = capo_cfg(assets, warmup + steps, precision, algo, prompts, extra)
     tr = BenchTrainer(cfg)
     cpu: dict[str, list[float]] = {}
     for name in ("next_problems", "rollout", "reward", "logprobs", "advantages", "update", "rollout_metrics"):
@@ -150,14 +172,17 @@ def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, e
                 for i in range(warmup, n)]
     cpu_ph = {k: statistics.median(v[warmup:]) for k, v in cpu.items() if len(v) == n}
     model = tr.acc.unwrap_model(tr.model)
-    enc = tr.tok([f"{cfg.data.system_prompt}\n\nWhat is {PROMPTS[0]}?\n"], add_special_tokens=True)
-    p = len(enc["input_ids"][0])
-    return {"step": phases["step"], "phases": phases, "flops": update_flops(model, 64, p, 64),
+    from capo.trainer.data import render_prompts
+
+    p = prompt_len(tr.tok, render_prompts(tr.train_set, tr.tok, cfg.data, use_chat_template=cfg.model.chat_template))
+    shared = cfg.rollout.share_prefix
+    return {"step": phases["step"], "phases": phases, "flops": update_flops(model, 64, p, 64, 8 if shared else None),
+            "prompt_len": p,
             "update_s": phases["update"], "resp_len": statistics.median(r["train/response_len"] for r in rows),
             "cpu_step": statistics.median(per_step), "cpu_phases": cpu_ph, "cpu_update": cpu_ph["update"]}
 
 
-def run_trl(assets: Path, steps: int, warmup: int, precision: str) -> dict:
+def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -165,13 +190,14 @@ def run_trl(assets: Path, steps: int, warmup: int, precision: str) -> dict:
     from capo.adapters.trl import CorrectnessReward
     from capo.trainer.data import render_prompts
 
-    cfg = capo_cfg(assets, 1, precision, "grpo")  # the same rendered prompt strings capo uses
+    cfg = capo_cfg(assets, 1, precision, "grpo", prompts)  # the same rendered prompt strings capo uses
     from capo.trainer.data import load_problems
 
     train, _ = load_problems(cfg.data, seed=0)
     tok = AutoTokenizer.from_pretrained(str(assets / "model"))
     model = AutoModelForCausalLM.from_pretrained(str(assets / "model"), dtype=torch.float32)
-    texts = render_prompts(train, tok, cfg.data, use_chat_template=False)
+    texts = render_prompts(train, tok, cfg.data, use_chat_template=cfg.model.chat_template)
+    assert len(texts) == 8
     ds = Dataset.from_list([{"prompt": t, "answer": p.answer} for t, p in zip(texts, train)])
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_bench_"), use_cpu=True, bf16=precision == "bf16",
@@ -216,23 +242,29 @@ def run_trl(assets: Path, steps: int, warmup: int, precision: str) -> dict:
     phases = {"step": med["step"], "rollout": med["rollout"], "reward": med["reward"],
               "other_scoring": med["gen_and_score"] - med["rollout"] - med["reward"],
               "update": med["step"] - med["gen_and_score"]}
-    p = len(tok([texts[0]], add_special_tokens=False)["input_ids"][0])
+    p = prompt_len(tok, texts)
     c = {k: statistics.median(v[warmup:]) for k, v in cpu.items()}
     cpu_ph = {"rollout": c["rollout"], "reward": c["reward"],
               "other_scoring": c["gen_and_score"] - c["rollout"] - c["reward"], "update": c["step"] - c["gen_and_score"]}
-    return {"step": med["step"], "phases": phases, "flops": update_flops(model, 64, p, 64),
+    return {"step": med["step"], "phases": phases, "flops": update_flops(model, 64, p, 64), "prompt_len": p,
             "update_s": phases["update"], "resp_len": statistics.median(lens) if lens else float("nan"),
             "cpu_step": c["step"], "cpu_phases": cpu_ph, "cpu_update": cpu_ph["update"]}
 
 
-def run_eval(assets: Path, reps: int, precision: str) -> dict:
-    """capo eval's sample_batch (generate + its log-prob pass + bookkeeping) vs plain model.generate, same batch."""
-    from capo.evaluation.sampling import load_model, render_prompt, sample_batch
+def run_eval(assets: Path, reps: int, precision: str, prompts: str) -> dict:
+    """capo eval's sampler (generate + log-probs recorded by a forward hook + bookkeeping) vs plain model.generate on
+    the same batch (8 prompts x 8 samples, 64 new tokens), with and without the shared-prompt prefill."""
+    from capo.evaluation.sampling import load_model, sample_batch
+    from capo.trainer.data import render_prompts
 
     model, tok = load_model(str(assets / "model"))
-    prompts = [render_prompt(tok, f"What is {p}?", chat_template=False) for p in PROMPTS]
+    cfg = capo_cfg(assets, 1, precision, "grpo", prompts)
+    from capo.trainer.data import load_problems
+
+    train, _ = load_problems(cfg.data, seed=0)
+    texts = render_prompts(train, tok, cfg.data, use_chat_template=cfg.model.chat_template)
     ac = "on" if precision == "bf16" else "off"
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     ids, am = enc["input_ids"].repeat_interleave(8, 0), enc["attention_mask"].repeat_interleave(8, 0)
 
     def plain():
@@ -241,26 +273,25 @@ def run_eval(assets: Path, reps: int, precision: str) -> dict:
             model.generate(input_ids=ids, attention_mask=am, max_new_tokens=64, do_sample=True, temperature=1.0,
                            top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id)
 
-    def capo_eval():
-        out = sample_batch(model, tok, prompts, k=8, temperature=1.0, top_p=1.0, max_new_tokens=64, seed=0,
-                           autocast=ac)
-        assert all(s.n_tokens == 64 for row in out for s in row)
+    def capo_eval(share):
+        out = sample_batch(model, tok, texts, k=8, temperature=1.0, top_p=1.0, max_new_tokens=64, seed=0,
+                           autocast=ac, share_prefix=share)
+        assert all(x.n_tokens == 64 for row in out for x in row)
 
-    from capo.trainer.rollout import generate
-
-    def capo_rollout():
-        torch.manual_seed(0)
-        generate(model, tok, prompts, group_size=8, max_new_tokens=64, autocast_bf16=precision == "bf16")
-
-    res: dict[str, list[float]] = {"plain_generate": [], "capo_eval_sample_batch": [], "capo_train_rollout": []}
-    fns = {"plain_generate": plain, "capo_eval_sample_batch": capo_eval, "capo_train_rollout": capo_rollout}
+    fns = {"plain_generate": plain, "capo_eval": lambda: capo_eval(True),
+           "capo_eval_noshare": lambda: capo_eval(False)}
+    res: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
     plain()
     for _ in range(reps):
         for k, f in fns.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             f()
             res[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in res.items()} | {"raw": res}
+            cpu[k].append(time.process_time() - c0)
+    return {"wall": {k: statistics.median(v) for k, v in res.items()},
+            "cpu": {k: statistics.median(v) for k, v in cpu.items()}, "raw_wall": res, "raw_cpu": cpu,
+            "prompt_len": prompt_len(tok, texts)}
 
 
 def matmul_peak(threads: int) -> dict:
@@ -285,11 +316,11 @@ def child(args) -> None:
     t0 = time.perf_counter()
     if args.engine == "capo":
         extra = json.loads(args.extra) if args.extra else None
-        r = run_capo(assets, args.steps, args.warmup, args.precision, args.algo, extra)
+        r = run_capo(assets, args.steps, args.warmup, args.precision, args.algo, args.prompts, extra)
     elif args.engine == "trl":
-        r = run_trl(assets, args.steps, args.warmup, args.precision)
+        r = run_trl(assets, args.steps, args.warmup, args.precision, args.prompts)
     else:
-        r = run_eval(assets, args.steps, args.precision)
+        r = run_eval(assets, args.steps, args.precision, args.prompts)
     r["peak_rss_gib"] = peak_rss_gib()
     r["wall_s"] = time.perf_counter() - t0
     print("RESULT " + json.dumps(r))
@@ -298,7 +329,8 @@ def child(args) -> None:
 def spawn(args, engine: str, **kw) -> dict:
     cmd = [sys.executable, __file__, "--child", "--engine", engine, "--size", args.size, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--precision", kw.get("precision", args.precision),
-           "--threads", str(args.threads), "--algo", kw.get("algo", "grpo"), "--extra", kw.get("extra", "")]
+           "--threads", str(args.threads), "--algo", kw.get("algo", "grpo"), "--extra", kw.get("extra", ""),
+           "--prompts", args.prompts]
     p = subprocess.run(cmd, capture_output=True, text=True)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not line:
@@ -320,6 +352,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=2, help="interleaved runs per engine")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompts", choices=("arith", "gsm8k"), default="arith",
+                    help="arith: 8 short arithmetic questions, plain text; gsm8k: the first 8 GSM8K train problems "
+                         "(offline copy), in the tokenizer's chat template when it has one")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="capo", help=argparse.SUPPRESS)
     ap.add_argument("--algo", default="grpo", help=argparse.SUPPRESS)
@@ -333,20 +368,25 @@ def main() -> None:
           f"peak fp32 {peak['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s")
     if args.what == "eval":
         r = spawn(args, "eval")
-        ratio = r["capo_eval_sample_batch"] / r["plain_generate"]
-        print(f"plain generate {r['plain_generate']:.2f}s | capo eval sample_batch {r['capo_eval_sample_batch']:.2f}s "
-              f"(x{ratio:.2f}, throughput {1 / ratio:.0%} of plain) | capo train rollout "
-              f"{r['capo_train_rollout']:.2f}s (x{r['capo_train_rollout'] / r['plain_generate']:.2f}) | "
-              f"raw {json.dumps(r['raw'])}")
+        w, c = r["wall"], r["cpu"]
+        print(f"prompt length {r['prompt_len']} tokens (padded), 64 x 64 new tokens; CPU s (wall s), median of "
+              f"{args.steps}:")
+        for k in w:
+            print(f"  {k:18s} {c[k]:.2f} ({w[k]:.2f})  x{c[k] / c['plain_generate']:.3f} of plain generate, CPU")
+        print(f"RATIO capo eval / plain generate (CPU): shared prefix {c['capo_eval'] / c['plain_generate']:.3f}, "
+              f"without sharing (bookkeeping alone) {c['capo_eval_noshare'] / c['plain_generate']:.3f} | raw "
+              f"{json.dumps(r['raw_cpu'])}")
         return
+    noshare = json.dumps({"rollout.share_prefix": False})
     if args.what == "capo":
         variants = {"grpo": dict(algo="grpo"),
                     "capo_mask": dict(algo="capo", extra=json.dumps({"algo.noise_mask": "fixed"})),
-                    "capo_nomask": dict(algo="capo", extra=json.dumps({"algo.noise_mask": "off"}))}
+                    "capo_nomask": dict(algo="capo", extra=json.dumps({"algo.noise_mask": "off"})),
+                    "grpo_kl": dict(algo="grpo", extra=json.dumps({"algo.kl_coef": 0.01}))}
         engine = {k: "capo" for k in variants}
     else:
-        variants = {"capo": {}, "trl": {}}
-        engine = {"capo": "capo", "trl": "trl"}
+        variants = {"capo": {}, "capo_noshare": dict(extra=noshare), "trl": {}}
+        engine = {"capo": "capo", "capo_noshare": "capo", "trl": "trl"}
     res: dict[str, list[dict]] = {k: [] for k in variants}
     for _ in range(args.reps):
         for k, kw in variants.items():
@@ -364,15 +404,22 @@ def main() -> None:
         print(f"{k:12s} median step wall {med[k]:.2f}s CPU {cmed[k]:.2f}s | update wall {upd:.2f}s CPU {cupd:.2f}s | "
               f"update FLOP/s (CPU time) {v[0]['flops'] / cupd / 1e9:.2f} G = {v[0]['flops'] / cupd / pk:.1%} of "
               f"{args.precision} matmul peak | peak RSS {max(r['peak_rss_gib'] for r in v):.2f} GiB")
+    print(f"prompt length {res['capo' if 'capo' in res else 'grpo'][0]['prompt_len']} tokens (padded), "
+          f"64 x 64 new tokens")
     if args.what == "step":
-        per_rep = [t["step"] / c["step"] for t, c in zip(res["trl"], res["capo"])]
-        print(f"RATIO TRL/capo step time: wall {med['trl'] / med['capo']:.2f}x (per interleaved pair: "
-              f"{', '.join(f'{x:.2f}' for x in per_rep)}), CPU {cmed['trl'] / cmed['capo']:.2f}x")
+        for k in ("capo", "capo_noshare"):
+            per_rep = [t["cpu_step"] / c["cpu_step"] for t, c in zip(res["trl"], res[k])]
+            print(f"RATIO TRL/{k} step time: CPU {cmed['trl'] / cmed[k]:.2f}x (per interleaved pair: "
+                  f"{', '.join(f'{x:.2f}' for x in per_rep)}), wall {med['trl'] / med[k]:.2f}x")
+        print(f"RATIO capo_noshare/capo (the shared-prefix optimisation): CPU {cmed['capo_noshare'] / cmed['capo']:.2f}x")
     else:
-        noref = {k: statistics.median(r["step"] - r["phases"].get("reference", 0.0) for r in v) for k, v in res.items()}
-        print(f"RATIO CAPO(mask)/GRPO step, reference pass excluded: {noref['capo_mask'] / noref['grpo']:.3f}; "
-              f"CAPO(no mask)/GRPO: {med['capo_nomask'] / med['grpo']:.3f}; CAPO(mask, ref included)/GRPO: "
-              f"{med['capo_mask'] / med['grpo']:.3f}")
+        def no_ref(k):
+            return statistics.median(r["cpu_step"] - r["cpu_phases"].get("logprobs", 0.0) for r in res[k])
+
+        print(f"RATIO (CPU) CAPO(fixed mask)/GRPO(kl 0.01), both with one reference pass: "
+              f"{cmed['capo_mask'] / cmed['grpo_kl']:.3f}; CAPO(mask)/GRPO, reference pass excluded: "
+              f"{no_ref('capo_mask') / cmed['grpo']:.3f}; CAPO(no mask)/GRPO: {cmed['capo_nomask'] / cmed['grpo']:.3f}; "
+              f"CAPO(mask, ref included)/GRPO(no ref): {cmed['capo_mask'] / cmed['grpo']:.3f}")
 
 
 if __name__ == "__main__":

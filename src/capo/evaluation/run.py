@@ -311,7 +311,7 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True) -> dict:
     out_dir = Path(out_dir)
     config = {k: v for k, v in asdict(s).items() if k != "extra"}
     config["n_prompts"] = len(problems)
-    config["logprob_definition"] = "raw log_softmax at temperature 1 of the sampled tokens (re-forward)"
+    config["logprob_definition"] = "raw log_softmax at temperature 1 of the sampled tokens (recorded during generation)"
     with run_lock(out_dir):
         _check_config(out_dir, config)
         gen_path = out_dir / "generations.jsonl"

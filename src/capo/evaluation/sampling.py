@@ -1,17 +1,18 @@
 """Load a causal LM and sample k responses per prompt with the per-token log-probs of the sampled tokens.
 
+:func:`sample_rollout` is the one sampler of capo: the trainer's rollouts and ``capo eval`` both call it.
+
 Log-prob definition (the one every perplexity metric in capo uses): for each generated token y_t,
 ``log p_theta(y_t | x, y_<t)`` = the model's raw ``log_softmax`` at temperature 1, with no top-p/top-k/repetition
-processing -- the policy's own distribution, not the (tempered, truncated) sampling distribution. It is computed by
-one extra forward pass over prompt + response after ``generate`` (micro-batched, only the response positions'
-logits are kept), so it does not depend on which logits processors ``generate`` applied, and it is exactly what a
-trainer's re-forward computes. ``mean_logprob`` = (1/T) sum_t log p(y_t), T = response tokens including the EOS
-token when one was generated; ``PPL = exp(-mean_logprob)``.
+processing -- the policy's own distribution, not the (tempered, truncated) sampling distribution. It is recorded
+during ``generate`` by a forward hook on the model (the raw logits of every decoding step), so it costs no extra
+forward pass and does not depend on which logits processors ``generate`` applied; it equals a re-forward over
+prompt + response up to floating-point summation order (tested). ``mean_logprob`` = (1/T) sum_t log p(y_t),
+T = response tokens including the EOS token when one was generated; ``PPL = exp(-mean_logprob)``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,8 @@ import torch
 
 from capo.errors import ConfigError
 
-__all__ = ["Sample", "check_model_spec", "load_model", "render_prompt", "sample_batch", "autocast_context"]
+__all__ = ["Rollout", "Sample", "autocast_context", "check_model_spec", "eos_token_ids", "load_model", "render_prompt",
+           "sample_batch", "sample_rollout"]
 
 from capo.tasks.prompts import SYSTEM_BOXED, check_context, render_prompt  # noqa: F401  (re-exported)
 
@@ -127,24 +129,129 @@ class Sample:
         return self.sum_logprob / self.n_tokens if self.n_tokens else None
 
 
-@torch.no_grad()
-def _response_logprobs(model, seqs: torch.Tensor, attn: torch.Tensor, n_resp: int, micro: int) -> torch.Tensor:
-    """[S, n_resp] float32 log p(token) at T=1 for the last ``n_resp`` positions of each (left-padded) sequence."""
-    out = []
-    for i in range(0, seqs.shape[0], micro):
-        ids, am = seqs[i : i + micro], attn[i : i + micro]
-        pos = (am.long().cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
-        try:
-            logits = model(input_ids=ids, attention_mask=am, position_ids=pos, logits_to_keep=n_resp + 1).logits
-        except TypeError:  # older architectures without logits_to_keep
-            logits = model(input_ids=ids, attention_mask=am, position_ids=pos).logits
-        logits = logits[:, -(n_resp + 1) : -1].float()  # [m, n_resp, V] predicts the response tokens
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, -n_resp:, None]).squeeze(-1)
-        out.append(lp)
-    return torch.cat(out, 0)
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and the model's generation-config EOS id(s)."""
+    ids: list[int] = []
+    for e in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        for i in e if isinstance(e, (list, tuple)) else [e]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ConfigError("the tokenizer and the model's generation config define no EOS token")
+    return ids
+
+
+@dataclass
+class Rollout:
+    """N = B*k sampled responses, the k responses of a prompt in contiguous rows.
+
+    Shapes: prompt_ids/prompt_mask [N, P] (left-padded), response_ids/response_mask [N, T] (right-padded; the EOS
+    token is a real, counted token), gen_logp [N, T] float32 (0 at padding), truncated [N] bool (hit
+    max_new_tokens without EOS). ``texts``: the decoded responses without the EOS token."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    gen_logp: torch.Tensor
+    texts: list[str]
+    truncated: torch.Tensor
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)
+
+    def select(self, idx: torch.Tensor) -> Rollout:
+        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.response_ids[idx], self.response_mask[idx],
+                       self.gen_logp[idx], [self.texts[i] for i in idx.tolist()], self.truncated[idx])
+
+
+class _RecordLogprobs:
+    """Forward hook on the causal LM: at every decoding step it sees the raw next-token logits (before any
+    temperature/top-p/penalty processing), keeps their log-softmax, and at the next step gathers the log-prob of the
+    token that was sampled (the next forward's last input id)."""
+
+    def __init__(self):
+        self.prev: torch.Tensor | None = None  # [N, V] log-softmax of the previous step
+        self.out: list[torch.Tensor] = []
+
+    def __call__(self, module, args, kwargs, output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if self.prev is not None:
+            self.out.append(self.prev.gather(-1, ids[:, -1:]).squeeze(-1))
+        logits = output.logits if hasattr(output, "logits") else output[0]
+        self.prev = torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+    def finish(self, sequences: torch.Tensor, n_new: int) -> torch.Tensor:
+        if self.prev is not None and len(self.out) < n_new:
+            self.out.append(self.prev.gather(-1, sequences[:, -1:]).squeeze(-1))
+        if not self.out:
+            return torch.zeros(sequences.shape[0], 0)
+        return torch.stack(self.out, dim=1)
+
+
+def _shared_prefix_cache(model, ids: torch.Tensor, am: torch.Tensor, k: int):
+    """KV cache of every prompt's first P-1 tokens, computed once per prompt and copied to its k rows (``generate``
+    then runs only the last prompt token for the N = B*k rows). Returns None where the model gives no cache."""
+    pos = (am.long().cumsum(-1) - 1).masked_fill(am == 0, 0)  # the position ids generate itself would use
+    kw = dict(input_ids=ids[:, :-1], attention_mask=am[:, :-1], position_ids=pos[:, :-1], use_cache=True)
+    try:
+        out = model(**kw, logits_to_keep=1)
+    except TypeError:  # architectures without logits_to_keep
+        out = model(**kw)
+    cache = getattr(out, "past_key_values", None)
+    if cache is None or not hasattr(cache, "batch_repeat_interleave"):
+        return None
+    cache.batch_repeat_interleave(k)
+    return cache
 
 
 @torch.no_grad()
+def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_tokens: int, temperature: float = 1.0,
+                   top_p: float = 1.0, share_prefix: bool = True) -> Rollout:
+    """Sample ``k`` responses per prompt string with ``model.generate``; the one sampler of trainer and evaluation.
+
+    The per-token log-probs are the policy's own (raw logits, log-softmax at temperature 1, no top-p/top-k or
+    penalties), recorded during generation by a forward hook: no extra forward pass. Sampling uses only
+    ``temperature``/``top_p`` (a fresh generation config: the model's own defaults, e.g. a repetition penalty, are
+    not applied); ``temperature == 0`` is greedy decoding. ``share_prefix``: each prompt's prefix is run once and its
+    KV cache copied to its k rows instead of k times (the knob ``rollout.share_prefix`` / eval's
+    ``share_prefix``; exact up to floating-point summation order). Draws from torch's global RNG.
+    """
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)  # complete
+    check_context(model, enc["attention_mask"], max_new_tokens, prompts)
+    eos = eos_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    ids, am = enc["input_ids"].repeat_interleave(k, 0), enc["attention_mask"].repeat_interleave(k, 0)  # [N, P]
+    sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else \
+        dict(do_sample=False)
+    gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad, **sampling)
+    cache = None
+    if share_prefix and k > 1 and enc["input_ids"].shape[1] > 1 and max_new_tokens > 0:
+        cache = _shared_prefix_cache(model, enc["input_ids"], enc["attention_mask"], k)
+    recorder = _RecordLogprobs()
+    handle = model.register_forward_hook(recorder, with_kwargs=True)
+    try:
+        seq = model.generate(input_ids=ids, attention_mask=am, generation_config=gen_cfg,
+                             **({"past_key_values": cache} if cache is not None else {}))
+    finally:
+        handle.remove()
+    resp = seq[:, ids.shape[1]:]  # [N, T]
+    logp = recorder.finish(seq, resp.shape[1]).to(resp.device)
+    is_eos = torch.isin(resp, torch.tensor(eos, device=resp.device))
+    mask = (is_eos.long().cumsum(-1) - is_eos.long()) == 0  # real tokens: up to and including the first EOS
+    truncated = ~(is_eos & mask).any(-1)
+    n_text = mask.sum(-1) - (~truncated).long()  # the text excludes the EOS token
+    texts = tokenizer.batch_decode([r[:n].tolist() for r, n in zip(resp, n_text)], skip_special_tokens=True)
+    resp = resp.masked_fill(~mask, pad)
+    logp = torch.where(mask, logp, torch.zeros_like(logp))
+    return Rollout(ids, am, resp, mask.long(), logp, texts, truncated)
+
+
 def sample_batch(
     model,
     tokenizer,
@@ -156,62 +263,30 @@ def sample_batch(
     max_new_tokens: int,
     seed: int,
     autocast: str = "auto",
-    logprob_micro_batch: int | None = None,
+    share_prefix: bool = True,
 ) -> list[list[Sample]]:
     """Sample ``k`` responses for each prompt (rendered text) in one ``generate`` call; returns ``[len(prompts)][k]``.
 
-    The RNG is seeded with ``seed`` right before ``generate``, so the same batch with the same seed gives the same
+    The RNG is seeded with ``seed`` right before sampling, so the same batch with the same seed gives the same
     samples (on CPU). ``temperature == 0`` means greedy decoding (then the k samples are identical).
     """
     device = next(model.parameters()).device
     n_params = sum(p.numel() for p in model.parameters())
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    check_context(model, enc["attention_mask"], max_new_tokens, prompts)
-    ids = enc["input_ids"].repeat_interleave(k, 0)  # [P*k, L]: the k samples of a prompt are contiguous
-    am = enc["attention_mask"].repeat_interleave(k, 0)
-    eos = tokenizer.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
-    gen_eos = model.generation_config.eos_token_id
-    if gen_eos is not None:
-        eos_ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    gen_kw = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
-    if temperature > 0:
-        gen_kw.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0, repetition_penalty=1.0)
-    else:
-        gen_kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     torch.manual_seed(seed)
     with autocast_context(autocast, device, n_params):
-        out = model.generate(input_ids=ids, attention_mask=am, **gen_kw)
-    resp = out[:, ids.shape[1] :]  # [S, R]
-    S, R = resp.shape
-    # response mask: tokens up to and including the first EOS
-    is_eos = torch.zeros_like(resp, dtype=torch.bool)
-    for e in eos_ids:
-        is_eos |= resp == e
-    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
-    mask = ~after_eos
-    # pad tokens that equal neither EOS nor a real token can only appear after EOS; mask handles them
-    lens = mask.sum(-1)
-    lp = torch.zeros(S, R)
-    if R > 0:
-        full_am = torch.cat([am, mask.to(am.dtype)], dim=1)
-        vocab = getattr(model.config, "vocab_size", 50_000) or 50_000
-        micro = logprob_micro_batch or max(1, int(2e8 // max(1, (R + 1) * vocab)))
-        with autocast_context(autocast, device, n_params):
-            lp = _response_logprobs(model, out, full_am, R, micro).cpu()
+        ro = sample_rollout(model, tokenizer, prompts, k=k, temperature=temperature, top_p=top_p,
+                            max_new_tokens=max_new_tokens, share_prefix=share_prefix)
+    if not bool(torch.isfinite(ro.gen_logp).all()):
+        raise RuntimeError("NaN or infinite log-prob from the model: check the weights / dtype")
+    lens = ro.lengths.tolist()
+    toks, lps = ro.response_ids.tolist(), ro.gen_logp.cpu().tolist()
     results: list[list[Sample]] = []
     for p in range(len(prompts)):
         row = []
         for j in range(k):
             s = p * k + j
-            n = int(lens[s])
-            toks = resp[s, :n].tolist()
-            finished = bool(is_eos[s, :n].any())
-            text_ids = toks[:-1] if finished else toks
-            text = tokenizer.decode(text_ids, skip_special_tokens=True)
-            lps = [float(x) for x in lp[s, :n].tolist()]
-            if any(math.isnan(x) for x in lps):
-                raise RuntimeError("NaN log-prob from the model: check the weights / dtype")
-            row.append(Sample(text=text, token_ids=toks, token_logprobs=lps, finish_reason="stop" if finished else "length"))
+            n = lens[s]
+            row.append(Sample(text=ro.texts[s], token_ids=toks[s][:n], token_logprobs=lps[s][:n],
+                              finish_reason="length" if bool(ro.truncated[s]) else "stop"))
         results.append(row)
     return results

@@ -62,6 +62,8 @@ class RolloutConfig:
     max_new_tokens: int = knob(48, "generation limit per response (L_max)")
     temperature: float = knob(1.0, "sampling temperature (> 0)")
     top_p: float = knob(1.0, "nucleus sampling mass in (0, 1]")
+    share_prefix: bool = knob(True, "run each prompt once per group (its KV cache copied to the G rows) in generation "
+                              "and in every log-prob/training forward; exact up to float summation order")
 
 
 ALGORITHMS: dict[str, dict[str, Any]] = {

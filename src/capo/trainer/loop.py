@@ -150,7 +150,7 @@ class Trainer:
         prompts = render_prompts(problems, self.tok, c.data, use_chat_template=c.model.chat_template)
         return generate(model, self.tok, prompts, group_size=group_size, max_new_tokens=c.rollout.max_new_tokens,
                         temperature=c.rollout.temperature, top_p=c.rollout.top_p,
-                        autocast_bf16=c.model.autocast_bf16)
+                        autocast_bf16=c.model.autocast_bf16, share_prefix=c.rollout.share_prefix)
 
     def reward(self, ro: Rollout, problems):
         g_size = len(ro.texts) // len(problems)
@@ -175,7 +175,8 @@ class Trainer:
         out = []
         for idx in self._micro_batches(torch.arange(len(ro.texts))):
             out.append(token_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
-                                      ro.response_mask[idx], autocast_bf16=self.cfg.model.autocast_bf16))
+                                      ro.response_mask[idx], autocast_bf16=self.cfg.model.autocast_bf16,
+                                      share_prefix=self.cfg.rollout.share_prefix))
         return torch.cat(out)
 
     def advantages(self, ro, g, rewards, ref_logp, old_logp):
@@ -256,7 +257,8 @@ class Trainer:
         self.model.train()
         mask = ro.response_mask[idx]
         logp, entropy = token_logprobs(self.model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
-                                       mask, autocast_bf16=c.model.autocast_bf16, with_entropy=True)
+                                       mask, autocast_bf16=c.model.autocast_bf16, with_entropy=True,
+                                       share_prefix=c.rollout.share_prefix)
         old = logp.detach() if old_logp is None else old_logp[idx]
         loss_tok, lm = policy_loss(a.loss, logp, old, adv[idx].to(logp.dtype), mask, **a.loss_kwargs)
         kl = None
@@ -327,7 +329,7 @@ class Trainer:
                                                              use_chat_template=self.cfg.model.chat_template),
                           group_size=self.cfg.rollout.group_size, max_new_tokens=self.cfg.rollout.max_new_tokens,
                           temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p,
-                          autocast_bf16=self.cfg.model.autocast_bf16)
+                          autocast_bf16=self.cfg.model.autocast_bf16, share_prefix=self.cfg.rollout.share_prefix)
         ppl = torch.exp(-sequence_logprob_mean(self.logprobs(self.ref, ro), ro.response_mask))
         low, high = ppl_quantile_thresholds(self.acc.gather(ppl.to(self.acc.device)).cpu(), a.mask_q_low,
                                             a.mask_q_high)

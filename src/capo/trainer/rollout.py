@@ -1,94 +1,27 @@
-"""Rollouts: sample G responses per prompt with ``model.generate`` and record each sampled token's log-prob.
+"""Rollouts and the training forward.
 
-The log-probs are those of the policy itself (log-softmax of the raw logits, i.e. temperature 1, before any
-temperature/top-p warping), recorded during generation by a logits processor at no extra forward pass. They are
-the "rollout-time" log-probs: CAPO's sequence confidence lpm and the perplexity used by calibration metrics.
+Sampling is :func:`capo.evaluation.sampling.sample_rollout` (shared with ``capo eval``): G responses per prompt and
+the rollout-time log-probs, recorded during generation at no extra forward pass (the policy's raw temperature-1
+log-softmax, before any temperature/top-p warping): CAPO's sequence confidence lpm and the perplexity used by
+calibration metrics. :func:`token_logprobs` is the forward (with gradient in the update) over prompt + response.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
 
-from capo.tasks.prompts import check_context
+from capo.evaluation.sampling import Rollout, sample_rollout
 
-
-@dataclass
-class Rollout:
-    """N = B*G responses (rows of one prompt contiguous). Shapes: prompt_ids/prompt_mask [N, P] (left-padded),
-    response_ids/response_mask [N, T] (right-padded, EOS included as a real token), gen_logp [N, T]."""
-
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    response_ids: torch.Tensor
-    response_mask: torch.Tensor
-    gen_logp: torch.Tensor
-    texts: list[str]
-    truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.response_mask.sum(-1)
-
-    def select(self, idx: torch.Tensor) -> Rollout:
-        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.response_ids[idx], self.response_mask[idx],
-                       self.gen_logp[idx], [self.texts[i] for i in idx.tolist()], self.truncated[idx])
+__all__ = ["Rollout", "generate", "token_logprobs"]
 
 
-class _RecordLogprobs(LogitsProcessor):
-    """Sees the raw next-token logits at every step; the token sampled at step t is input_ids[:, -1] at step t+1."""
-
-    def __init__(self, prompt_len: int):
-        self.prompt_len = prompt_len
-        self.prev: torch.Tensor | None = None  # [N, V] log-softmax of the previous step
-        self.out: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.prev is not None:
-            self.out.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self.prev = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
-        n_new = sequences.shape[1] - self.prompt_len
-        if self.prev is not None and len(self.out) < n_new:
-            self.out.append(self.prev.gather(-1, sequences[:, -1:]).squeeze(-1))
-        if not self.out:
-            return torch.zeros(sequences.shape[0], 0)
-        return torch.stack(self.out, dim=1)
-
-
-@torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, group_size: int, max_new_tokens: int, temperature: float = 1.0,
-             top_p: float = 1.0, autocast_bf16: bool = False) -> Rollout:
+             top_p: float = 1.0, autocast_bf16: bool = False, share_prefix: bool = True) -> Rollout:
     """Sample ``group_size`` responses for each prompt string. Returns a :class:`Rollout` with N = len(prompts) * G."""
     device = next(model.parameters()).device
-    tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)  # prompts are complete
-    check_context(model, enc["attention_mask"], max_new_tokens, prompts)
-    prompt_ids = enc["input_ids"].repeat_interleave(group_size, 0).to(device)  # [N, P]
-    prompt_mask = enc["attention_mask"].repeat_interleave(group_size, 0).to(device)
-    recorder = _RecordLogprobs(prompt_ids.shape[1])
-    eos = tokenizer.eos_token_id
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
-        seq = model.generate(
-            input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, temperature=temperature, top_p=top_p,
-            top_k=0, max_new_tokens=max_new_tokens, logits_processor=LogitsProcessorList([recorder]),
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos, eos_token_id=eos,
-        )
-    resp = seq[:, prompt_ids.shape[1]:]  # [N, T]
-    logp = recorder.finish(seq).to(resp.device)
-    # real tokens: everything up to and including the first EOS
-    is_eos = resp == eos
-    after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
-    mask = (~after_eos).long()
-    truncated = ~is_eos.any(-1)
-    texts = tokenizer.batch_decode(resp.masked_fill(~mask.bool(), eos), skip_special_tokens=True)
-    resp = resp.masked_fill(~mask.bool(), tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
-    logp = torch.where(mask.bool(), logp, torch.zeros_like(logp))
-    return Rollout(prompt_ids, prompt_mask, resp, mask, logp, texts, truncated)
+        return sample_rollout(model, tokenizer, prompts, k=group_size, max_new_tokens=max_new_tokens,
+                              temperature=temperature, top_p=top_p, share_prefix=share_prefix)
 
 
 # Architectures whose logits are exactly ``lm_head(backbone(x))`` (no soft-capping or logit scale): for these the
@@ -142,6 +75,26 @@ class _TiledLogprobs(torch.autograd.Function):
         return g_h, None if g_w is None else g_w.to(weight.dtype), None, None, None
 
 
+def _shared_prefix_hidden(backbone, prompt_ids, prompt_mask, response_ids, attn, position_ids):
+    """[N, T, d] hidden states predicting each response token, with every distinct prompt run once: the prompt pass
+    gives U <= N rows of keys/values (with gradient), copied to the N rows by index (backward sums them), then the
+    responses run on top. None when no two rows share a prompt (then one plain forward is cheaper)."""
+    p = prompt_ids.shape[1]
+    uniq, inv = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
+    if len(uniq) == len(prompt_ids):
+        return None
+    u_ids, u_mask = uniq[:, :p], uniq[:, p:]
+    out = backbone(input_ids=u_ids, attention_mask=u_mask, position_ids=(u_mask.cumsum(-1) - 1).clamp(min=0),
+                   use_cache=True)
+    cache = out.past_key_values
+    if cache is None or not hasattr(cache, "batch_select_indices"):
+        return None
+    cache.batch_select_indices(inv)
+    h_resp = backbone(input_ids=response_ids, attention_mask=attn, position_ids=position_ids[:, p:],
+                      past_key_values=cache, use_cache=True).last_hidden_state  # [N, T, d]
+    return torch.cat([out.last_hidden_state[inv, -1:], h_resp[:, :-1]], dim=1)
+
+
 def _plain_head(model):
     """(backbone, lm_head) when the tiled path applies to ``model`` exactly, else None (wrapped models -- DDP must see
     its own forward -- and architectures with soft-capped or scaled logits use the full-logits path)."""
@@ -156,26 +109,31 @@ def _plain_head(model):
 
 
 def token_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, *, autocast_bf16: bool = False,
-                   with_entropy: bool = False):
+                   with_entropy: bool = False, share_prefix: bool = True):
     """Log-probs of the response tokens under ``model`` by one forward pass over prompt + response.
 
     Shapes: prompt_* [N, P], response_* [N, T] -> logp [N, T] (float32), and entropy [N, T] of the next-token
     distribution if ``with_entropy``. Padding positions hold finite values (mask them): response columns past the
     longest real response are not computed at all (they return 0), which is exact because attention is causal and
     responses are right-padded.
+
+    ``share_prefix`` (plain-head architectures, unwrapped models): rows with the same prompt (the G responses of a
+    group) run the prompt once; its keys/values, kept in the autograd graph, are copied to the rows and only the
+    responses are run (exact up to floating-point summation order: the copy's backward sums the rows' gradients).
     """
     n, t_full = response_ids.shape
     t = int(response_mask.sum(-1).max()) if n and t_full else 0  # longest real response
     if t < t_full:
         response_ids, response_mask = response_ids[:, :t], response_mask[:, :t]
-    logp, entropy = _token_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, autocast_bf16)
+    logp, entropy = _token_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, autocast_bf16,
+                                   share_prefix)
     if t < t_full:
         logp = torch.nn.functional.pad(logp, (0, t_full - t))
         entropy = torch.nn.functional.pad(entropy, (0, t_full - t))
     return (logp, entropy) if with_entropy else logp
 
 
-def _token_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, autocast_bf16):
+def _token_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, autocast_bf16, share_prefix):
     ids = torch.cat([prompt_ids, response_ids], dim=1)
     attn = torch.cat([prompt_mask, response_mask], dim=1)
     p, t = prompt_ids.shape[1], response_ids.shape[1]
@@ -187,8 +145,11 @@ def _token_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask,
     if parts is not None:
         backbone, head = parts
         with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
-            hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=position_ids).last_hidden_state
-        hidden = hidden[:, p - 1:p + t - 1]  # [N, T, d]: position j predicts token j+1
+            hidden = _shared_prefix_hidden(backbone, prompt_ids, prompt_mask, response_ids, attn, position_ids) \
+                if share_prefix and p > 0 else None
+            if hidden is None:
+                hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=position_ids).last_hidden_state
+                hidden = hidden[:, p - 1:p + t - 1]  # [N, T, d]: position j predicts token j+1
         dtype = torch.bfloat16 if autocast_bf16 else head.weight.dtype
         logp, entropy = _TiledLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), head.weight,
                                              response_ids.reshape(-1), dtype, LOGPROB_TILE_TOKENS)
