@@ -182,7 +182,7 @@ def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, p
             "cpu_step": statistics.median(per_step), "cpu_phases": cpu_ph, "cpu_update": cpu_ph["update"]}
 
 
-def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str) -> dict:
+def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str, micro: int = 0) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -201,8 +201,10 @@ def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str)
     ds = Dataset.from_list([{"prompt": t, "answer": p.answer} for t, p in zip(texts, train)])
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_bench_"), use_cpu=True, bf16=precision == "bf16",
-        gradient_checkpointing=False, per_device_train_batch_size=64, gradient_accumulation_steps=1,
-        num_generations=8, max_completion_length=64, steps_per_generation=1, num_iterations=1, beta=0.0,
+        gradient_checkpointing=False, per_device_train_batch_size=micro or 64,
+        gradient_accumulation_steps=64 // (micro or 64),  # one generation of 64 and one optimizer step per step
+        num_generations=8, max_completion_length=64, steps_per_generation=64 // (micro or 64), num_iterations=1,
+        beta=0.0,
         loss_type="grpo", learning_rate=1e-6, temperature=1.0, top_p=1.0, top_k=0, max_steps=warmup + steps,
         logging_steps=1, report_to="none", save_strategy="no", seed=0, dataloader_num_workers=0,
         max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, disable_tqdm=True,
@@ -315,10 +317,11 @@ def child(args) -> None:
     assets = build_assets(args.size)
     t0 = time.perf_counter()
     if args.engine == "capo":
-        extra = json.loads(args.extra) if args.extra else None
+        extra = (json.loads(args.extra) if args.extra else {}) | ({"optim.micro_batch_size": args.micro}
+                                                                   if args.micro else {})
         r = run_capo(assets, args.steps, args.warmup, args.precision, args.algo, args.prompts, extra)
     elif args.engine == "trl":
-        r = run_trl(assets, args.steps, args.warmup, args.precision, args.prompts)
+        r = run_trl(assets, args.steps, args.warmup, args.precision, args.prompts, args.micro)
     else:
         r = run_eval(assets, args.steps, args.precision, args.prompts)
     r["peak_rss_gib"] = peak_rss_gib()
@@ -330,7 +333,7 @@ def spawn(args, engine: str, **kw) -> dict:
     cmd = [sys.executable, __file__, "--child", "--engine", engine, "--size", args.size, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--precision", kw.get("precision", args.precision),
            "--threads", str(args.threads), "--algo", kw.get("algo", "grpo"), "--extra", kw.get("extra", ""),
-           "--prompts", args.prompts]
+           "--prompts", args.prompts, "--micro", str(args.micro)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not line:
@@ -355,6 +358,9 @@ def main() -> None:
     ap.add_argument("--prompts", choices=("arith", "gsm8k"), default="arith",
                     help="arith: 8 short arithmetic questions, plain text; gsm8k: the first 8 GSM8K train problems "
                          "(offline copy), in the tokenizer's chat template when it has one")
+    ap.add_argument("--micro", type=int, default=0, choices=(0, 8, 16, 32),
+                    help="responses per forward/backward, gradient accumulation to one optimizer step of 64 in both "
+                         "engines (0: all 64 at once)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="capo", help=argparse.SUPPRESS)
     ap.add_argument("--algo", default="grpo", help=argparse.SUPPRESS)
