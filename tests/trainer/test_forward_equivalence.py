@@ -16,11 +16,10 @@ from capo.trainer.rollout import token_logprobs
 
 
 @pytest.fixture(scope="module")
-def model_tok(tmp_path_factory):
+def model_tok(tiny_model):
     from capo.evaluation.sampling import load_model
-    from conftest import make_tiny_model
 
-    return load_model(make_tiny_model(tmp_path_factory.mktemp("fwd_eq"), seed=3, hidden=48))
+    return load_model(tiny_model)  # tests/trainer/conftest.py: 2-layer Qwen2, capo's character tokenizer
 
 
 def oracle_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask):
@@ -132,12 +131,13 @@ def test_model_generation_defaults_do_not_change_the_policy(model_tok):
     gc = model.generation_config
     out = []
     for penalty in (None, 5.0):
-        saved = (gc.repetition_penalty, gc.top_k)
+        saved = (gc.repetition_penalty, gc.top_k, gc.no_repeat_ngram_size)
         if penalty:
-            gc.repetition_penalty, gc.top_k = penalty, 3
+            gc.repetition_penalty, gc.top_k, gc.no_repeat_ngram_size = penalty, 3, 1
         try:
             out.append(sample_batch(model, tok, PROMPTS[:2], k=3, temperature=1.0, top_p=1.0, max_new_tokens=10,
                                     seed=4, autocast="off"))
         finally:
-            gc.repetition_penalty, gc.top_k = saved
+            gc.repetition_penalty, gc.top_k, gc.no_repeat_ngram_size = saved
     assert [[s.token_ids for s in r] for r in out[0]] == [[s.token_ids for s in r] for r in out[1]]
+    assert gc.repetition_penalty == saved[0]  # the model's own config is restored

@@ -235,10 +235,15 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
         cache = _shared_prefix_cache(model, enc["input_ids"], enc["attention_mask"], k)
     recorder = _RecordLogprobs()
     handle = model.register_forward_hook(recorder, with_kwargs=True)
+    # generate() fills every field left unset in a passed config from model.generation_config (a checkpoint's
+    # repetition penalty, top-k, min length, ...): swap in our own config so nothing but temperature/top_p shapes
+    # the sampling distribution.
+    model_cfg, model.generation_config = model.generation_config, gen_cfg
     try:
         seq = model.generate(input_ids=ids, attention_mask=am, generation_config=gen_cfg,
                              **({"past_key_values": cache} if cache is not None else {}))
     finally:
+        model.generation_config = model_cfg
         handle.remove()
     resp = seq[:, ids.shape[1]:]  # [N, T]
     logp = recorder.finish(seq, resp.shape[1]).to(resp.device)
