@@ -111,6 +111,18 @@ def capo_cfg(assets: Path, steps: int, precision: str, algo: str, prompts: str, 
     return load_config(None, {**o, **(extra or {})})
 
 
+def bench_prompts(assets: Path, precision: str, prompts: str, tok):
+    """The 8 training problems and their prompt strings exactly as capo's trainer renders them (the same strings
+    are fed to TRL and to the eval comparison)."""
+    from capo.trainer.data import load_problems, render_prompts
+
+    cfg = capo_cfg(assets, 1, precision, "grpo", prompts)
+    train, _ = load_problems(cfg.data, seed=0)
+    texts = render_prompts(train, tok, cfg.data, use_chat_template=cfg.model.chat_template)
+    assert len(texts) == 8, len(texts)
+    return train, texts
+
+
 def update_flops(model, n: int, p: int, t: int, u: int | None = None) -> float:
     """FLOPs of one forward+backward over n rows of p (padded) prompt + t response tokens. ``u``: the prompt part
     runs on u distinct prompts only (capo's shared prefix); None: on all n rows (TRL, capo without sharing)."""
@@ -188,16 +200,10 @@ def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str,
     from trl import GRPOConfig, GRPOTrainer
 
     from capo.adapters.trl import CorrectnessReward
-    from capo.trainer.data import render_prompts
 
-    cfg = capo_cfg(assets, 1, precision, "grpo", prompts)  # the same rendered prompt strings capo uses
-    from capo.trainer.data import load_problems
-
-    train, _ = load_problems(cfg.data, seed=0)
     tok = AutoTokenizer.from_pretrained(str(assets / "model"))
     model = AutoModelForCausalLM.from_pretrained(str(assets / "model"), dtype=torch.float32)
-    texts = render_prompts(train, tok, cfg.data, use_chat_template=cfg.model.chat_template)
-    assert len(texts) == 8
+    train, texts = bench_prompts(assets, precision, prompts, tok)
     ds = Dataset.from_list([{"prompt": t, "answer": p.answer} for t, p in zip(texts, train)])
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_bench_"), use_cpu=True, bf16=precision == "bf16",
@@ -257,14 +263,9 @@ def run_eval(assets: Path, reps: int, precision: str, prompts: str) -> dict:
     """capo eval's sampler (generate + log-probs recorded by a forward hook + bookkeeping) vs plain model.generate on
     the same batch (8 prompts x 8 samples, 64 new tokens), with and without the shared-prompt prefill."""
     from capo.evaluation.sampling import load_model, sample_batch
-    from capo.trainer.data import render_prompts
 
     model, tok = load_model(str(assets / "model"))
-    cfg = capo_cfg(assets, 1, precision, "grpo", prompts)
-    from capo.trainer.data import load_problems
-
-    train, _ = load_problems(cfg.data, seed=0)
-    texts = render_prompts(train, tok, cfg.data, use_chat_template=cfg.model.chat_template)
+    _, texts = bench_prompts(assets, precision, prompts, tok)
     ac = "on" if precision == "bf16" else "off"
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     ids, am = enc["input_ids"].repeat_interleave(8, 0), enc["attention_mask"].repeat_interleave(8, 0)
