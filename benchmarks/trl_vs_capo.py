@@ -262,7 +262,7 @@ def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str,
 def run_eval(assets: Path, reps: int, precision: str, prompts: str) -> dict:
     """capo eval's sampler (generate + log-probs recorded by a forward hook + bookkeeping) vs plain model.generate on
     the same batch (8 prompts x 8 samples, 64 new tokens), with and without the shared-prompt prefill."""
-    from capo.evaluation.sampling import load_model, sample_batch
+    from capo.rollout import HFEngine, load_model
 
     model, tok = load_model(str(assets / "model"))
     _, texts = bench_prompts(assets, precision, prompts, tok)
@@ -277,8 +277,8 @@ def run_eval(assets: Path, reps: int, precision: str, prompts: str) -> dict:
                            top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id)
 
     def capo_eval(share):
-        out = sample_batch(model, tok, texts, k=8, temperature=1.0, top_p=1.0, max_new_tokens=64, seed=0,
-                           autocast=ac, share_prefix=share)
+        out = HFEngine(model, tok, autocast=ac, share_prefix=share).sample(
+            texts, k=8, temperature=1.0, top_p=1.0, max_new_tokens=64, seed=0).samples(8)
         assert all(x.n_tokens == 64 for row in out for x in row)
 
     fns = {"plain_generate": plain, "capo_eval": lambda: capo_eval(True),

@@ -6,17 +6,20 @@ import subprocess
 import sys
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "capo"
-ORDER = ["core", "verify", "tasks", "evaluation", "trainer", "adapters", "cli"]
-# what each layer may import from capo (besides itself and capo.errors)
+ORDER = ["core", "verify", "tasks", "rollout", "evaluation", "trainer", "adapters", "cli"]
+# what each layer may import from capo (besides itself and the leaf modules capo.errors and capo.rundir);
+# docs/architecture.md states the same table
 ALLOWED = {
     "core": set(),
     "verify": {"core"},
     "tasks": {"core", "verify"},
-    "evaluation": {"core", "verify", "tasks"},
-    "trainer": {"core", "verify", "tasks", "evaluation"},
-    "adapters": {"core", "verify", "tasks"},
+    "rollout": {"core", "verify", "tasks"},
+    "evaluation": {"core", "verify", "tasks", "rollout"},
+    "trainer": {"core", "verify", "tasks", "rollout"},
+    "adapters": {"core", "verify", "rollout"},
     "cli": set(ORDER),
 }
+LEAVES = {"errors.py": set(), "rundir.py": {"errors"}}  # top-level modules any layer may use
 FORBIDDEN_IN_CORE = {"transformers", "trl", "verl", "accelerate", "datasets", "math_verify", "matplotlib"}
 
 
@@ -41,6 +44,33 @@ def test_layers_import_only_downwards():
                 if layer == "core" and parts[0] in FORBIDDEN_IN_CORE:
                     bad.append(f"{f.relative_to(SRC)} imports {mod}")
     assert not bad, "layering violations:\n" + "\n".join(bad)
+
+
+def test_layer_table_is_complete_and_leaves_import_no_layer():
+    """Every package under capo/ is in the table, and the leaf modules import nothing of capo but other leaves."""
+    packages = {d.name for d in SRC.iterdir() if d.is_dir() and (d / "__init__.py").exists()}
+    assert packages - {"assets", "presets"} == set(ORDER)
+    modules = {f.name for f in SRC.glob("*.py")} - {"__init__.py"}
+    assert modules == set(LEAVES), modules
+    for leaf, allowed in LEAVES.items():
+        used = {m.split(".")[1] for m in _imports(SRC / leaf) if m.startswith("capo.")}
+        assert used <= allowed, f"{leaf} imports {used - allowed}"
+
+
+def test_docs_state_the_same_table():
+    """docs/architecture.md's layer table lists the same 'may import' sets as ALLOWED."""
+    doc = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    rows = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`capo.") and cells[0].rstrip("`").split(".")[1] in ORDER:
+            rows[cells[0].strip("`").split(".")[1]] = {x.strip() for x in cells[2].split(",")} - {"torch", "numpy",
+                                                                                                     "stdlib", "—"}
+    assert set(rows) == set(ORDER), sorted(rows)
+    for layer in ORDER:
+        want = set(ORDER) - {layer} if layer == "cli" else ALLOWED[layer]
+        got = set(ORDER) - {layer} if rows[layer] == {"everything"} else rows[layer]
+        assert got == want, f"docs/architecture.md: {layer} may import {sorted(got)}, the test says {sorted(want)}"
 
 
 def test_importing_core_loads_no_engine():

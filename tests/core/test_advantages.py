@@ -278,11 +278,12 @@ def test_errors_name_the_problem():
         grpo_advantage(r, 2, scale="global")
     with pytest.raises(ValueError, match="rewards must have 1 dimension"):
         grpo_advantage(r.view(2, 2), 2)
-    with pytest.raises(UnknownNameError, match="unknown advantage estimator 'grpoo'; allowed values: capo, dr_grpo"):
+    with pytest.raises(UnknownNameError, match="unknown advantage estimator 'grpoo'; allowed values: ace, capo, dr_grpo"):
         compute_advantages("grpoo", r, 2)
     with pytest.raises(TypeError, match="advantage estimator 'grpo'.*tau"):
         compute_advantages("grpo", r, 2, tau=0.5)
 
 
 def test_registry_lists_all_estimators():
-    assert ADVANTAGES.names() == sorted(ESTIMATORS)
+    variants = ["ace", "seed_grpo", "gdpo", "unlikeliness", "ngrpo"]  # tests/core/test_advantage_variants.py
+    assert ADVANTAGES.names() == sorted(ESTIMATORS + variants)

@@ -52,7 +52,8 @@ def test_padding_never_contributes_even_if_garbage():
     old = torch.tensor([[-1.0, 3.0]], **f64)
     mask = torch.tensor([[1, 0]])
     for name in POLICY_LOSSES.names():
-        loss, _ = policy_loss(name, logp, old, torch.tensor([1.0], **f64), mask)
+        extra = {"rewards": torch.tensor([1.0], **f64)} if name == "c2gspg" else {}  # the one loss with an input
+        loss, _ = policy_loss(name, logp, old, torch.tensor([1.0], **f64), mask, **extra)
         val = aggregate(loss, mask, "token-mean")
         assert torch.isfinite(val), name
 
@@ -148,5 +149,5 @@ def test_loss_errors():
         aggregate(lp, torch.ones(2, 3), "mean")
     with pytest.raises(ValueError, match="kind='k4'"):
         kl_penalty(lp, lp, "k4")
-    with pytest.raises(ValueError, match="unknown policy loss 'ppo'; allowed values: cispo, gspo, gspo_token, ppo_clip"):
+    with pytest.raises(ValueError, match="unknown policy loss 'ppo'; allowed values: c2gspg, cispo, clip_cov, gspo, gspo_token, kl_cov, ppo_clip"):
         policy_loss("ppo", lp, lp, torch.zeros(2), torch.ones(2, 3))

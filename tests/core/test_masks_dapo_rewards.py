@@ -100,4 +100,4 @@ def test_registry_duplicate_and_unknown():
         reg.register("a")(lambda: 2)
     with pytest.raises(UnknownNameError, match="unknown widget 'b'; allowed values: a"):
         reg.get("b")
-    assert REWARDS.names() == ["correctness", "rlcr"]
+    assert REWARDS.names() == ["correctness", "ppo_c", "rlcr"]

@@ -25,3 +25,16 @@ def test_eval_of_default_model_matches_its_measured_accuracy(tmp_path):
     # the shipped model's accuracy at temperature 1 is 0.32 on 256 x 8 held-out samples (capo_default.json)
     assert 0.15 <= m["accuracy"] <= 0.6, m["accuracy"]
     torch.testing.assert_close(torch.tensor(m["verbal_missing"]) <= 0.1 * 192, torch.tensor(True))
+
+
+def test_shipped_model_outputs_parse_and_leave_room_for_rl():
+    from capo.evaluation.default_task import evaluate_default
+
+    model, tok = load_default()
+    probs = default_problems("eval", 48, seed=0)
+    r = evaluate_default(model, tok, probs, group_size=4, seed=0)
+    # measured with these settings: see docs/results.md "Embedded default"
+    assert r["format_rate"] >= 0.95
+    assert r["terminated_rate"] >= 0.95
+    assert 0.1 <= r["accuracy"] <= 0.8
+    assert r["mixed_fraction"] >= 0.25

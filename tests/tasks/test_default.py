@@ -88,7 +88,7 @@ def test_tiny_build_is_deterministic_and_loadable(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kw = dict(steps=3, batch_size=8, hidden=32, layers=1, heads=2, intermediate=64, eval_prompts=0)
+    kw = dict(steps=3, batch_size=8, hidden=32, layers=1, heads=2, intermediate=64)
     s1 = d.build_default_model(tmp_path / "a", seed=5, **kw)
     s2 = d.build_default_model(tmp_path / "b", seed=5, **kw)
     s3 = d.build_default_model(tmp_path / "c", seed=6, **kw)
@@ -110,14 +110,3 @@ def test_build_default_cli_rejects_bad_arguments(tmp_path):
 
     assert main(["build-default", "--out", str(tmp_path / "x"), "--steps", "0"]) == 2
     assert not (tmp_path / "x").exists()
-
-
-def test_shipped_model_outputs_parse_and_leave_room_for_rl(shipped):
-    model, tok = shipped
-    probs = d.default_problems("eval", 48, seed=0)
-    r = d.evaluate_default(model, tok, probs, group_size=4, seed=0)
-    # measured with these settings: see docs/results.md "Embedded default"
-    assert r["format_rate"] >= 0.95
-    assert r["terminated_rate"] >= 0.95
-    assert 0.1 <= r["accuracy"] <= 0.8
-    assert r["mixed_fraction"] >= 0.25

@@ -35,6 +35,22 @@ def _rows(run):
     return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
 
 
+def _steps(run, tmp):
+    ck = run / "checkpoints"
+    names = [d.name for d in ck.iterdir()] if ck.exists() else []
+    return [int(n[5:11]) for n in names if n.startswith("step-") and n.endswith(".tmp") == tmp]
+
+
+def _last_step(run):
+    """The newest complete checkpoint's step (0 when none): where the next attempt resumes."""
+    return max(_steps(run, tmp=False), default=0)
+
+
+def _writing_step(run):
+    """The newest step whose checkpoint is being written or complete."""
+    return max(_steps(run, tmp=False) + _steps(run, tmp=True), default=0)
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_points_then_resume_equals_uninterrupted(tiny_model, tmp_path):
     ref = tmp_path / "ref"
@@ -45,15 +61,15 @@ def test_sigkill_at_random_points_then_resume_equals_uninterrupted(tiny_model, t
     for attempt in range(8):
         p = subprocess.Popen(_cmd(tiny_model, run), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if kills < 3:
-            # wait until this attempt has made progress past its resume point, then kill at a random moment
-            start = len(list((run / "checkpoints").glob("step-*"))) if (run / "checkpoints").exists() else 0
+            # pick a random step still ahead of this attempt's resume point, wait until the run starts writing
+            # that step's checkpoint (or a later one), then kill at a random moment inside the next step or two.
+            # Choosing the step (not a wall-clock delay) keeps the kill inside the run however fast the machine is.
+            done = _last_step(run)
+            target = min(STEPS - 1, done + rng.randint(1, 2))
             t0 = time.time()
-            while p.poll() is None and time.time() - t0 < 300:
-                ck = run / "checkpoints"
-                if ck.exists() and any(d.name.endswith(".tmp") or d.name > f"step-{start:06d}" for d in ck.iterdir()):
-                    break
-                time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 1.5))
+            while p.poll() is None and time.time() - t0 < 300 and _writing_step(run) < target:
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0.0, 0.05))
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()

@@ -74,8 +74,8 @@ def test_user_reward_function_trains(tiny_model, tmp_path, reward_path):
 
 def test_run_directory_is_locked(tiny_model, tmp_path):
     from capo.errors import ConfigError
-    from capo.evaluation.run import run_lock
+    from capo.rundir import run_lock
 
-    with run_lock(tmp_path):
-        with pytest.raises(ConfigError, match="another capo"):
+    with run_lock(tmp_path, "eval"):  # the refusal names the command holding the folder
+        with pytest.raises(ConfigError, match="another capo eval"):
             Trainer(cfg_for(tiny_model, tmp_path, **{"run.steps": 1})).train()

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from capo.errors import ConfigError
-from capo.trainer.config import ALGORITHMS, load_config
+from capo.core.presets import ALGORITHMS
+from capo.trainer.config import load_config
 from capo.trainer.loop import Trainer
 
 HERE = Path(__file__).parent
@@ -50,12 +51,12 @@ def test_every_algorithm_trains_end_to_end(tiny_model, tmp_path, algo):
 
 def _fixed_batch(tr, seed=5):
     from capo.trainer.data import render_prompts
-    from capo.trainer.rollout import generate
+    from capo.rollout import HFEngine
 
     problems = tr.train_set[:4]
     torch.manual_seed(seed)
-    ro = generate(tr.acc.unwrap_model(tr.model), tr.tok, render_prompts(problems, tr.tok, tr.cfg.data,
-                  use_chat_template=False), group_size=4, max_new_tokens=10)
+    ro = HFEngine(tr.acc.unwrap_model(tr.model), tr.tok).sample(
+        render_prompts(problems, tr.tok, tr.cfg.data, use_chat_template=False), k=4, max_new_tokens=10)
     g, _ = tr.reward(ro, problems)
     rewards = torch.rand(16, generator=torch.Generator().manual_seed(seed)).round()
     return ro, g, rewards
@@ -136,7 +137,7 @@ def test_two_processes_equal_one(tiny_model, tmp_path):
 @pytest.mark.parametrize("override,message", [
     ({"rollout.group_size": 1}, "rollout.group_size must be >= 2"),
     ({"algo.name": "ppo"}, "algo.name='ppo' is not known; allowed: grpo"),
-    ({"algo.advantage": "foo"}, "algo.advantage='foo' is not allowed; allowed values: capo, dr_grpo"),
+    ({"algo.advantage": "foo"}, "algo.advantage='foo' is not allowed; allowed values: ace, capo, dr_grpo"),
     ({"optim.lr": -1}, "optim.lr must be > 0"),
     ({"model.path": "/does/not/exist"}, "model.path: model ./does/not/exist.: no such file or folder"),
     ({"optim.micro_batch_size": 3}, "optim.micro_batch_size=3 must be a multiple of rollout.group_size"),

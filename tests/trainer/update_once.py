@@ -13,7 +13,7 @@ import torch
 def main():
     from capo.trainer.config import load_config
     from capo.trainer.loop import Trainer
-    from capo.trainer.rollout import generate
+    from capo.rollout import HFEngine
 
     model_dir, out = sys.argv[1], sys.argv[2]
     micro = sys.argv[3] if len(sys.argv) > 3 else "0"
@@ -28,8 +28,8 @@ def main():
     from capo.trainer.data import render_prompts
 
     model = tr.acc.unwrap_model(tr.model)
-    ro = generate(model, tr.tok, render_prompts(problems, tr.tok, cfg.data, use_chat_template=False), group_size=G,
-                  max_new_tokens=12)
+    ro = HFEngine(model, tr.tok).sample(render_prompts(problems, tr.tok, cfg.data, use_chat_template=False), k=G,
+                                        max_new_tokens=12)
     g, _ = tr.reward(ro, problems)
     rewards = torch.rand(B * G, generator=torch.Generator().manual_seed(7)).round()  # mixed groups, deterministic
     per = B // tr.world * G

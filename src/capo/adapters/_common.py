@@ -16,6 +16,7 @@ import torch
 
 from capo.core import ADVANTAGES, REWARDS, capo_noise_mask, sequence_logprob_mean
 from capo.errors import ConfigError
+from capo.rollout.grading import grade
 
 # Estimators that read per-response scores (mean token log-prob under the rollout policy).
 SCORE_ESTIMATORS = frozenset({"capo"})
@@ -57,11 +58,11 @@ def reference_keep(
 
 @dataclass(frozen=True)
 class ScoredBatch:
-    """Per-response verdicts of one reward call. All lists have one entry per response.
+    """Per-response verdicts of one reward call (:func:`capo.rollout.grade`). All lists have one entry per response.
 
     correct: the extracted answer is mathematically equivalent to the gold answer.
-    confidence: verbalized confidence q in [0, 1] (RLCR), NaN where missing or invalid / not asked for.
-    format_ok: the response followed the required format.
+    confidence: verbalized confidence q in [0, 1] (RLCR), NaN where missing or invalid.
+    format_ok: RLCR's format is well formed (as everywhere in capo).
     rewards: the reward values returned to the engine.
     """
 
@@ -88,39 +89,19 @@ def score_texts(
 ) -> ScoredBatch:
     """Score responses against gold answers with the core reward ``kind`` ("rlcr" or "correctness").
 
-    "rlcr": answer and confidence from the ``<answer>``/``<confidence>`` tags (``capo.verify.extract_rlcr``), reward
-    c - (q - c)^2, format failures get ``format_failure_reward``. "correctness": answer by ``answer_format``
-    (``capo.verify.extract_answer``), reward 1[correct].
+    Grading is capo's one grader (:func:`capo.rollout.grade`). "rlcr": the answer from the ``<answer>`` tag, reward
+    c - (q - c)^2, format failures get ``format_failure_reward``. "correctness": answer by ``answer_format``,
+    reward 1[correct].
     """
-    from capo.verify import Verdict, extract_answer, extract_rlcr
-
-    if len(texts) != len(golds):
-        raise ValueError(f"got {len(texts)} responses but {len(golds)} gold answers; they must match")
-    verifier = verifier or _default_verifier()
-    if kind == "rlcr":
-        parsed = [extract_rlcr(t) for t in texts]
-        answers = [p.answer for p in parsed]
-        conf = [math.nan if p.confidence is None else float(p.confidence) for p in parsed]
-        fmt = [bool(p.format_ok) for p in parsed]
-    elif kind == "correctness":
-        answers = [extract_answer(t, answer_format) for t in texts]
-        conf = [math.nan] * len(texts)
-        fmt = [a is not None for a in answers]
-    else:
+    if kind not in ("rlcr", "correctness"):
         raise ValueError(f"unknown reward kind {kind!r}; allowed: rlcr, correctness")
-    verdicts = verifier.verify_batch(answers, [str(g) for g in golds])
-    correct = [v == Verdict.CORRECT for v in verdicts]
-    c = torch.tensor(correct, dtype=torch.bool)
-    if kind == "rlcr":
-        r = REWARDS.get("rlcr")(
-            c,
-            confidence=torch.tensor(conf, dtype=torch.float32),
-            format_ok=torch.tensor(fmt, dtype=torch.bool),
-            format_failure_reward=format_failure_reward,
-        )
-    else:
-        r = REWARDS.get("correctness")(c)
-    return ScoredBatch(correct=correct, confidence=conf, format_ok=fmt, rewards=[float(x) for x in r])
+    g = grade(texts, golds, verifier or _default_verifier(), answer_format="rlcr" if kind == "rlcr" else answer_format)
+    kw = dict(confidence=g.confidence, format_ok=g.format_ok, format_failure_reward=format_failure_reward) \
+        if kind == "rlcr" else {}
+    r = REWARDS.get(kind)(g.correct, **kw)
+    return ScoredBatch(correct=g.correct.tolist(), confidence=[p.confidence if p.confidence is not None else math.nan
+                                                               for p in g.parses],
+                       format_ok=g.format_ok.tolist(), rewards=[float(x) for x in r])
 
 
 def completion_text(completion) -> str:

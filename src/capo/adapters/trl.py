@@ -47,7 +47,7 @@ from capo.adapters._common import (
     completion_text,
     score_texts,
 )
-from capo.core import capo_noise_mask, compute_advantages, sequence_logprob_mean
+from capo.core import MASK_HIGH, MASK_LOW, capo_noise_mask, compute_advantages, sequence_logprob_mean
 from capo.errors import CapoError, ConfigError
 
 try:
@@ -77,9 +77,9 @@ class CapoAdvantageConfig:
     """Hyperparameters of the estimator, e.g. {"tau": 0.6} for capo, {"eps": 1e-4} for grpo (TRL's eps)."""
     noise_mask: bool = True
     """CAPO's reference-perplexity noise mask (only read when estimator == "capo"); needs reference log-probs."""
-    mask_low: float = 1.05
+    mask_low: float = MASK_LOW
     """Keep an incorrect response only if PPL_ref >= mask_low (paper value for Qwen2.5-Math)."""
-    mask_high: float = 2.5
+    mask_high: float = MASK_HIGH
     """Keep a correct response only if PPL_ref <= mask_high (paper value for Qwen2.5-Math)."""
     correct_threshold: float = 0.5
     """A response counts as correct (CAPO's P set, the mask's label) iff its total reward > this."""
@@ -243,7 +243,6 @@ class CapoGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         g = self.num_generations if mode == "train" else self.num_generations_eval
         acc = self.accelerator
-        device = out["advantages"].device
         cfg = self.capo
 
         rpf = self._capo_rewards_per_func  # [N, F] gathered
@@ -255,36 +254,11 @@ class CapoGRPOTrainer(GRPOTrainer):
         mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
         timings: dict[str, float] = {}  # time/* and train/masked_frac
 
-        scores = None
-        if cfg.needs_scores():
-            old = out.get("old_per_token_logps")
-            if old is None:  # TRL did not keep them: one extra no-grad forward of the rollout policy
-                t0 = time.perf_counter()
-                self._capo_check_text_only(out)
-                ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-                attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-                with torch.no_grad():
-                    old, _, _ = self._get_per_token_logps_and_entropies(
-                        self.model, ids, attn, out["completion_ids"].size(1),
-                        batch_size=self.args.per_device_train_batch_size if mode == "train"
-                        else self.args.per_device_eval_batch_size,
-                    )
-                timings["time/capo_extra_forward_s"] = time.perf_counter() - t0
-            lpm_local = sequence_logprob_mean(old.double(), mask)  # [n_local]
-            scores = acc.gather(lpm_local)  # [N]
-
+        scores = self._capo_scores(out, mask, mode, timings) if cfg.needs_scores() else None
         correct = rewards > cfg.correct_threshold  # [N]: CAPO's P set and the mask's label
         keep = ~unscorable
         if cfg.uses_mask():
-            t0 = time.perf_counter()
-            self._capo_check_text_only(out)
-            ref = self._capo_ref_token_logps(out)
-            timings["time/capo_ref_forward_s"] = time.perf_counter() - t0
-            ppl_local = torch.exp(-sequence_logprob_mean(ref.double(), mask))
-            ppl = acc.gather(ppl_local)
-            noise_keep = capo_noise_mask(ppl, correct, low=cfg.mask_low, high=cfg.mask_high)
-            timings["train/masked_frac"] = float((~noise_keep).double().mean())
-            keep = keep & noise_keep
+            keep = keep & self._capo_noise_keep(out, mask, correct, timings)
 
         adv = compute_advantages(
             cfg.estimator, rewards, g,
@@ -292,7 +266,7 @@ class CapoGRPOTrainer(GRPOTrainer):
             keep=keep, **cfg.estimator_kwargs,
         )  # [N] float64
         trl_local = out["advantages"]
-        out["advantages"] = adv[sl].to(device=device, dtype=trl_local.dtype)
+        out["advantages"] = adv[sl].to(device=trl_local.device, dtype=trl_local.dtype)
         self.capo_last_batch = {
             "rewards": rewards, "scores": scores, "keep": keep, "correct": correct, "advantages": adv,
             "trl_advantages_local": trl_local, "process_slice": sl, "group_size": g,
@@ -304,6 +278,34 @@ class CapoGRPOTrainer(GRPOTrainer):
             if not math.isnan(v):  # e.g. AUC-mean when no prompt has both classes: absent rather than NaN
                 self._metrics[mode][k].append(v)
         return out
+
+    def _capo_scores(self, out: dict, mask, mode: str, timings: dict) -> torch.Tensor:
+        """CAPO's scores: lpm of each completion under the rollout policy [N], gathered across processes."""
+        old = out.get("old_per_token_logps")
+        if old is None:  # TRL did not keep them: one extra no-grad forward of the rollout policy
+            t0 = time.perf_counter()
+            self._capo_check_text_only(out)
+            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+            attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+            with torch.no_grad():
+                old, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, ids, attn, out["completion_ids"].size(1),
+                    batch_size=self.args.per_device_train_batch_size if mode == "train"
+                    else self.args.per_device_eval_batch_size,
+                )
+            timings["time/capo_extra_forward_s"] = time.perf_counter() - t0
+        return self.accelerator.gather(sequence_logprob_mean(old.double(), mask))  # [N]
+
+    def _capo_noise_keep(self, out: dict, mask, correct, timings: dict) -> torch.Tensor:
+        """CAPO's reference-perplexity noise mask [N] bool (reference log-probs of the local rows, gathered)."""
+        t0 = time.perf_counter()
+        self._capo_check_text_only(out)
+        ref = self._capo_ref_token_logps(out)
+        timings["time/capo_ref_forward_s"] = time.perf_counter() - t0
+        ppl = self.accelerator.gather(torch.exp(-sequence_logprob_mean(ref.double(), mask)))
+        noise_keep = capo_noise_mask(ppl, correct, low=self.capo.mask_low, high=self.capo.mask_high)
+        timings["train/masked_frac"] = float((~noise_keep).double().mean())
+        return noise_keep
 
     def _capo_check_text_only(self, out: dict) -> None:
         if "pixel_values" in out or "num_images" in out:

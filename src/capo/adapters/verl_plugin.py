@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from capo.adapters._common import check_estimator, reference_keep, score_texts
-from capo.core import ADVANTAGES, compute_advantages, sequence_logprob_mean
+from capo.core import ADVANTAGES, MASK_HIGH, MASK_LOW, compute_advantages, sequence_logprob_mean
 from capo.errors import ConfigError
 
 __all__ = ["ESTIMATORS", "compute_score_correctness", "compute_score_rlcr", "register"]
@@ -111,7 +111,7 @@ def _make_estimator(verl_name: str):
         """capo core's advantage on verl's batch: [N, T] rewards and mask -> ([N, T] advantages, [N, T] returns)."""
         hp = _hparams(config)
         mask_on = core_name == "capo" and bool(hp.pop("noise_mask", True))
-        low, high = float(hp.pop("mask_low", 1.05)), float(hp.pop("mask_high", 2.5))
+        low, high = float(hp.pop("mask_low", MASK_LOW)), float(hp.pop("mask_high", MASK_HIGH))
         for k in _MASK_KEYS:
             hp.pop(k, None)
         if core_name == "grpo" and "scale" not in hp and config is not None:

@@ -36,7 +36,6 @@ def run(args) -> int:
     import torch
 
     from capo.errors import ConfigError
-    from capo.tasks.default import build_default_model
 
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
@@ -54,8 +53,27 @@ def run(args) -> int:
     t0 = time.perf_counter()
     print(f"building the default model into {args.out} (seed {args.seed}, {torch.get_num_threads()} threads)",
           file=sys.stderr)
-    stats = build_default_model(args.out, seed=args.seed, eval_prompts=args.eval_prompts,
-                                log=lambda s: print(s, file=sys.stderr, flush=True), **kwargs)
+    stats = build_and_measure(args.out, args.seed, args.eval_prompts, **kwargs)
     print(json.dumps(stats, indent=2))
     print(f"done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
+
+
+def build_and_measure(out: str, seed: int, eval_prompts: int, **kwargs) -> dict:
+    """Build the default model into ``out``, then (``eval_prompts`` > 0) measure it on held-out problems, 8 samples
+    each, and add the measurement to ``out/capo_default.json``."""
+    import time
+    from pathlib import Path
+
+    from capo.evaluation.default_task import evaluate_default
+    from capo.tasks.default import build_default_model, default_problems, load_default
+
+    t0 = time.perf_counter()
+    stats = build_default_model(out, seed=seed, log=lambda s: print(s, file=sys.stderr, flush=True), **kwargs)
+    if eval_prompts > 0:
+        model, tok = load_default(model_dir=out)
+        ev = evaluate_default(model, tok, default_problems("eval", eval_prompts, seed=0), group_size=8, seed=seed)
+        stats["eval"] = {k: v for k, v in ev.items() if k != "samples"}
+        stats["total_seconds"] = round(time.perf_counter() - t0, 1)
+        (Path(out) / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")
+    return stats

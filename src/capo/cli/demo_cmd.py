@@ -36,7 +36,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _parse(args):
-    from capo.trainer.config import ALGORITHMS
+    from capo.core.presets import ALGORITHMS
 
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     for a in algos:
@@ -62,20 +62,36 @@ def _parse(args):
 
 
 def run(args) -> int:
-    from capo.evaluation.report import load_run, write_report
-    from capo.evaluation.run import EvalSettings, run_eval
-    from capo.trainer.config import load_config
-    from capo.trainer.loop import Trainer
+    from capo.rundir import run_lock
 
     algos, seeds, extra = _parse(args)
     out = Path(args.out)
+    cfgs = _configs(algos, seeds, extra, out, args.steps)
+    with run_lock(out, "demo"):
+        t0 = time.perf_counter()
+        _train_all(cfgs, algos, seeds, args)
+        results, models = _evaluate_all(cfgs, out, args)
+        _summarize(results, models, cfgs, algos, seeds, out, args, t0)
+    return 0
+
+
+def _configs(algos, seeds, extra, out: Path, steps) -> dict:
+    """(algo, seed) -> resolved config; validates everything before any work starts."""
+    from capo.trainer.config import load_config
+
     cfgs = {}
     for seed in seeds:
         for algo in algos:
             ov = {"algo.name": algo, "run.seed": seed, "run.out_dir": str(out / f"{algo}-seed{seed}"), **extra}
-            if args.steps is not None:
-                ov["run.steps"] = args.steps
-            cfgs[(algo, seed)] = load_config("default", ov)  # validates everything before any work starts
+            if steps is not None:
+                ov["run.steps"] = steps
+            cfgs[(algo, seed)] = load_config("default", ov)
+    return cfgs
+
+
+def _train_all(cfgs: dict, algos, seeds, args) -> None:
+    from capo.trainer.loop import Trainer
+
     first = next(iter(cfgs.values()))
     steps = first.run.steps
     n_evals = len(cfgs) * (steps // max(first.run.eval_every, 1) if first.run.eval_every else 1) + len(cfgs) + 1
@@ -83,7 +99,7 @@ def run(args) -> int:
     print(f"capo demo: {len(algos)} algorithms ({', '.join(algos)}) x {len(seeds)} seed(s), {steps} steps each "
           f"({first.rollout.prompts_per_step} prompts x {first.rollout.group_size} samples per step), then a "
           f"held-out evaluation of {args.eval_problems} problems x {args.eval_k} samples per model.\n"
-          f"Estimated time on a 2-core CPU: ~{est / 60:.0f} min. Output: {out}/", flush=True)
+          f"Estimated time on a 2-core CPU: ~{est / 60:.0f} min. Output: {args.out}/", flush=True)
     t0 = time.perf_counter()
     for (algo, seed), cfg in cfgs.items():
         print(f"\n== training {algo} (seed {seed}) -> {cfg.run.out_dir}", flush=True)
@@ -93,7 +109,13 @@ def run(args) -> int:
         print(f"   {done}/{len(cfgs)} runs in {el / 60:.1f} min; about {el / done * (len(cfgs) - done) / 60:.1f} min "
               "of training left", flush=True)
 
+
+def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
+    """Held-out evaluation of the base model and every trained one; returns (metrics by name, model by name)."""
+    from capo.evaluation.run import EvalSettings, run_eval
+
     print("\n== held-out evaluation", flush=True)
+    first = next(iter(cfgs.values()))
     models = {"base": "default"}
     for (algo, seed), cfg in cfgs.items():
         models[f"{algo}-seed{seed}"] = str(Path(cfg.run.out_dir) / "checkpoints" / f"step-{cfg.run.steps:06d}")
@@ -104,6 +126,13 @@ def run(args) -> int:
                          batch_size=64, seed=0, chat_template=False, system_prompt="", answer_format="rlcr",
                          n_boot=200)
         results[name] = run_eval(s, out / "eval" / name, progress=True)
+    return results, models
+
+
+def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) -> None:
+    """The comparison report, summary.json and the terminal table."""
+    from capo.evaluation.report import load_run, write_report
+
     runs = [load_run(out / "eval" / n, name=n) for n in models]
     runs += [load_run(Path(c.run.out_dir), name=f"{a}-seed{s} (training)") for (a, s), c in cfgs.items()]
     report = write_report(runs, out / "report.html", title="capo demo: GRPO vs CAPO vs RLCR on the embedded default")
@@ -123,7 +152,6 @@ def run(args) -> int:
         print(f"  {n:<14} {_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  "
               f"over {d['n_prompts']} prompts")
     print(f"\nreport: {report}   ({(time.perf_counter() - t0) / 60:.1f} min in all)")
-    return 0
 
 
 def _paired_vs_base(base_dir: Path, run_dir: Path) -> dict:

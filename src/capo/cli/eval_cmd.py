@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 
 from capo.errors import ConfigError
+from capo.rollout.models import AUTOCAST_MODES
+from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
+from capo.verify import ANSWER_FORMATS
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -23,12 +26,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--generations", metavar="FILE.jsonl",
                    help="compute everything from responses + log-probs produced elsewhere "
                    "(schema: docs/generations-schema.md); no model is loaded")
-    p.add_argument("--dataset", default="gsm8k", help="gsm8k, math500, or a .jsonl/.parquet file (default: gsm8k)")
+    p.add_argument("--dataset", default="gsm8k",
+                   help=f"{', '.join(DATASET_NAMES)}, or a .jsonl/.parquet file (default: gsm8k)")
     p.add_argument("--split", default="test", help="split of a built-in dataset (default: test)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
     p.add_argument("--prompt-field", default="prompt", help="prompt field of a JSONL/parquet dataset")
     p.add_argument("--answer-field", default="answer", help="gold-answer field of a JSONL/parquet dataset")
-    p.add_argument("--dataset-answer-format", default="plain", choices=["plain", "gsm8k", "boxed"],
+    p.add_argument("--dataset-answer-format", default="plain", choices=FILE_ANSWER_FORMATS,
                    help="how the gold answer is stored in a JSONL/parquet dataset")
     p.add_argument("-k", type=int, default=4, help="responses sampled per prompt (default: 4)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default: 1.0)")
@@ -41,12 +45,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="feed the raw prompt even if the tokenizer has a chat template")
     p.add_argument("--system-prompt", default=None,
                    help="system message (default: asks for the final answer within \\boxed{})")
-    p.add_argument("--answer-format", default="auto", choices=["auto", "boxed", "gsm8k", "rlcr", "last_number"],
+    p.add_argument("--answer-format", default="auto", choices=ANSWER_FORMATS,
                    help="how to extract the model's answer (default: auto = <answer> tag, else last \\boxed{}, "
                    "else '#### N')")
     p.add_argument("--fallback-last-number", action="store_true",
                    help="use the last number in the response when no answer was found")
-    p.add_argument("--autocast", default="auto", choices=["auto", "on", "off"],
+    p.add_argument("--autocast", default="auto", choices=AUTOCAST_MODES,
                    help="bf16 autocast (auto: on for CUDA with bf16 and for bf16-capable CPUs with >= 25M params)")
     p.add_argument("--verify-timeout", type=float, default=5.0, help="hard timeout per answer judgement, s")
     p.add_argument("--verify-workers", type=int, default=None, help="verifier processes (default: min(4, cpus))")

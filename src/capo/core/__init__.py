@@ -3,18 +3,28 @@
 Imports only torch and numpy. Nothing here knows about trainers, CLIs, TRL or verl.
 """
 
-from capo.core import advantages, losses, rewards  # noqa: F401  (registers the built-in entries)
+from capo.core import advantage_variants, advantages, confidence, loss_variants, losses, rewards  # noqa: F401
 from capo.core.advantages import capo_advantage, compute_advantages, dr_grpo_advantage, grpo_advantage, rloo_advantage
+from capo.core.advantage_variants import (
+    ace_advantage, gdpo_advantage, ngrpo_advantage, seed_grpo_advantage, semantic_entropy, unlikeliness_advantage,
+)
 from capo.core.dapo import informative_groups, overlong_penalty
+from capo.core.loss_variants import c2gspg_loss, clip_cov_loss, kl_cov_loss, token_covariance
 from capo.core.losses import AGGREGATIONS, aggregate, kl_penalty, policy_loss
-from capo.core.masks import capo_noise_mask, ppl_quantile_thresholds
-from capo.core.registry import ADVANTAGES, POLICY_LOSSES, REWARDS, Registry, UnknownNameError
+from capo.core.confidence import ConfidenceInputs, TokenStatistics, compute_confidence, token_statistics
+from capo.core.masks import MASK_HIGH, MASK_LOW, capo_noise_mask, ppl_quantile_thresholds
+from capo.core.registry import ADVANTAGES, CONFIDENCES, POLICY_LOSSES, REWARDS, Registry, UnknownNameError
+from capo.core.rewards import ppo_c_reward, rlcr_components
 from capo.core.scores import sequence_logprob_mean, sequence_logprob_sum, sequence_perplexity
 
 __all__ = [
-    "ADVANTAGES", "POLICY_LOSSES", "REWARDS", "AGGREGATIONS", "Registry", "UnknownNameError",
+    "ADVANTAGES", "CONFIDENCES", "POLICY_LOSSES", "REWARDS", "AGGREGATIONS", "MASK_HIGH", "MASK_LOW", "Registry",
+    "UnknownNameError", "ConfidenceInputs", "TokenStatistics", "compute_confidence", "token_statistics",
     "aggregate", "capo_advantage", "capo_noise_mask", "compute_advantages", "dr_grpo_advantage",
     "grpo_advantage", "informative_groups", "kl_penalty", "overlong_penalty", "policy_loss",
     "ppl_quantile_thresholds", "rloo_advantage", "sequence_logprob_mean", "sequence_logprob_sum",
     "sequence_perplexity",
+    "ace_advantage", "c2gspg_loss", "clip_cov_loss", "gdpo_advantage", "kl_cov_loss", "ngrpo_advantage",
+    "ppo_c_reward", "rlcr_components", "seed_grpo_advantage", "semantic_entropy", "token_covariance",
+    "unlikeliness_advantage",
 ]

@@ -32,7 +32,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from capo.core import checks
@@ -50,91 +49,21 @@ __all__ = [
     "bootstrap_ci",
     "brier",
     "confidence_from_logprob",
+    "debiased_l2_ce",
+    "e_aurc",
     "ece",
+    "group_index",
+    "mce",
     "paired_difference",
+    "prr",
     "reliability_curve",
     "selective_curve",
+    "smooth_ece",
     "summarize",
 ]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# input checks (local: capo.core.checks is shared and not extended here)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _as_tensor(name: str, x) -> torch.Tensor:
-    """Tensor / numpy array / list -> 1-D tensor (detached), with a TypeError naming ``name`` otherwise."""
-    if isinstance(x, torch.Tensor):
-        t = x.detach()
-    elif isinstance(x, (np.ndarray, list, tuple)):
-        try:
-            t = torch.as_tensor(np.asarray(x))
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"{name} must hold numbers (a 1-D tensor, numpy array or list), got {e}") from None
-    else:
-        raise TypeError(f"{name} must be a torch.Tensor, numpy array or list, got {type(x).__name__}")
-    if t.is_complex():
-        raise TypeError(f"{name} must be real, got dtype {t.dtype}")
-    return checks.tensor(name, t, ndim=1)
-
-
-def _nonempty(name: str, t: torch.Tensor) -> None:
-    if t.numel() == 0:
-        raise ValueError(f"{name} is empty (N = 0); at least one response is needed")
-
-
-def _scores(name: str, x, *, allow_nan: bool = False) -> torch.Tensor:
-    """Real-valued scores -> float64 [N]; NaN rejected unless ``allow_nan``; +-inf allowed."""
-    t = _as_tensor(name, x)
-    if t.dtype == torch.bool:
-        raise TypeError(f"{name} must be a real-valued score, got a bool tensor")
-    t = t.to(F64)
-    if not allow_nan and bool(torch.isnan(t).any()):
-        i = int(torch.isnan(t).nonzero()[0])
-        raise ValueError(f"{name} contains NaN (first at index {i}); scores must be numbers (+-inf allowed)")
-    return t
-
-
-def _probs(name: str, x, *, allow_nan: bool = False) -> tuple[torch.Tensor, torch.dtype]:
-    """Probabilities in [0, 1] -> (float64 [N], the input's floating dtype or float64 for integer inputs)."""
-    t = _as_tensor(name, x)
-    if t.dtype == torch.bool:
-        raise TypeError(f"{name} must be a probability in [0, 1], got a bool tensor")
-    src = t.dtype if t.is_floating_point() else F64
-    t = _scores(name, t, allow_nan=allow_nan)
-    bad = (t < 0) | (t > 1)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"{name} must lie in [0, 1], got {float(t[i])!r} at index {i}")
-    return t, src
-
-
-def _labels(name: str, x) -> torch.Tensor:
-    """Correctness labels: bool, or numbers that are all 0/1 -> bool [N]."""
-    t = _as_tensor(name, x)
-    if t.dtype == torch.bool:
-        return t
-    bad = (t != 0) & (t != 1)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"{name} must contain only 0/1 or True/False, got {t[i].item()!r} at index {i}")
-    return t != 0
-
-
-def _groups(name: str, x) -> torch.Tensor:
-    """Group (question) ids: an integer tensor of arbitrary labels -> int64 [N]."""
-    t = _as_tensor(name, x)
-    if t.dtype == torch.bool or t.is_floating_point():
-        raise TypeError(f"{name} must have an integer dtype (arbitrary question labels), got {t.dtype}")
-    return t.to(torch.int64)
-
-
-def _same_len(**tensors: torch.Tensor) -> None:
-    checks.same_shape(**tensors)
-
-
-def _group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Arbitrary labels [N] -> (sorted unique labels [G], contiguous index 0..G-1 per response [N])."""
     labels, inv = torch.unique(group_ids, sorted=True, return_inverse=True)
     return labels, inv
@@ -198,10 +127,10 @@ def auroc(scores, correct) -> float:
         AUROC in [0, 1]; NaN when all responses are correct or all incorrect (a class is empty).
         Raises ValueError for N = 0. Invariant under strictly increasing transforms of the scores; O(N log N).
     """
-    s = _scores("scores", scores)
-    c = _labels("correct", correct)
-    _same_len(scores=s, correct=c)
-    _nonempty("scores", s)
+    s = checks.scores("scores", scores)
+    c = checks.labels("correct", correct)
+    checks.same_shape(scores=s, correct=c)
+    checks.nonempty("scores", s)
     one_group = torch.zeros(s.numel(), dtype=torch.int64, device=s.device)
     return float(_group_auc(s, c.to(s.device), one_group)[1][0])
 
@@ -241,11 +170,11 @@ def auc_mean(scores, correct, group_ids) -> AucMean:
         :class:`AucMean`; ``value`` is NaN if no question has both classes. Raises ValueError for N = 0.
         Fully vectorised (one lexicographic sort), O(N log N).
     """
-    s = _scores("scores", scores)
-    c = _labels("correct", correct)
-    g = _groups("group_ids", group_ids)
-    _same_len(scores=s, correct=c, group_ids=g)
-    _nonempty("scores", s)
+    s = checks.scores("scores", scores)
+    c = checks.labels("correct", correct)
+    g = checks.group_ids_1d("group_ids", group_ids)
+    checks.same_shape(scores=s, correct=c, group_ids=g)
+    checks.nonempty("scores", s)
     labels, per_group = _group_auc(s, c.to(s.device), g.to(s.device))
     used = ~torch.isnan(per_group)
     n_used = int(used.sum())
@@ -291,10 +220,10 @@ def _check_bins(n_bins, strategy: str) -> None:
 
 
 def _prob_inputs(confidence, correct):
-    q, src = _probs("confidence", confidence)
-    c = _labels("correct", correct)
-    _same_len(confidence=q, correct=c)
-    _nonempty("confidence", q)
+    q, src = checks.probs("confidence", confidence)
+    c = checks.labels("correct", correct)
+    checks.same_shape(confidence=q, correct=c)
+    checks.nonempty("confidence", q)
     return q, src, c.to(q.device)
 
 
@@ -362,6 +291,108 @@ def reliability_curve(confidence, correct, n_bins: int = 10, strategy: str = "un
     )
 
 
+def mce(confidence, correct, n_bins: int = 10, strategy: str = "uniform") -> float:
+    """Maximum calibration error: MCE = max over non-empty bins b of |acc(B_b) - conf(B_b)|  (Naeini et al. 2015;
+    Guo et al. 2017, Sec. 2). Bins exactly as :func:`ece` (``strategy="quantile"``: equal-mass bins).
+
+    Args and errors as :func:`ece`. Returns MCE in [0, 1], lower is better; it is driven by the worst bin, however
+    few responses it holds (report bin counts with it).
+    """
+    _check_bins(n_bins, strategy)
+    q, src, c = _prob_inputs(confidence, correct)
+    count, s_conf, s_acc = _binned(q, c, _bin_edges(q, src, n_bins, strategy))
+    gap = (s_acc - s_conf).abs() / count.clamp(min=1).to(F64)  # 0 for empty bins
+    return float(gap.max())
+
+
+def debiased_l2_ce(confidence, correct, n_bins: int = 10, strategy: str = "uniform") -> float:
+    """Debiased L2 calibration error (Kumar, Liang & Ma 2019, "Verified uncertainty calibration", Sec. 5):
+
+    CE^2 = sum_b (n_b / N) [ (acc_b - conf_b)^2 - acc_b (1 - acc_b) / (n_b - 1) ]  over bins with n_b >= 2,
+    CE = sqrt(max(CE^2, 0)).
+
+    The plug-in (acc_b - conf_b)^2 overestimates the squared gap by the variance of acc_b; the subtracted term is its
+    unbiased estimate. A bin with one response has no variance estimate and contributes 0 (as the authors'
+    ``calibration`` package, ``unbiased_l2_ce``); torchmetrics' ``debias=True`` instead keeps its plug-in term.
+    Bins exactly as :func:`ece` (Kumar et al. recommend ``strategy="quantile"``, equal mass).
+
+    Args and errors as :func:`ece`. Returns CE in [0, 1], lower is better (0 when the estimate of CE^2 is <= 0).
+    """
+    _check_bins(n_bins, strategy)
+    q, src, c = _prob_inputs(confidence, correct)
+    count, s_conf, s_acc = _binned(q, c, _bin_edges(q, src, n_bins, strategy))
+    nb = count.to(F64)
+    acc = s_acc / nb.clamp(min=1)
+    gap2 = ((s_acc - s_conf) / nb.clamp(min=1)) ** 2
+    term = gap2 - acc * (1 - acc) / (nb - 1).clamp(min=1)
+    ce2 = float(torch.where(count >= 2, nb / q.numel() * term, torch.zeros_like(term)).sum())
+    return math.sqrt(max(ce2, 0.0))
+
+
+def _wrapped_gaussian(d: torch.Tensor, sigma: float) -> torch.Tensor:
+    """w(d) = sum_k phi_sigma(d - 2k): the Gaussian density wrapped with period 2 (enough images for d in [-1, 2])."""
+    k = torch.arange(-(int(math.ceil(4 * sigma)) + 2), int(math.ceil(4 * sigma)) + 3, dtype=F64, device=d.device)
+    z = (d[:, None] - 2 * k[None, :]) / sigma
+    return torch.exp(-0.5 * z * z).sum(1) / (sigma * math.sqrt(2 * math.pi))
+
+
+def _full_conv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Full linear convolution of two 1-D float64 tensors via the FFT: [A], [B] -> [A + B - 1]."""
+    n = a.numel() + b.numel() - 1
+    m = 1 << (n - 1).bit_length()  # a power of two: fast FFT sizes
+    return torch.fft.irfft(torch.fft.rfft(a, m) * torch.fft.rfft(b, m), m)[:n]
+
+
+def _smooth_ece_at(q: torch.Tensor, resid: torch.Tensor, sigma: float) -> float:
+    """smECE_sigma = int_0^1 |(1/N) sum_i K_sigma(t, q_i) r_i| dt on a grid of P nodes t_i = i h, h = 1/(P-1).
+
+    K_sigma(t, f) = w(t - f) + w(t + f) is the Gaussian kernel reflected at 0 and 1 (:func:`_wrapped_gaussian`), so
+    int_0^1 K(t, f) dt = 1. Each q_i is split linearly between its two neighbouring nodes (exact for q on the grid),
+    both sums over nodes are convolutions (FFT), and the integral is the trapezoid rule; h <= sigma / 40 for
+    sigma >= 0.001 (P <= 40001).
+    """
+    p = min(40001, max(1001, math.ceil(40 / sigma) + 1))
+    pos = q * (p - 1)
+    lo = pos.floor().clamp(max=p - 2).to(torch.int64)
+    frac = pos - lo
+    s = torch.zeros(p, dtype=F64, device=q.device)
+    s.scatter_add_(0, lo, (1 - frac) * resid).scatter_add_(0, lo + 1, frac * resid)
+    w = _wrapped_gaussian(torch.arange(-(p - 1), 2 * p - 1, dtype=F64, device=q.device) / (p - 1), sigma)
+    diff = _full_conv(s, w[: 2 * p - 1])[p - 1 : 2 * p - 1]  # sum_j w((i - j) h) s_j
+    summ = _full_conv(s.flip(0), w[p - 1 :])[p - 1 : 2 * p - 1]  # sum_j w((i + j) h) s_j
+    dens = (diff + summ).abs() / q.numel()
+    return float((dens.sum() - (dens[0] + dens[-1]) / 2) / (p - 1))
+
+
+def smooth_ece(confidence, correct, sigma: float | None = None) -> float:
+    """Smooth ECE (Blasiok & Nakkiran 2023, "Smooth ECE: principled reliability diagrams via kernel smoothing",
+    arXiv 2309.12236; the ``relplot`` package):
+
+    smECE_sigma = int_0^1 | (1/N) sum_i K_sigma(t, q_i) (c_i - q_i) | dt,
+
+    K_sigma the Gaussian kernel of bandwidth sigma reflected at 0 and 1 (so it integrates to 1 over [0, 1]); this
+    is the kernel-smoothed residual r(t) weighted by the kernel density of q. Without ``sigma`` the bandwidth is the
+    paper's fixed point sigma* with smECE_sigma* = sigma* (smECE_sigma is non-increasing in sigma), found by
+    bisection on [1e-3, 1] to 1e-5; a root below 1e-3 is clamped there (as relplot). No binning, continuous in
+    the inputs; computed on a grid (see :func:`_smooth_ece_at`), within ~5e-6 of the exact integral.
+
+    Args: confidence [N] probabilities in [0, 1]; correct [N] bool or 0/1; sigma: None (automatic) or > 0.
+    Returns smECE in [0, 1], lower is better. Raises ValueError for N = 0 and bad inputs.
+    """
+    q, _, c = _prob_inputs(confidence, correct)
+    resid = c.to(F64) - q
+    if sigma is not None:
+        return _smooth_ece_at(q, resid, checks.positive("sigma", sigma))
+    lo, hi = 1e-3, 1.0  # smECE_sigma - sigma is decreasing: bisect its sign change
+    while hi - lo > 1e-5:
+        mid = (lo + hi) / 2
+        if _smooth_ece_at(q, resid, mid) > mid:
+            lo = mid
+        else:
+            hi = mid
+    return _smooth_ece_at(q, resid, (lo + hi) / 2)
+
+
 def brier(confidence, correct) -> float:
     """Brier score = (1/N) sum_i (q_i - c_i)^2, c_i in {0, 1}  (Brier 1950; the RLCR reward term, arXiv 2507.16806).
 
@@ -379,7 +410,7 @@ def confidence_from_logprob(mean_logprob) -> torch.Tensor:
     Args: mean_logprob: [N] mean token log-probs, each <= 0 (-inf allowed, giving 0); NaN is an error.
     Returns: float64 [N] in [0, 1].
     """
-    lpm = _scores("mean_logprob", mean_logprob)
+    lpm = checks.scores("mean_logprob", mean_logprob)
     if bool((lpm > 0).any()):
         i = int((lpm > 0).nonzero()[0])
         raise ValueError(f"mean_logprob must be <= 0 (a mean of log-probabilities), got {float(lpm[i])!r} at index {i}")
@@ -410,10 +441,10 @@ class Selective:
 
 
 def _sorted_desc(confidence, correct):
-    s = _scores("confidence", confidence)
-    c = _labels("correct", correct)
-    _same_len(confidence=s, correct=c)
-    _nonempty("confidence", s)
+    s = checks.scores("confidence", confidence)
+    c = checks.labels("correct", correct)
+    checks.same_shape(confidence=s, correct=c)
+    checks.nonempty("confidence", s)
     order = torch.argsort(s, descending=True, stable=True)
     return s[order], c.to(s.device)[order]
 
@@ -457,7 +488,7 @@ def aurc(confidence, correct) -> float:
 
     Args: confidence: [N] real scores (NaN is an error); correct: [N] bool or 0/1.
     Returns: AURC in [0, 1], lower is better; for a perfect ranking it is the minimum reachable at that accuracy
-    (E-AURC = AURC - that minimum is not computed here). Raises ValueError for N = 0.
+    (:func:`e_aurc` subtracts that minimum). Raises ValueError for N = 0.
     """
     s, c = _sorted_desc(confidence, correct)
     n = s.numel()
@@ -475,6 +506,51 @@ def aurc(confidence, correct) -> float:
     j = k - k0[block]
     r = (e0[block] + j * e[block] / m[block]) / k
     return float(r.mean())
+
+
+def _aurc_optimal(n: int, n_err: int) -> float:
+    """AURC of a perfect ranking (every correct response above every error): (1/N) sum_{k=N-E+1}^{N} (k-(N-E))/k."""
+    k = torch.arange(n - n_err + 1, n + 1, dtype=F64)
+    return float(((k - (n - n_err)) / k).sum() / n)
+
+
+def e_aurc(confidence, correct) -> float:
+    """Excess AURC: E-AURC = AURC - AURC*, AURC* the AURC of a perfect ranking at the same accuracy (Geifman et al.
+    2019, "Bias-reduced uncertainty estimation for deep neural classifiers", Sec. 3).
+
+    AURC* = (1/N) sum_{k=N-E+1}^{N} (k - (N - E)) / k for E errors among N: the discrete value, matching the
+    discrete :func:`aurc` (the paper's closed form r + (1 - r) ln(1 - r), r = E/N, is its continuous limit and
+    differs by O(log N / N)). Ties as :func:`aurc`.
+
+    Args: confidence [N] real scores (NaN is an error); correct [N] bool or 0/1.
+    Returns E-AURC in [0, 1], lower is better, 0 for a perfect ranking (and whenever all responses are correct or
+    all wrong). Raises ValueError for N = 0.
+    """
+    s, c = _sorted_desc(confidence, correct)
+    return aurc(s, c) - _aurc_optimal(s.numel(), int((~c).sum()))
+
+
+def prr(confidence, correct) -> float:
+    """Prediction-rejection ratio (Malinin et al. 2017; lm-polygraph's normalised ``PredictionRejectionArea``, Vashurin
+    et al. 2025): how much of the gain of the oracle ranking over a random one the confidence achieves,
+
+    PRR = (PRA - PRA_random) / (PRA_oracle - PRA_random),  PRA = (1/N) sum_{k=1}^{N} accuracy of the k most confident,
+
+    i.e. PRA = 1 - :func:`aurc`, PRA_random = accuracy (the expectation over random orders, which lm-polygraph
+    estimates with 1000 shuffles), PRA_oracle = 1 - AURC*. Equivalently PRR = 1 - E-AURC / (1 - accuracy - AURC*).
+
+    Args: confidence [N] real scores (NaN is an error); correct [N] bool or 0/1.
+    Returns PRR <= 1, higher is better: 1 = oracle ranking, 0 = no better than random, < 0 = worse. NaN when all
+    responses are correct or all wrong (nothing to rank; lm-polygraph then returns the raw PRA). Ties count by
+    their expectation (:func:`aurc`), where lm-polygraph takes numpy's argsort order. Raises ValueError for N = 0.
+    """
+    s, c = _sorted_desc(confidence, correct)
+    n, n_err = s.numel(), int((~c).sum())
+    if n_err in (0, n):
+        return math.nan
+    random = n_err / n  # AURC of a random order: the expected risk at every coverage
+    best = _aurc_optimal(n, n_err)
+    return (random - aurc(s, c)) / (random - best)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -537,13 +613,13 @@ def bootstrap_ci(
     _check_boot(n_boot, alpha)
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    g = _groups("group_ids", group_ids)
-    _nonempty("group_ids", g)
-    ts = [_as_tensor(f"arrays[{i}]", a) for i, a in enumerate(arrays)]
+    g = checks.group_ids_1d("group_ids", group_ids)
+    checks.nonempty("group_ids", g)
+    ts = [checks.array1d(f"arrays[{i}]", a) for i, a in enumerate(arrays)]
     for i, t in enumerate(ts):
-        _same_len(group_ids=g, **{f"arrays[{i}]": t})
+        checks.same_shape(group_ids=g, **{f"arrays[{i}]": t})
     gen = _generator(seed)
-    labels, inv = _group_index(g.cpu())
+    labels, inv = group_index(g.cpu())
     n_groups = labels.numel()
     # padded table of each question's rows: table[q, j] = j-th row of question q, valid[q, j] marks real entries
     order = torch.argsort(inv, stable=True)  # rows grouped by question
@@ -644,11 +720,11 @@ def summarize(scores_lpm, correct, group_ids, verbal_conf=None, n_bins: int = 10
     Shapes: scores_lpm [N] (each <= 0), correct [N], group_ids [N], verbal_conf [N] or None. Raises ValueError for
     N = 0 and bad inputs (as the individual metrics).
     """
-    lpm = _scores("scores_lpm", scores_lpm)
-    c = _labels("correct", correct).to(lpm.device)
-    g = _groups("group_ids", group_ids).to(lpm.device)
-    _same_len(scores_lpm=lpm, correct=c, group_ids=g)
-    _nonempty("scores_lpm", lpm)
+    lpm = checks.scores("scores_lpm", scores_lpm)
+    c = checks.labels("correct", correct).to(lpm.device)
+    g = checks.group_ids_1d("group_ids", group_ids).to(lpm.device)
+    checks.same_shape(scores_lpm=lpm, correct=c, group_ids=g)
+    checks.nonempty("scores_lpm", lpm)
     _check_bins(n_bins, "uniform")
     p = confidence_from_logprob(lpm)
     am = auc_mean(lpm, c, g)
@@ -666,9 +742,9 @@ def summarize(scores_lpm, correct, group_ids, verbal_conf=None, n_bins: int = 10
     }
     if verbal_conf is None:
         return out
-    v_raw = _as_tensor("verbal_conf", verbal_conf)  # keeps its dtype: ECE edges follow the input precision
-    v, _ = _probs("verbal_conf", v_raw, allow_nan=True)
-    _same_len(scores_lpm=lpm, verbal_conf=v)
+    v_raw = checks.array1d("verbal_conf", verbal_conf)  # keeps its dtype: ECE edges follow the input precision
+    v, _ = checks.probs("verbal_conf", v_raw, allow_nan=True)
+    checks.same_shape(scores_lpm=lpm, verbal_conf=v)
     present = ~torch.isnan(v)
     out["verbal_missing"] = float((~present).sum())
     if not bool(present.any()):

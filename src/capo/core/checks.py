@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 
@@ -57,3 +58,74 @@ def choice(name: str, v, allowed: Iterable) -> object:
     if v not in allowed:
         raise ValueError(f"{name}={v!r} is not allowed; allowed values: {', '.join(map(repr, allowed))}")
     return v
+
+
+# 1-D per-response inputs of the calibration metrics and voting rules (lists / numpy arrays accepted)
+
+
+def array1d(name: str, x) -> torch.Tensor:
+    """Tensor / numpy array / list -> 1-D tensor (detached), with a TypeError naming ``name`` otherwise."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+    elif isinstance(x, (np.ndarray, list, tuple)):
+        try:
+            t = torch.as_tensor(np.asarray(x))
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{name} must hold numbers (a 1-D tensor, numpy array or list), got {e}") from None
+    else:
+        raise TypeError(f"{name} must be a torch.Tensor, numpy array or list, got {type(x).__name__}")
+    if t.is_complex():
+        raise TypeError(f"{name} must be real, got dtype {t.dtype}")
+    return tensor(name, t, ndim=1)
+
+
+def nonempty(name: str, t: torch.Tensor) -> None:
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty (N = 0); at least one response is needed")
+
+
+def scores(name: str, x, *, allow_nan: bool = False) -> torch.Tensor:
+    """Real-valued scores -> float64 [N]; NaN rejected unless ``allow_nan``; +-inf allowed."""
+    t = array1d(name, x)
+    if t.dtype == torch.bool:
+        raise TypeError(f"{name} must be a real-valued score, got a bool tensor")
+    t = t.to(torch.float64)
+    if not allow_nan and bool(torch.isnan(t).any()):
+        i = int(torch.isnan(t).nonzero()[0])
+        raise ValueError(f"{name} contains NaN (first at index {i}); scores must be numbers (+-inf allowed)")
+    return t
+
+
+def probs(name: str, x, *, allow_nan: bool = False) -> tuple[torch.Tensor, torch.dtype]:
+    """Probabilities in [0, 1] -> (float64 [N], the input's floating dtype or float64 for integer inputs)."""
+    t = array1d(name, x)
+    if t.dtype == torch.bool:
+        raise TypeError(f"{name} must be a probability in [0, 1], got a bool tensor")
+    src = t.dtype if t.is_floating_point() else torch.float64
+    t = scores(name, t, allow_nan=allow_nan)
+    bad = (t < 0) | (t > 1)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"{name} must lie in [0, 1], got {float(t[i])!r} at index {i}")
+    return t, src
+
+
+def labels(name: str, x) -> torch.Tensor:
+    """Correctness labels: bool, or numbers that are all 0/1 -> bool [N]."""
+    t = array1d(name, x)
+    if t.dtype == torch.bool:
+        return t
+    bad = (t != 0) & (t != 1)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"{name} must contain only 0/1 or True/False, got {t[i].item()!r} at index {i}")
+    return t != 0
+
+
+def group_ids_1d(name: str, x) -> torch.Tensor:
+    """Group (question) ids: an integer tensor of arbitrary labels -> int64 [N]."""
+    t = array1d(name, x)
+    if t.dtype == torch.bool or t.is_floating_point():
+        raise TypeError(f"{name} must have an integer dtype (arbitrary question labels), got {t.dtype}")
+    return t.to(torch.int64)
+

@@ -16,6 +16,9 @@ import torch
 
 from capo.core import checks
 
+# The paper's fixed thresholds (Qwen2.5-Math): the defaults of every fixed-mask knob (trainer, TRL, verl).
+MASK_LOW, MASK_HIGH = 1.05, 2.5
+
 
 def capo_noise_mask(ref_ppl: torch.Tensor, correct: torch.Tensor, *, low: float, high: float) -> torch.Tensor:
     """keep_i = (correct_i and PPL_ref_i <= high) or (not correct_i and PPL_ref_i >= low).

@@ -1,4 +1,4 @@
-"""Name -> function registries, one per kind (advantage estimator, policy loss, reward).
+"""Name -> function registries, one per kind (advantage estimator, policy loss, reward, confidence estimator).
 
 Deliberately small: register with a decorator, look up by name, an error on duplicates and on unknown names.
 """
@@ -50,3 +50,4 @@ class Registry(Generic[F]):
 ADVANTAGES: Registry = Registry("advantage estimator")
 POLICY_LOSSES: Registry = Registry("policy loss")
 REWARDS: Registry = Registry("reward")
+CONFIDENCES: Registry = Registry("confidence estimator")

@@ -7,7 +7,8 @@ Pure tensor functions. The evaluation layer extracts each response's final answe
   Class ids only need to be unique within a question.
 - ``correct``: bool or 0/1, whether the response's answer is right.
 - ``group_ids``: int question labels, arbitrary (results are ordered by sorted unique label).
-- a score: ``mean_logprob`` (lpm, for perplexity consistency) or ``confidence`` (verbal q, or any real score).
+- a score: ``mean_logprob`` (lpm, for perplexity consistency), ``confidence`` (verbal q, or any real score, e.g. an
+  estimator of :mod:`capo.core.confidence`) or ``weights`` (any non-negative score).
 
 Selection rules, shared by every voter (each tested):
 
@@ -29,23 +30,15 @@ from dataclasses import dataclass
 
 import torch
 
-from capo.core.calibration import (
-    _as_tensor,
-    _group_index,
-    _groups,
-    _labels,
-    _nonempty,
-    _probs,
-    _same_len,
-    _scores,
-    confidence_from_logprob,
-)
+from capo.core import checks
+from capo.core.calibration import group_index, confidence_from_logprob
 
 F64 = torch.float64
 
 __all__ = [
     "VoteResult",
     "confidence_weighted_vote",
+    "filtered_vote",
     "majority_vote",
     "max_confidence",
     "mean_at_k",
@@ -53,6 +46,7 @@ __all__ = [
     "pass_at_k",
     "pass_at_k_batch",
     "perplexity_consistency",
+    "weighted_vote",
 ]
 
 
@@ -62,11 +56,11 @@ __all__ = [
 
 
 def _counts(correct, group_ids) -> tuple[torch.Tensor, torch.Tensor]:
-    c = _labels("correct", correct)
-    g = _groups("group_ids", group_ids)
-    _same_len(correct=c, group_ids=g)
-    _nonempty("correct", c)
-    labels, inv = _group_index(g.to(c.device))
+    c = checks.labels("correct", correct)
+    g = checks.group_ids_1d("group_ids", group_ids)
+    checks.same_shape(correct=c, group_ids=g)
+    checks.nonempty("correct", c)
+    labels, inv = group_index(g.to(c.device))
     n = torch.bincount(inv, minlength=labels.numel())
     k = torch.zeros(labels.numel(), dtype=torch.int64, device=c.device).scatter_add_(0, inv, c.to(torch.int64))
     return n, k
@@ -123,12 +117,12 @@ def pass_at_k_batch(n, c, k: int) -> torch.Tensor:
     naming the first offending question.
     """
     _check_k(k)
-    nt = _as_tensor("n", n)
-    ct = _as_tensor("c", c)
+    nt = checks.array1d("n", n)
+    ct = checks.array1d("c", c)
     for name, t in (("n", nt), ("c", ct)):
         if t.dtype == torch.bool or t.is_floating_point():
             raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
-    _same_len(n=nt, c=ct)
+    checks.same_shape(n=nt, c=ct)
     nt, ct = nt.to(torch.int64), ct.to(torch.int64).to(nt.device)
     if nt.numel() == 0:
         return torch.zeros(0, dtype=F64, device=nt.device)
@@ -179,14 +173,14 @@ class VoteResult:
 
 
 def _vote_inputs(answer_ids, correct, group_ids, **scores):
-    a = _as_tensor("answer_ids", answer_ids)
+    a = checks.array1d("answer_ids", answer_ids)
     if a.dtype == torch.bool or a.is_floating_point():
         raise TypeError(f"answer_ids must have an integer dtype (class ids, -1 = no answer), got {a.dtype}")
     a = a.to(torch.int64)
-    c = _labels("correct", correct)
-    g = _groups("group_ids", group_ids)
-    _same_len(answer_ids=a, correct=c, group_ids=g, **scores)
-    _nonempty("answer_ids", a)
+    c = checks.labels("correct", correct)
+    g = checks.group_ids_1d("group_ids", group_ids)
+    checks.same_shape(answer_ids=a, correct=c, group_ids=g, **scores)
+    checks.nonempty("answer_ids", a)
     if bool((a < -1).any()):
         i = int((a < -1).nonzero()[0])
         raise ValueError(f"answer_ids must be >= -1 (-1 = no answer), got {int(a[i])} at index {i}")
@@ -215,7 +209,7 @@ def _class_vote(a: torch.Tensor, c: torch.Tensor, g: torch.Tensor, weight: torch
     """Sum ``weight`` [N] per (question, answer class); the highest sum wins (rules in the module docstring)."""
     n = a.numel()
     dev = a.device
-    labels, inv = _group_index(g)
+    labels, inv = group_index(g)
     _, a_dense = torch.unique(a, return_inverse=True)  # class ids may be any ints: densify to keep keys small
     width = int(a_dense.max()) + 1
     key = inv * width + a_dense  # [N] one key per (question, class)
@@ -261,14 +255,14 @@ def perplexity_consistency(answer_ids, correct, group_ids, mean_logprob, path_id
             Without it every response is a distinct path.
     Returns: :class:`VoteResult`. Ties -> first occurrence.
     """
-    lpm = _scores("mean_logprob", mean_logprob)
+    lpm = checks.scores("mean_logprob", mean_logprob)
     a, c, g = _vote_inputs(answer_ids, correct, group_ids, mean_logprob=lpm)
     w = confidence_from_logprob(lpm).to(a.device)
     if path_ids is not None:
-        p = _groups("path_ids", path_ids).to(a.device)
-        _same_len(answer_ids=a, path_ids=p)
-        _, gi = _group_index(g)
-        _, pi = _group_index(p)
+        p = checks.group_ids_1d("path_ids", path_ids).to(a.device)
+        checks.same_shape(answer_ids=a, path_ids=p)
+        _, gi = group_index(g)
+        _, pi = group_index(p)
         _, key = torch.unique(gi * (int(pi.max()) + 1) + pi, return_inverse=True)  # [N] (question, path) id
         n_paths = int(key.max()) + 1
         lo = torch.full((n_paths,), a.numel(), dtype=torch.int64, device=a.device)
@@ -287,18 +281,88 @@ def perplexity_consistency(answer_ids, correct, group_ids, mean_logprob, path_id
     return _class_vote(a, c, g, w)
 
 
-def confidence_weighted_vote(answer_ids, correct, group_ids, confidence) -> VoteResult:
-    """Confidence-weighted majority vote (RLCR test time, arXiv 2507.16806): score(a) = sum of verbal q over the
-    responses with answer a; argmax wins.
+def _check_weights(w: torch.Tensor, where: torch.Tensor) -> None:
+    bad = where & ~(torch.isfinite(w) & (w >= 0))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(
+            f"vote weights must be finite and >= 0, got {float(w[i])!r} at index {i}; pass a non-negative "
+            "transform of the confidence (e.g. exp(lpm) for a log-prob score)"
+        )
 
-    Args: confidence [N] verbal confidences in [0, 1]; NaN = missing, weight 0 (the response still names its class,
-    which can win a tie at score 0 by first occurrence). Other shapes as in the module docstring.
-    Returns: :class:`VoteResult`.
+
+def weighted_vote(answer_ids, correct, group_ids, weights) -> VoteResult:
+    """Confidence-weighted majority vote for any non-negative score: score(a) = sum of w_i over the responses with
+    answer a; argmax wins (DeepConf's offline weighted voting, arXiv 2508.15260, Sec. 4, with w = a trace
+    confidence from :mod:`capo.core.confidence`; RLCR's with w = verbal q).
+
+    Args: weights [N] finite and >= 0 (ValueError otherwise: transform signed scores first, e.g. exp(lpm));
+    NaN = missing, weight 0 (the response still names its class, which can win a tie at score 0 by first
+    occurrence). Other shapes as in the module docstring. Returns :class:`VoteResult`.
     """
-    q, _ = _probs("confidence", confidence, allow_nan=True)
-    a, c, g = _vote_inputs(answer_ids, correct, group_ids, confidence=q)
-    q = q.to(a.device)
-    return _class_vote(a, c, g, torch.where(torch.isnan(q), torch.zeros_like(q), q))
+    w = checks.scores("weights", weights, allow_nan=True)
+    a, c, g = _vote_inputs(answer_ids, correct, group_ids, weights=w)
+    w = w.to(a.device)
+    present = ~torch.isnan(w)
+    _check_weights(w, present)
+    return _class_vote(a, c, g, torch.where(present, w, torch.zeros_like(w)))
+
+
+def confidence_weighted_vote(answer_ids, correct, group_ids, confidence) -> VoteResult:
+    """Confidence-weighted majority vote (RLCR test time, arXiv 2507.16806): :func:`weighted_vote` with the verbal
+    confidences q in [0, 1] as weights (NaN = missing, weight 0). Returns :class:`VoteResult`."""
+    q, _ = checks.probs("confidence", confidence, allow_nan=True)
+    return weighted_vote(answer_ids, correct, group_ids, q)
+
+
+def _top_fraction(s: torch.Tensor, cand: torch.Tensor, gi: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Candidates at or above their question's (1 - fraction) quantile (linear interpolation, numpy's default):
+    float64 [N], bool [N], contiguous question index [N] -> keep bool [N].
+
+    For n candidates sorted ascending v_0..v_{n-1}, conf >= quantile  <=>  conf >= v_ceil(p), p = (n - 1)(1 - f)
+    (no value lies strictly between v_floor(p) and v_ceil(p)); p is snapped 1e-9 down against rounding.
+    """
+    n = s.numel()
+    filled = torch.where(cand, s, torch.zeros_like(s))
+    o = torch.argsort(filled, stable=True)
+    o = o[torch.argsort(cand[o].to(torch.int8), stable=True)]  # non-candidates first within a question
+    o = o[torch.argsort(gi[o], stable=True)]
+    n_groups = int(gi.max()) + 1
+    n_all = torch.bincount(gi, minlength=n_groups)
+    n_cand = torch.bincount(gi[cand], minlength=n_groups)
+    first_cand = torch.cumsum(n_all, 0) - n_cand  # position in `o` of each question's lowest candidate
+    p = (n_cand - 1).clamp(min=0).to(F64) * (1 - fraction)
+    at = (first_cand + torch.ceil(p - 1e-9).to(torch.int64)).clamp(max=n - 1)
+    return cand & (s >= filled[o][at][gi])
+
+
+def filtered_vote(answer_ids, correct, group_ids, confidence, keep_fraction: float = 0.1, weighted: bool = False):
+    """Confidence-filtered voting (DeepConf offline, arXiv 2508.15260, Sec. 4): per question keep the responses whose
+    confidence is at or above the (1 - keep_fraction) quantile of that question's candidates (numpy's linear
+    percentile, as DeepConf; ties at the threshold are kept), then majority-vote among them, or with
+    ``weighted=True`` weight each kept vote by its confidence (DeepConf's filtered + weighted vote).
+
+    Candidates are the responses with an answer (id >= 0) and a present confidence (not NaN); the rest never vote.
+    A question without candidates counts as wrong (chosen answer -1). keep_fraction = 1 keeps every candidate, so
+    with no NaN confidence it equals :func:`majority_vote` (``weighted=False``) / :func:`weighted_vote`.
+
+    Args: confidence [N] any real score, higher = more confident (e.g. an estimator of
+    :mod:`capo.core.confidence`); NaN = missing. keep_fraction in (0, 1] (DeepConf: 0.1 and 0.9). weighted: the kept
+    confidences must then be finite and >= 0. Other shapes as in the module docstring. Returns :class:`VoteResult`.
+    """
+    s = checks.scores("confidence", confidence, allow_nan=True)
+    a, c, g = _vote_inputs(answer_ids, correct, group_ids, confidence=s)
+    if isinstance(keep_fraction, bool) or not isinstance(keep_fraction, (int, float)) or not 0 < keep_fraction <= 1:
+        raise ValueError(f"keep_fraction must be a number in (0, 1], got {keep_fraction!r}")
+    s = s.to(a.device)
+    _, gi = group_index(g)
+    keep = _top_fraction(s, (a >= 0) & ~torch.isnan(s), gi, float(keep_fraction))
+    if weighted:
+        _check_weights(s, keep)
+        w = torch.where(keep, s, torch.zeros_like(s))
+    else:
+        w = keep.to(F64)
+    return _class_vote(torch.where(keep, a, torch.full_like(a, -1)), c, g, w)
 
 
 def max_confidence(answer_ids, correct, group_ids, confidence) -> VoteResult:
@@ -308,10 +372,10 @@ def max_confidence(answer_ids, correct, group_ids, confidence) -> VoteResult:
     Args: confidence [N] any real score (verbal q or lpm); NaN = missing, ranked below every present score.
     Ties -> the lowest row index. Returns :class:`VoteResult` whose ``chosen_index`` is the selected response.
     """
-    s = _scores("confidence", confidence, allow_nan=True)
+    s = checks.scores("confidence", confidence, allow_nan=True)
     a, c, g = _vote_inputs(answer_ids, correct, group_ids, confidence=s)
     s = s.to(a.device)
-    labels, inv = _group_index(g)
+    labels, inv = group_index(g)
     missing = torch.isnan(s)
     score = torch.where(missing, torch.full_like(s, -math.inf), s)  # order only; `missing` ranks NaN below -inf
     win = _select(inv, a < 0, missing, score, torch.arange(a.numel(), device=a.device))

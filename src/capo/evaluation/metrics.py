@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from typing import NamedTuple
 
 import torch
 
@@ -38,16 +39,19 @@ def _curve_points(x: torch.Tensor, y: torch.Tensor, max_points: int = 200) -> di
     return {"x": [float(v) for v in x.tolist()], "y": [float(v) for v in y.tolist()]}
 
 
-def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Metrics of a complete set of generation rows.
+class _Columns(NamedTuple):
+    """The per-row tensors the metrics are computed from (one entry per generation row)."""
 
-    Each row needs ``prompt_id``, ``verdict``, ``mean_logprob`` (None only for an empty response, which is
-    scored as -inf: confidence 0), ``answer_id`` (equivalence class within its prompt, -1 = none), ``text``;
-    optional ``confidence`` (verbal, None when absent). Returns ``{"metrics": {...flat floats...}, "curves":
-    {...plot data...}}``; non-finite values are stored as None (JSON null).
-    """
-    if not rows:
-        raise ValueError("no generation rows to compute metrics from")
+    n_prompts: int
+    g: torch.Tensor  # prompt index, numbered by first occurrence
+    c: torch.Tensor  # verdict == "correct"
+    lpm: torch.Tensor  # mean token log-prob; -inf for an empty response
+    verbal: torch.Tensor  # verbal confidence; NaN where absent
+    has_verbal: bool  # any row has a verbal confidence
+    aids: torch.Tensor  # answer equivalence class within its prompt (-1 = none)
+
+
+def _columns(rows: list[dict]) -> _Columns:
     pids: dict[str, int] = {}
     for r in rows:
         pids.setdefault(str(r["prompt_id"]), len(pids))
@@ -60,37 +64,51 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
     has_verbal = any(q is not None for q in conf_raw)
     verbal = torch.tensor([math.nan if q is None else float(q) for q in conf_raw], dtype=torch.float64)
     aids = torch.tensor([int(r["answer_id"]) for r in rows], dtype=torch.int64)
+    return _Columns(len(pids), g, c, lpm, verbal, has_verbal, aids)
 
-    m: dict[str, float | None] = {}
-    summ = cal.summarize(lpm, c, g, verbal_conf=verbal if has_verbal else None, n_bins=n_bins)
-    for key, v in summ.items():
-        m[key] = v
-    # bootstrap intervals over questions (cluster bootstrap)
-    if n_boot > 0 and len(pids) > 1:
-        lo, hi = cal.bootstrap_ci(lambda s, cc, gg: cal.auc_mean(s, cc, gg).value, lpm, c, group_ids=g,
-                                  n_boot=n_boot, seed=seed, pass_group_ids=True)
-        m["auc_mean_ci_low"], m["auc_mean_ci_high"] = lo, hi
-        lo, hi = cal.bootstrap_ci(lambda cc: float(cc.to(torch.float64).mean()), c, group_ids=g, n_boot=n_boot, seed=seed)
-        m["accuracy_ci_low"], m["accuracy_ci_high"] = lo, hi
-    # test-time scaling
+
+def _bootstrap_metrics(cols: _Columns, n_boot: int, seed: int) -> dict:
+    """Bootstrap intervals of AUC-mean and accuracy over questions (cluster bootstrap); none for one question."""
+    if not (n_boot > 0 and cols.n_prompts > 1):
+        return {}
+    lpm, c, g = cols.lpm, cols.c, cols.g
+    m = {}
+    lo, hi = cal.bootstrap_ci(lambda s, cc, gg: cal.auc_mean(s, cc, gg).value, lpm, c, group_ids=g,
+                              n_boot=n_boot, seed=seed, pass_group_ids=True)
+    m["auc_mean_ci_low"], m["auc_mean_ci_high"] = lo, hi
+    lo, hi = cal.bootstrap_ci(lambda cc: float(cc.to(torch.float64).mean()), c, group_ids=g, n_boot=n_boot, seed=seed)
+    m["accuracy_ci_low"], m["accuracy_ci_high"] = lo, hi
+    return m
+
+
+def _path_ids(rows: list[dict], g: torch.Tensor) -> torch.Tensor:
+    """One id per unique sampled path: identical texts of one prompt are one path."""
+    path_key: dict[tuple[int, str], int] = {}
+    return torch.tensor([path_key.setdefault((int(gi), r["text"]), len(path_key)) for gi, r in zip(g.tolist(), rows)])
+
+
+def _scaling_metrics(rows: list[dict], cols: _Columns, lpm_finite: torch.Tensor) -> dict:
+    """Test-time scaling: mean@k, pass@k' and the accuracy of each voting / selection rule."""
+    c, g, aids = cols.c, cols.g, cols.aids
     counts = Counter(int(x) for x in g.tolist())
     k_min = min(counts.values())
-    m["k_min"] = float(k_min)
-    m["mean_at_k"] = voting.mean_at_k(c, g)
+    m = {"k_min": float(k_min), "mean_at_k": voting.mean_at_k(c, g)}
     for kk in pass_ks(k_min):
         m[f"pass_at_{kk}"] = voting.mean_pass_at_k(c, g, kk)
     m["majority_vote"] = voting.majority_vote(aids, c, g).accuracy
-    # perplexity consistency over unique sampled paths: identical texts of one prompt are one path
-    path_key: dict[tuple[int, str], int] = {}
-    path_ids = torch.tensor([path_key.setdefault((int(gi), r["text"]), len(path_key)) for gi, r in zip(g.tolist(), rows)])
-    lpm_finite = torch.where(torch.isinf(lpm), torch.full_like(lpm, -1e4), lpm)
+    path_ids = _path_ids(rows, g)
     m["perplexity_consistency"] = voting.perplexity_consistency(aids, c, g, lpm_finite, path_ids=path_ids).accuracy
     m["max_confidence_lpm"] = voting.max_confidence(aids, c, g, lpm_finite).accuracy
-    if has_verbal:
-        vq = torch.nan_to_num(verbal, nan=0.0)
+    if cols.has_verbal:
+        vq = torch.nan_to_num(cols.verbal, nan=0.0)
         m["confidence_weighted_vote"] = voting.confidence_weighted_vote(aids, c, g, vq).accuracy
         m["max_confidence_verbal"] = voting.max_confidence(aids, c, g, vq).accuracy
-    # counts
+    return m
+
+
+def _count_metrics(rows: list[dict]) -> dict:
+    """Verdict counts, the fraction that hit the length limit, mean length and empty responses."""
+    m = {}
     verdicts = Counter(r["verdict"] for r in rows)
     for v in ("correct", "incorrect", "unparsable", "timeout"):
         m[f"verdict_{v}"] = float(verdicts.get(v, 0))
@@ -99,35 +117,72 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
     known = [int(r["n_tokens"]) for r in rows if r.get("n_tokens") is not None]
     m["mean_tokens"] = sum(known) / len(known) if known else math.nan
     m["empty_responses"] = float(sum(1 for n in known if n == 0))
-    # plot data
+    return m
+
+
+def _reliability_points(rel) -> dict:
+    return {
+        "bin_edges": [float(x) for x in rel.bin_edges.tolist()],
+        "confidence": [_finite(x) for x in rel.bin_confidence.tolist()],
+        "accuracy": [_finite(x) for x in rel.bin_accuracy.tolist()],
+        "count": [int(x) for x in rel.bin_count.tolist()],
+    }
+
+
+def _verbal_curves(cols: _Columns, n_bins: int) -> dict:
+    """Reliability and precision-coverage of the verbal confidence, over the rows that have one."""
+    present = ~torch.isnan(cols.verbal)
+    if not bool(present.any()):
+        return {}
+    verbal, c = cols.verbal[present], cols.c[present]
+    curves = {"reliability_verbal": _reliability_points(cal.reliability_curve(verbal, c, n_bins=n_bins))}
+    vsel = cal.selective_curve(verbal, c)
+    curves["selective_verbal"] = _curve_points(vsel.coverage, vsel.precision)
+    return curves
+
+
+def _per_prompt_accuracy(rows: list[dict]) -> dict:
+    per_prompt = defaultdict(list)
+    for r in rows:
+        per_prompt[str(r["prompt_id"])].append(r["verdict"] == "correct")
+    return {pid: sum(v) / len(v) for pid, v in per_prompt.items()}
+
+
+def _curves(rows: list[dict], cols: _Columns, lpm_finite: torch.Tensor, n_bins: int) -> dict:
+    """Plot data: reliability diagrams, confidence histograms, precision-coverage curves, per-prompt accuracy."""
+    lpm, c = cols.lpm, cols.c
     finite = ~torch.isinf(lpm)
     p = torch.where(finite, torch.exp(lpm), torch.zeros_like(lpm))
-    rel = cal.reliability_curve(p, c, n_bins=n_bins)
     curves: dict = {
-        "reliability": {
-            "bin_edges": [float(x) for x in rel.bin_edges.tolist()],
-            "confidence": [_finite(x) for x in rel.bin_confidence.tolist()],
-            "accuracy": [_finite(x) for x in rel.bin_accuracy.tolist()],
-            "count": [int(x) for x in rel.bin_count.tolist()],
-        },
+        "reliability": _reliability_points(cal.reliability_curve(p, c, n_bins=n_bins)),
         "hist": {"correct": [float(x) for x in p[c].tolist()], "incorrect": [float(x) for x in p[~c].tolist()]},
     }
     sel = cal.selective_curve(lpm_finite, c)
     curves["selective"] = _curve_points(sel.coverage, sel.precision)
-    if has_verbal:
-        present = ~torch.isnan(verbal)
-        if bool(present.any()):
-            vrel = cal.reliability_curve(verbal[present], c[present], n_bins=n_bins)
-            curves["reliability_verbal"] = {
-                "bin_edges": [float(x) for x in vrel.bin_edges.tolist()],
-                "confidence": [_finite(x) for x in vrel.bin_confidence.tolist()],
-                "accuracy": [_finite(x) for x in vrel.bin_accuracy.tolist()],
-                "count": [int(x) for x in vrel.bin_count.tolist()],
-            }
-            vsel = cal.selective_curve(verbal[present], c[present])
-            curves["selective_verbal"] = _curve_points(vsel.coverage, vsel.precision)
-    per_prompt = defaultdict(list)
-    for r in rows:
-        per_prompt[str(r["prompt_id"])].append(r["verdict"] == "correct")
-    curves["per_prompt_accuracy"] = {pid: sum(v) / len(v) for pid, v in per_prompt.items()}
+    if cols.has_verbal:
+        curves.update(_verbal_curves(cols, n_bins))
+    curves["per_prompt_accuracy"] = _per_prompt_accuracy(rows)
+    return curves
+
+
+def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Metrics of a complete set of generation rows.
+
+    Each row needs ``prompt_id``, ``verdict``, ``mean_logprob`` (None only for an empty response, which is
+    scored as -inf: confidence 0), ``answer_id`` (equivalence class within its prompt, -1 = none), ``text``;
+    optional ``confidence`` (verbal, None when absent). Returns ``{"metrics": {...flat floats...}, "curves":
+    {...plot data...}}``; non-finite values are stored as None (JSON null).
+    """
+    if not rows:
+        raise ValueError("no generation rows to compute metrics from")
+    cols = _columns(rows)
+    m: dict[str, float | None] = dict(
+        cal.summarize(cols.lpm, cols.c, cols.g, verbal_conf=cols.verbal if cols.has_verbal else None, n_bins=n_bins)
+    )
+    m.update(_bootstrap_metrics(cols, n_boot, seed))
+    # votes and curves rank an empty response (-inf) below every other one
+    lpm_finite = torch.where(torch.isinf(cols.lpm), torch.full_like(cols.lpm, -1e4), cols.lpm)
+    m.update(_scaling_metrics(rows, cols, lpm_finite))
+    m.update(_count_metrics(rows))
+    curves = _curves(rows, cols, lpm_finite, n_bins)
     return {"metrics": {k: _finite(v) for k, v in m.items()}, "curves": curves}

@@ -44,6 +44,12 @@ SCALING_KEYS = [
     ("confidence_weighted_vote", "confidence-weighted vote (verbal)"),
     ("max_confidence_verbal", "max confidence (verbal)"),
 ]
+CI_KEYS = [
+    ("auc_mean_ci_low", "AUC-mean 95% CI low"),
+    ("auc_mean_ci_high", "AUC-mean 95% CI high"),
+    ("accuracy_ci_low", "accuracy 95% CI low"),
+    ("accuracy_ci_high", "accuracy 95% CI high"),
+]
 COUNT_KEYS = [
     ("verdict_correct", "correct"),
     ("verdict_incorrect", "incorrect"),
@@ -165,12 +171,10 @@ def _table(runs: list[RunInfo], keys, caption: str, with_fmt: bool = True) -> st
             f"</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
-def render_report(runs: list[RunInfo], title: str = "capo report") -> str:
-    """The HTML page for one or more runs."""
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
-    parts.append("<table class='runs'><thead><tr><th class='l'>run</th><th class='l'>kind</th><th class='l'>path</th>"
-                 "<th class='l'>model</th><th class='l'>dataset</th><th>k</th><th>T</th></tr></thead><tbody>")
+def _runs_table(runs: list[RunInfo]) -> str:
+    """One row per run: name, kind, path and the main settings of its config."""
+    parts = ["<table class='runs'><thead><tr><th class='l'>run</th><th class='l'>kind</th><th class='l'>path</th>"
+             "<th class='l'>model</th><th class='l'>dataset</th><th>k</th><th>T</th></tr></thead><tbody>"]
     for r in runs:
         c = r.config
         parts.append(
@@ -180,61 +184,95 @@ def render_report(runs: list[RunInfo], title: str = "capo report") -> str:
             f"<td>{html.escape(str(c.get('k', '')))}</td><td>{html.escape(str(c.get('temperature', '')))}</td></tr>"
         )
     parts.append("</tbody></table>")
+    return "".join(parts)
+
+
+def _eval_tables(evals: list[RunInfo]) -> str:
+    """Calibration, bootstrap intervals, test-time scaling and response counts of the eval runs."""
+    ks = sorted({int(k.split("_")[-1]) for r in evals for k in r.metrics if k.startswith("pass_at_")})
+    return "".join([
+        "<h2>Calibration</h2>",
+        _table(evals, SUMMARY_KEYS, "metric"),
+        _table(evals, CI_KEYS, "bootstrap over prompts", with_fmt=False),
+        "<h2>Test-time scaling</h2>",
+        _table(evals, [(f"pass_at_{k}", f"pass@{k}") for k in ks] + SCALING_KEYS, "accuracy", with_fmt=False),
+        "<h2>Responses</h2>",
+        _table(evals, COUNT_KEYS, "count", with_fmt=False),
+    ])
+
+
+def _eval_plots(evals: list[RunInfo]) -> str:
+    """Overlaid reliability / precision-coverage plots (lpm, and verbal when any run has it), one histogram per run."""
+    parts = ["<h2>Plots</h2><div class='plots'>"]
+    curves = {r.name: r.curves for r in evals}
+    parts.append(_img(plots.plot_reliability(curves), "reliability diagram"))
+    parts.append(_img(plots.plot_selective(curves), "precision-coverage curve"))
+    if any("reliability_verbal" in c for c in curves.values()):
+        parts.append(_img(plots.plot_reliability(curves, key="reliability_verbal",
+                                                 title="Reliability diagram (verbal confidence)"),
+                          "reliability diagram verbal"))
+        parts.append(_img(plots.plot_selective(curves, key="selective_verbal",
+                                               title="Precision-coverage (verbal confidence)"),
+                          "precision-coverage curve verbal"))
+    for r in evals:
+        parts.append(_img(plots.plot_hist(r.curves, title=f"{r.name}: exp(lpm), correct vs incorrect"),
+                          f"confidence histogram {r.name}"))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _train_section(trains: list[RunInfo]) -> str:
+    """The last logged step's metrics of the training runs, and their main training curves."""
+    parts = ["<h2>Training runs (last logged step)</h2>"]
+    keys = sorted({k for r in trains for k in r.metrics if k.startswith(("eval/", "calib/", "train/"))})
+    parts.append(_table(trains, [("step", "step", "{:.0f}")] + [(k, k) for k in keys], "metric", with_fmt=True))
+    parts.append("<div class='plots'>")
+    for key in [k for k in ("calib/auc_mean", "eval/accuracy", "train/accuracy", "train/reward") if
+                any(k in r.train_series for r in trains)]:
+        series = {r.name: r.train_series[key] for r in trains if key in r.train_series}
+        parts.append(_img(plots.plot_lines(series, None, key, "step", key), f"training curve {key}"))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _example_row(e: dict) -> str:
+    return (
+        f"<tr><td class='l'><pre>{html.escape(str(e.get('prompt', ''))[:600])}</pre></td>"
+        f"<td class='l'><pre>{html.escape(str(e.get('text', ''))[:2000])}</pre></td>"
+        f"<td class='l'>{html.escape(str(e.get('answer'))[:200])}</td>"
+        f"<td class='l'>{html.escape(str(e.get('gold'))[:200])}</td>"
+        f"<td class='l'>{html.escape(str(e.get('verdict')))}</td>"
+        f"<td>{_fmt(e.get('mean_logprob'))}</td></tr>"
+    )
+
+
+def _examples_section(ex_runs: list[RunInfo]) -> str:
+    """One table of example responses per run."""
+    parts = ["<h2>Example responses</h2>"]
+    for r in ex_runs:
+        parts.append(f"<h3>{html.escape(r.name)}</h3><table class='examples'><thead><tr><th class='l'>prompt</th>"
+                     "<th class='l'>response</th><th class='l'>answer</th><th class='l'>gold</th>"
+                     "<th class='l'>verdict</th><th>mean log-prob</th></tr></thead><tbody>")
+        parts.extend(_example_row(e) for e in r.examples)
+        parts.append("</tbody></table>")
+    return "".join(parts)
+
+
+def render_report(runs: list[RunInfo], title: str = "capo report") -> str:
+    """The HTML page for one or more runs."""
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts.append(_runs_table(runs))
     evals = [r for r in runs if r.kind == "eval"]
     trains = [r for r in runs if r.kind == "train"]
     if evals:
-        parts.append("<h2>Calibration</h2>")
-        parts.append(_table(evals, SUMMARY_KEYS, "metric"))
-        ci = [("auc_mean_ci_low", "AUC-mean 95% CI low"), ("auc_mean_ci_high", "AUC-mean 95% CI high"),
-              ("accuracy_ci_low", "accuracy 95% CI low"), ("accuracy_ci_high", "accuracy 95% CI high")]
-        parts.append(_table(evals, ci, "bootstrap over prompts", with_fmt=False))
-        parts.append("<h2>Test-time scaling</h2>")
-        ks = sorted({int(k.split("_")[-1]) for r in evals for k in r.metrics if k.startswith("pass_at_")})
-        parts.append(_table(evals, [(f"pass_at_{k}", f"pass@{k}") for k in ks] + SCALING_KEYS, "accuracy", with_fmt=False))
-        parts.append("<h2>Responses</h2>")
-        parts.append(_table(evals, COUNT_KEYS, "count", with_fmt=False))
-        parts.append("<h2>Plots</h2><div class='plots'>")
-        curves = {r.name: r.curves for r in evals}
-        parts.append(_img(plots.plot_reliability(curves), "reliability diagram"))
-        parts.append(_img(plots.plot_selective(curves), "precision-coverage curve"))
-        if any("reliability_verbal" in c for c in curves.values()):
-            parts.append(_img(plots.plot_reliability(curves, key="reliability_verbal",
-                                                     title="Reliability diagram (verbal confidence)"),
-                              "reliability diagram verbal"))
-            parts.append(_img(plots.plot_selective(curves, key="selective_verbal",
-                                                   title="Precision-coverage (verbal confidence)"),
-                              "precision-coverage curve verbal"))
-        for r in evals:
-            parts.append(_img(plots.plot_hist(r.curves, title=f"{r.name}: exp(lpm), correct vs incorrect"),
-                              f"confidence histogram {r.name}"))
-        parts.append("</div>")
+        parts.append(_eval_tables(evals))
+        parts.append(_eval_plots(evals))
     if trains:
-        parts.append("<h2>Training runs (last logged step)</h2>")
-        keys = sorted({k for r in trains for k in r.metrics if k.startswith(("eval/", "calib/", "train/"))})
-        parts.append(_table(trains, [("step", "step", "{:.0f}")] + [(k, k) for k in keys], "metric", with_fmt=True))
-        parts.append("<div class='plots'>")
-        for key in [k for k in ("calib/auc_mean", "eval/accuracy", "train/accuracy", "train/reward") if
-                    any(k in r.train_series for r in trains)]:
-            series = {r.name: r.train_series[key] for r in trains if key in r.train_series}
-            parts.append(_img(plots.plot_lines(series, None, key, "step", key), f"training curve {key}"))
-        parts.append("</div>")
+        parts.append(_train_section(trains))
     ex_runs = [r for r in evals if r.examples]
     if ex_runs:
-        parts.append("<h2>Example responses</h2>")
-        for r in ex_runs:
-            parts.append(f"<h3>{html.escape(r.name)}</h3><table class='examples'><thead><tr><th class='l'>prompt</th>"
-                         "<th class='l'>response</th><th class='l'>answer</th><th class='l'>gold</th>"
-                         "<th class='l'>verdict</th><th>mean log-prob</th></tr></thead><tbody>")
-            for e in r.examples:
-                parts.append(
-                    f"<tr><td class='l'><pre>{html.escape(str(e.get('prompt', ''))[:600])}</pre></td>"
-                    f"<td class='l'><pre>{html.escape(str(e.get('text', ''))[:2000])}</pre></td>"
-                    f"<td class='l'>{html.escape(str(e.get('answer'))[:200])}</td>"
-                    f"<td class='l'>{html.escape(str(e.get('gold'))[:200])}</td>"
-                    f"<td class='l'>{html.escape(str(e.get('verdict')))}</td>"
-                    f"<td>{_fmt(e.get('mean_logprob'))}</td></tr>"
-                )
-            parts.append("</tbody></table>")
+        parts.append(_examples_section(ex_runs))
     parts.append("<p class='muted'>Metric definitions: docs/metrics.md (namespace eval/). Perplexity confidence is "
                  "exp(mean token log-prob); ranking metrics use the mean log-prob itself.</p></body></html>")
     return "".join(parts)

@@ -19,7 +19,6 @@ and on CPU a resumed run's rows equal an uninterrupted run's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -31,10 +30,19 @@ from pathlib import Path
 from capo.errors import ConfigError, DataError
 from capo.evaluation import plots
 from capo.evaluation.metrics import compute_metrics
-from capo.evaluation.report import load_run, write_report
-from capo.verify import ANSWER_FORMATS, Verifier, extract_answer, extract_rlcr
+import torch
+
+from capo.evaluation.report import RunInfo, render_report
+from capo.rollout.grading import Graded, grade
+from capo.rollout.models import AUTOCAST_MODES
+from capo.rollout.types import Sample
+from capo.rundir import Progress, atomic_write_text, read_jsonl_rows, run_lock
+from capo.tasks.datasets import FILE_ANSWER_FORMATS
+from capo.verify import ANSWER_FORMATS, Verifier
 
 __all__ = ["EvalSettings", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
+
+read_rows = read_jsonl_rows  # a run's generations.jsonl rows (torn last line dropped)
 
 # settings that change what is generated: a resumed run must match them exactly
 GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "top_p", "max_new_tokens", "batch_size",
@@ -95,10 +103,11 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--batch-size", f"must be an integer >= 1, got {s.batch_size!r}")
     if s.answer_format not in ANSWER_FORMATS:
         bad("--answer-format", f"{s.answer_format!r} is not allowed; allowed values: {', '.join(ANSWER_FORMATS)}")
-    if s.dataset_answer_format not in ("plain", "gsm8k", "boxed"):
-        bad("--dataset-answer-format", f"{s.dataset_answer_format!r} is not allowed; allowed values: plain, gsm8k, boxed")
-    if s.autocast not in ("auto", "on", "off"):
-        bad("--autocast", f"{s.autocast!r} is not allowed; allowed values: auto, on, off")
+    if s.dataset_answer_format not in FILE_ANSWER_FORMATS:
+        bad("--dataset-answer-format", f"{s.dataset_answer_format!r} is not allowed; allowed values: "
+            f"{', '.join(FILE_ANSWER_FORMATS)}")
+    if s.autocast not in AUTOCAST_MODES:
+        bad("--autocast", f"{s.autocast!r} is not allowed; allowed values: {', '.join(AUTOCAST_MODES)}")
     if not (s.verify_timeout > 0):
         bad("--verify-timeout", f"must be > 0, got {s.verify_timeout!r}")
     if s.verify_workers is not None and s.verify_workers < 1:
@@ -111,121 +120,23 @@ def validate_settings(s: EvalSettings) -> None:
         print("capo eval: note: --temperature 0 is greedy decoding; the k samples will be identical", file=sys.stderr)
 
 
-# ------------------------------------------------------------------------------------------------ file helpers
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder + fsync + os.replace: readers see the old or the new file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _json_default(o):
     if hasattr(o, "value"):
         return o.value
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def read_rows(path: Path, repair: bool = False) -> list[dict]:
-    """Rows of a run's generations.jsonl. A torn last line (no newline, or invalid JSON) is dropped; with
-    ``repair`` the file is truncated to its last complete row so that appending continues cleanly."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    rows, good_end, pos = [], 0, 0
-    while pos < len(data):
-        nl = data.find(b"\n", pos)
-        if nl == -1:
-            break  # torn tail without newline
-        line = data[pos:nl]
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-        pos = nl + 1
-        good_end = pos
-    if repair and good_end < len(data):
-        with open(path, "r+b") as f:
-            f.truncate(good_end)
-    return rows
-
-
-@contextlib.contextmanager
-def run_lock(out_dir: Path):
-    """Exclusive lock on DIR/.lock so that two evals never append to the same run directory."""
-    import fcntl
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    f = open(out_dir / ".lock", "w")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise ConfigError(f"--out {out_dir}: another capo eval is writing to this directory") from None
-    try:
-        yield
-    finally:
-        fcntl.flock(f, fcntl.LOCK_UN)
-        f.close()
-
-
-class _Progress:
-    """rich progress bar (rate, ETA) on a terminal; plain periodic lines otherwise (logs, nohup)."""
-
-    def __init__(self, total: int, done: int, label: str):
-        self.total, self.done, self.label = total, done, label
-        self.t0, self.start_done = time.perf_counter(), done
-        self.rich = None
-        if sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
-
-            self.rich = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                                 TimeRemainingColumn(), console=Console(stderr=True))
-            self.task = self.rich.add_task(label, total=total, completed=done, rate="")
-
-    def __enter__(self):
-        if self.rich:
-            self.rich.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.rich:
-            self.rich.__exit__(*exc)
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        el = time.perf_counter() - self.t0
-        rate = (self.done - self.start_done) / el if el > 0 else 0.0
-        eta = (self.total - self.done) / rate if rate > 0 else float("nan")
-        if self.rich:
-            self.rich.update(self.task, completed=self.done, rate=f"{rate:.2f} resp/s")
-        else:
-            eta_s = "?" if math.isnan(eta) else f"{eta / 60:.1f} min"
-            print(f"[{self.label}] {self.done}/{self.total} responses, {rate:.2f} resp/s, elapsed {el / 60:.1f} min, "
-                  f"ETA {eta_s}", file=sys.stderr, flush=True)
-
-
 # ------------------------------------------------------------------------------------------------ rows
-def make_row(*, prompt_id: str, prompt_idx: int, sample_idx: int, prompt: str, gold: str, text: str,
-             answer: str | None, verdict: str, n_tokens: int, sum_logprob: float, mean_logprob: float | None,
-             finish_reason: str | None, token_logprobs: list[float] | None = None) -> dict:
-    rl = extract_rlcr(text)
-    row = {
+def make_row(*, prompt_id: str, prompt_idx: int, sample_idx: int, prompt: str, gold: str, text: str, graded: Graded,
+             i: int, n_tokens: int, sum_logprob: float, mean_logprob: float | None, finish_reason: str | None) -> dict:
+    """One generations.jsonl row: response ``i`` of ``graded`` (schema: docs/generations-schema.md)."""
+    rl = graded.parses[i]
+    return {
         "prompt_id": prompt_id, "prompt_idx": prompt_idx, "sample_idx": sample_idx, "prompt": prompt, "gold": gold,
-        "text": text, "answer": answer, "verdict": verdict, "n_tokens": n_tokens,
+        "text": text, "answer": graded.answers[i], "verdict": graded.verdicts[i].value, "n_tokens": n_tokens,
         "mean_logprob": mean_logprob, "sum_logprob": sum_logprob, "confidence": rl.confidence,
         "format_ok": rl.format_ok, "finish_reason": finish_reason,
     }
-    if token_logprobs is not None:
-        row["token_logprobs"] = token_logprobs
-    return row
 
 
 def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, verifier: Verifier,
@@ -260,8 +171,6 @@ def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, veri
     # the report is rendered from the same payload, before metrics.json marks the run complete
     tmp_metrics = out_dir / ".metrics.json.pending"
     atomic_write_text(tmp_metrics, json.dumps(payload, indent=1))
-    from capo.evaluation.report import RunInfo, render_report
-
     info = RunInfo(out_dir.name, out_dir, "eval", metrics, res["curves"], config, rows[: s.n_examples])
     atomic_write_text(out_dir / "report.html", render_report([info], title=f"capo eval: {out_dir.name}"))
     os.replace(tmp_metrics, out_dir / "metrics.json")
@@ -301,7 +210,7 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True) -> dict:
     validate_settings(s)
     if s.generations is not None:
         return run_from_generations(Path(s.generations), out_dir, s)
-    from capo.evaluation.sampling import check_model_spec
+    from capo.rollout.models import check_model_spec
 
     check_model_spec(s.model)
     from capo.tasks.datasets import load_problems
@@ -312,7 +221,7 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True) -> dict:
     config = {k: v for k, v in asdict(s).items() if k != "extra"}
     config["n_prompts"] = len(problems)
     config["logprob_definition"] = "raw log_softmax at temperature 1 of the sampled tokens (recorded during generation)"
-    with run_lock(out_dir):
+    with run_lock(out_dir, "eval"):
         _check_config(out_dir, config)
         gen_path = out_dir / "generations.jsonl"
         rows = read_rows(gen_path, repair=True)
@@ -332,17 +241,18 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True) -> dict:
 
 
 def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress) -> None:
-    from capo.evaluation.sampling import load_model, sample_batch
+    from capo.rollout.models import load_model
+    from capo.rollout.sampling import HFEngine
     from capo.tasks.prompts import default_system, render_problem
 
     t_load = time.perf_counter()
     model, tok = load_model(s.model)
+    engine = HFEngine(model, tok, autocast=s.autocast)
     timing["load_model_s"] = time.perf_counter() - t_load
     system = s.system_prompt if s.system_prompt is not None else default_system(s.answer_format)
     per_batch = max(1, s.batch_size // s.k)
-    total = len(problems) * s.k
-    prog = _Progress(total, len(done), "capo eval") if progress else contextlib.nullcontext()
-    with prog, open(gen_path, "a", encoding="utf-8") as f:
+    with Progress(len(problems) * s.k, len(done), label="capo eval", unit="resp", enabled=progress) as prog, \
+            open(gen_path, "a", encoding="utf-8") as f:
         for b in range(0, len(problems), per_batch):
             batch = problems[b : b + per_batch]
             missing = [(i, j) for i, p in enumerate(batch) for j in range(s.k) if (p.id, j) not in done]
@@ -351,33 +261,42 @@ def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress) 
             texts = [render_problem(tok, p, dataset=s.dataset, chat_template=s.chat_template, system=system)
                      for p in batch]
             t0 = time.perf_counter()
-            samples = sample_batch(model, tok, texts, k=s.k, temperature=s.temperature, top_p=s.top_p,
-                                   max_new_tokens=s.max_new_tokens, seed=s.seed * 1_000_003 + b // per_batch,
-                                   autocast=s.autocast)
+            samples = _sample(engine, texts, s, seed=s.seed * 1_000_003 + b // per_batch)
             timing["generate_s"] = timing.get("generate_s", 0.0) + time.perf_counter() - t0
             timing["generated_tokens"] = timing.get("generated_tokens", 0) + sum(x.n_tokens for r in samples for x in r)
             t0 = time.perf_counter()
-            answers = [extract_answer(samples[i][j].text, s.answer_format, fallback_last_number=s.fallback_last_number)
-                       for i, j in missing]
-            verdicts = verifier.verify_batch(answers, [batch[i].answer for i, _ in missing])
+            g = grade([samples[i][j].text for i, j in missing], [batch[i].answer for i, _ in missing], verifier,
+                      answer_format=s.answer_format, fallback_last_number=s.fallback_last_number)
             timing["verify_s"] = timing.get("verify_s", 0.0) + time.perf_counter() - t0
             lines = []
-            for (i, j), ans, v in zip(missing, answers, verdicts):
+            for m, (i, j) in enumerate(missing):
                 smp = samples[i][j]
                 row = make_row(prompt_id=batch[i].id, prompt_idx=b + i, sample_idx=j, prompt=batch[i].prompt,
-                               gold=batch[i].answer, text=smp.text, answer=ans, verdict=v.value,
-                               n_tokens=smp.n_tokens, sum_logprob=smp.sum_logprob, mean_logprob=smp.mean_logprob,
+                               gold=batch[i].answer, text=smp.text, graded=g, i=m, n_tokens=smp.n_tokens,
+                               sum_logprob=smp.sum_logprob, mean_logprob=smp.mean_logprob,
                                finish_reason=smp.finish_reason)
                 lines.append(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
-            # one write of complete lines, then flush + fsync: a crash leaves at most a torn last line
-            f.write("".join(lines))
-            f.flush()
-            os.fsync(f.fileno())
+            _append_lines(f, lines)
             done.update((batch[i].id, j) for i, j in missing)
             atomic_write_text(out_dir / "timing.json", json.dumps(timing))
-            if progress:
-                prog.advance(len(missing))
-    del model
+            prog.advance(len(missing))
+    del model, engine
+
+
+def _sample(engine, texts: list[str], s: EvalSettings, *, seed: int) -> list[list[Sample]]:
+    """k samples per prompt text, seeded per batch (a resumed run redraws a batch identically)."""
+    ro = engine.sample(texts, k=s.k, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens,
+                       seed=seed)
+    if not bool(torch.isfinite(ro.gen_logp).all()):
+        raise RuntimeError("NaN or infinite log-prob from the model: check the weights / dtype")
+    return ro.samples(s.k)
+
+
+def _append_lines(f, lines: list[str]) -> None:
+    """One write of complete lines, then flush + fsync: a crash leaves at most a torn last line."""
+    f.write("".join(lines))
+    f.flush()
+    os.fsync(f.fileno())
 
 
 # ------------------------------------------------------------------------------------------------ BYO generations
@@ -386,23 +305,46 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) and v <= 0
 
 
-def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
-    """Compute everything from responses + log-probs produced elsewhere (schema: docs/generations-schema.md)."""
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"generations file {path} does not exist")
+def _row_logprobs(r: dict, where: str, pid: str) -> tuple[float | None, float | None, int | None]:
+    """(sum_logprob, mean_logprob, n_tokens) of one --generations row, from whichever of the schema's log-prob
+    fields it gives; DataError naming the line otherwise."""
+    tl, n_tokens = r.get("token_logprobs"), r.get("n_tokens")
+    if tl is not None:
+        if not isinstance(tl, list) or not all(_num(x) for x in tl):
+            raise DataError(f"{where}: 'token_logprobs' must be a list of numbers <= 0")
+        return float(sum(tl)), (float(sum(tl)) / len(tl) if tl else None), len(tl)
+    if r.get("mean_logprob") is not None:
+        if not _num(r["mean_logprob"]):
+            raise DataError(f"{where}: 'mean_logprob' must be a number <= 0, got {r['mean_logprob']!r}")
+        mean_lp = float(r["mean_logprob"])
+        n_tokens = int(n_tokens) if isinstance(n_tokens, int) else None
+        sum_lp = r.get("sum_logprob")
+        if sum_lp is None and n_tokens is not None:
+            sum_lp = mean_lp * n_tokens
+        return sum_lp, mean_lp, n_tokens
+    if r.get("sum_logprob") is not None and isinstance(n_tokens, int) and n_tokens > 0:
+        if not _num(r["sum_logprob"]):
+            raise DataError(f"{where}: 'sum_logprob' must be a number <= 0, got {r['sum_logprob']!r}")
+        return float(r["sum_logprob"]), float(r["sum_logprob"]) / n_tokens, n_tokens
+    if n_tokens == 0:
+        return 0.0, None, n_tokens
+    raise DataError(f"{where}: missing log-probs: give 'token_logprobs' (list), 'mean_logprob', or 'sum_logprob' "
+                    "with 'n_tokens' (prompt_id " + repr(pid) + ")")
+
+
+def _read_generations(path: Path) -> list[dict]:
+    """Validated rows of a --generations file (schema: docs/generations-schema.md); DataError naming the line."""
     from capo.tasks.datasets import iter_jsonl
 
-    raw: list[tuple[int, dict]] = []
-    for lineno, r in iter_jsonl(path):
-        if not isinstance(r, dict):
-            raise DataError(f"{path} line {lineno}: each row must be a JSON object")
-        raw.append((lineno, r))
-    if not raw:
-        raise DataError(f"generations file {path} has no rows")
+    if not path.exists():
+        raise DataError(f"generations file {path} does not exist")
     norm: list[dict] = []
     seen_idx: dict[str, int] = {}
     keys = set()
+    raw = list(iter_jsonl(path))
+    for lineno, r in raw:
+        if not isinstance(r, dict):
+            raise DataError(f"{path} line {lineno}: each row must be a JSON object")
     for lineno, r in raw:
         where = f"{path} line {lineno}"
         for fld in ("prompt_id", "text", "gold"):
@@ -411,32 +353,7 @@ def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
         if not isinstance(r["text"], str):
             raise DataError(f"{where}: field 'text' must be a string")
         pid = str(r["prompt_id"])
-        tl = r.get("token_logprobs")
-        n_tokens = r.get("n_tokens")
-        if tl is not None:
-            if not isinstance(tl, list) or not all(_num(x) for x in tl):
-                raise DataError(f"{where}: 'token_logprobs' must be a list of numbers <= 0")
-            sum_lp, n_tokens = float(sum(tl)), len(tl)
-            mean_lp = sum_lp / n_tokens if n_tokens else None
-        elif r.get("mean_logprob") is not None:
-            if not _num(r["mean_logprob"]):
-                raise DataError(f"{where}: 'mean_logprob' must be a number <= 0, got {r['mean_logprob']!r}")
-            mean_lp = float(r["mean_logprob"])
-            n_tokens = int(n_tokens) if isinstance(n_tokens, int) else None
-            sum_lp = r.get("sum_logprob")
-            if sum_lp is None and n_tokens is not None:
-                sum_lp = mean_lp * n_tokens
-        elif r.get("sum_logprob") is not None and isinstance(n_tokens, int) and n_tokens > 0:
-            if not _num(r["sum_logprob"]):
-                raise DataError(f"{where}: 'sum_logprob' must be a number <= 0, got {r['sum_logprob']!r}")
-            sum_lp, mean_lp = float(r["sum_logprob"]), float(r["sum_logprob"]) / n_tokens
-        elif n_tokens == 0:
-            sum_lp, mean_lp = 0.0, None
-        else:
-            raise DataError(
-                f"{where}: missing log-probs: give 'token_logprobs' (list), 'mean_logprob', or 'sum_logprob' with "
-                "'n_tokens' (prompt_id " + repr(pid) + ")"
-            )
+        sum_lp, mean_lp, n_tokens = _row_logprobs(r, where, pid)
         idx = r.get("sample_idx")
         if idx is None:
             idx = seen_idx.get(pid, 0)
@@ -449,26 +366,31 @@ def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
             raise DataError(f"{where}: 'confidence' must be a number in [0, 1] or null, got {conf!r}")
         norm.append({"lineno": lineno, "pid": pid, "idx": int(idx), "r": r, "sum": sum_lp, "mean": mean_lp,
                      "n": n_tokens, "conf": conf})
-    out_dir = Path(out_dir)
+    if not norm:
+        raise DataError(f"generations file {path} has no rows")
+    return norm
+
+
+def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
+    """Compute everything from responses + log-probs produced elsewhere (schema: docs/generations-schema.md)."""
+    path, out_dir = Path(path), Path(out_dir)
+    norm = _read_generations(path)
     config = {"generations": str(path), "answer_format": s.answer_format, "n_bins": s.n_bins, "n_boot": s.n_boot,
               "seed": s.seed, "logprob_definition": "as provided in the generations file"}
-    with run_lock(out_dir):
+    with run_lock(out_dir, "eval"):
         atomic_write_text(out_dir / "config.json", json.dumps(config, indent=1))
-        timing = {}
         with Verifier(workers=s.verify_workers, timeout_s=s.verify_timeout) as verifier:
             t0 = time.perf_counter()
-            answers = [extract_answer(x["r"]["text"], s.answer_format, fallback_last_number=s.fallback_last_number)
-                       for x in norm]
-            verdicts = verifier.verify_batch(answers, [str(x["r"]["gold"]) for x in norm])
-            timing["verify_s"] = time.perf_counter() - t0
-            rows = []
-            order: dict[str, int] = {}
-            for x, ans, v in zip(norm, answers, verdicts):
+            g = grade([x["r"]["text"] for x in norm], [str(x["r"]["gold"]) for x in norm], verifier,
+                      answer_format=s.answer_format, fallback_last_number=s.fallback_last_number)
+            timing = {"verify_s": time.perf_counter() - t0}
+            rows, order = [], {}
+            for i, x in enumerate(norm):
                 r = x["r"]
                 order.setdefault(x["pid"], len(order))
                 row = make_row(prompt_id=x["pid"], prompt_idx=order[x["pid"]], sample_idx=x["idx"],
-                               prompt=r.get("prompt", ""), gold=str(r["gold"]), text=r["text"], answer=ans,
-                               verdict=v.value, n_tokens=x["n"], sum_logprob=x["sum"], mean_logprob=x["mean"],
+                               prompt=r.get("prompt", ""), gold=str(r["gold"]), text=r["text"], graded=g, i=i,
+                               n_tokens=x["n"], sum_logprob=x["sum"], mean_logprob=x["mean"],
                                finish_reason=r.get("finish_reason"))
                 if x["conf"] is not None:
                     row["confidence"] = float(x["conf"])
@@ -476,8 +398,3 @@ def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
             atomic_write_text(out_dir / "generations.jsonl",
                               "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
             return _finish(out_dir, rows, s, config, verifier, timing)
-
-
-def load_eval(run_dir: Path):
-    """Convenience: the :class:`~capo.evaluation.report.RunInfo` of a finished run."""
-    return load_run(run_dir)

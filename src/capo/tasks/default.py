@@ -45,7 +45,6 @@ __all__ = [
     "build_tokenizer",
     "build_default_model",
     "load_default",
-    "evaluate_default",
 ]
 
 DEFAULT_MODEL_DIR: Path = Path(str(resources.files("capo") / "assets" / "default_model"))
@@ -265,42 +264,9 @@ def _sft_batch(problems: list[Problem], rng: random.Random, tokenizer) -> tuple[
     return ids, att, lab
 
 
-def build_default_model(
-    out_dir: str | Path,
-    seed: int = 0,
-    *,
-    steps: int = 500,
-    batch_size: int = 64,
-    lr: float = 4e-3,
-    warmup_steps: int = 50,
-    hidden: int = 96,
-    layers: int = 3,
-    heads: int = 4,
-    intermediate: int = 288,
-    eval_prompts: int = 256,
-    group_size: int = 8,
-    log_every: int = 100,
-    log=None,
-) -> dict:
-    """Build tokenizer + Llama model by supervised warm-up on ``chain_sum`` train problems and save both to
-    ``out_dir`` (safetensors, fp32). Deterministic on CPU for a fixed ``seed`` (and thread count).
-
-    The warm-up is stopped after ``steps`` (default chosen so sampled accuracy at temperature 1 is in the 20-70%
-    band); the confidence in the targets is uniform over {0.0, 0.1, ..., 1.0}, independent of correctness. With
-    ``eval_prompts > 0`` the built model is measured on held-out problems (``evaluate_default``). Returns stats,
-    also written to ``out_dir/capo_default.json``.
-    """
-    from transformers import Qwen2ForCausalLM
-
-    out_dir = Path(out_dir)
-    t0 = time.perf_counter()
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    tokenizer = build_tokenizer()
-    config = _model_config(tokenizer, hidden, layers, heads, intermediate)
-    model = Qwen2ForCausalLM(config).float()
-    n_params = sum(p.numel() for p in model.parameters())
-    train = default_problems("train", steps * batch_size, seed=seed)
+def _warmup(model, train: list[Problem], tokenizer, rng: random.Random, *, steps: int, batch_size: int, lr: float,
+            warmup_steps: int, log_every: int, log) -> list[float]:
+    """Supervised warm-up (AdamW, linear LR warm-up, grad-norm clip 1); returns the per-step losses."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)))
     model.train()
@@ -316,8 +282,46 @@ def build_default_model(
         losses.append(loss.item())
         if log is not None and (step + 1) % log_every == 0:
             log(f"step {step + 1}/{steps} loss {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f}")
-    train_s = time.perf_counter() - t0
     model.eval()
+    return losses
+
+
+def build_default_model(
+    out_dir: str | Path,
+    seed: int = 0,
+    *,
+    steps: int = 500,
+    batch_size: int = 64,
+    lr: float = 4e-3,
+    warmup_steps: int = 50,
+    hidden: int = 96,
+    layers: int = 3,
+    heads: int = 4,
+    intermediate: int = 288,
+    log_every: int = 100,
+    log=None,
+) -> dict:
+    """Build tokenizer + Llama model by supervised warm-up on ``chain_sum`` train problems and save both to
+    ``out_dir`` (safetensors, fp32). Deterministic on CPU for a fixed ``seed`` (and thread count).
+
+    The warm-up is stopped after ``steps`` (default chosen so sampled accuracy at temperature 1 is in the 20-70%
+    band); the confidence in the targets is uniform over {0.0, 0.1, ..., 1.0}, independent of correctness. Returns
+    stats, also written to ``out_dir/capo_default.json`` (``capo build-default`` adds the built model's held-out
+    measurement, :func:`capo.evaluation.default_task.evaluate_default`).
+    """
+    from transformers import Qwen2ForCausalLM
+
+    out_dir = Path(out_dir)
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = build_tokenizer()
+    model = Qwen2ForCausalLM(_model_config(tokenizer, hidden, layers, heads, intermediate)).float()
+    n_params = sum(p.numel() for p in model.parameters())
+    train = default_problems("train", steps * batch_size, seed=seed)
+    losses = _warmup(model, train, tokenizer, rng, steps=steps, batch_size=batch_size, lr=lr,
+                     warmup_steps=warmup_steps, log_every=log_every, log=log)
+    train_s = time.perf_counter() - t0
     model = _export_llama(model)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -327,26 +331,14 @@ def build_default_model(
     tokenizer.save_pretrained(out_dir)
     _portable_tokenizer_config(out_dir)
     stats: dict[str, Any] = {
-        "task": f"reasoning_gym:{TASK_NAME}",
-        "task_config": TASK_CONFIG,
-        "seed": seed,
-        "steps": steps,
-        "batch_size": batch_size,
-        "lr": lr,
-        "warmup_steps": warmup_steps,
+        "task": f"reasoning_gym:{TASK_NAME}", "task_config": TASK_CONFIG, "seed": seed, "steps": steps,
+        "batch_size": batch_size, "lr": lr, "warmup_steps": warmup_steps,
         "architecture": {"type": "llama (trained as qwen2, exported)", "hidden": hidden, "layers": layers, "heads": heads,
                          "intermediate": intermediate, "vocab": len(tokenizer)},
-        "params": n_params,
-        "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
-        "train_seconds": round(train_s, 1),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
+        "params": n_params, "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+        "train_seconds": round(train_s, 1), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "total_seconds": round(time.perf_counter() - t0, 1),
     }
-    if eval_prompts > 0:
-        ev = evaluate_default(model, tokenizer, default_problems("eval", eval_prompts, seed=0),
-                              group_size=group_size, seed=seed)
-        stats["eval"] = {k: v for k, v in ev.items() if k != "samples"}
-    stats["total_seconds"] = round(time.perf_counter() - t0, 1)
     (out_dir / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")
     return stats
 
@@ -373,95 +365,3 @@ def load_default(dtype: torch.dtype = torch.float32, model_dir: str | Path | Non
     model = AutoModelForCausalLM.from_pretrained(str(d), dtype=dtype)
     model.eval()
     return model, tok
-
-
-# -------------------------------------------------------------------------------------------------- measurement
-
-
-def _auroc(pos: list[float], neg: list[float]) -> float:
-    if not pos or not neg:
-        return float("nan")
-    wins = 0.0
-    for a in pos:
-        for b in neg:
-            wins += 1.0 if a > b else 0.5 if a == b else 0.0
-    return wins / (len(pos) * len(neg))
-
-
-@torch.no_grad()
-def evaluate_default(
-    model,
-    tokenizer,
-    problems: list[Problem],
-    *,
-    group_size: int = 8,
-    temperature: float = 1.0,
-    max_new_tokens: int = 64,
-    seed: int = 0,
-    batch_prompts: int = 64,
-) -> dict:
-    """Sample ``group_size`` responses per problem and measure accuracy, RLCR format rate, the fraction of prompts
-    with mixed outcomes, and the AUROC of the mean token log-prob (pooled, and averaged per prompt: AUC-mean).
-
-    Correctness: the ``<answer>`` content (capo's RLCR extractor) equals the gold integer. Log-probs are those of
-    the sampling distribution (temperature applied), over the response tokens including EOS.
-    """
-    from capo.verify.extract import extract_rlcr
-
-    torch.manual_seed(seed)
-    model.eval()
-    recs = []
-    for b in range(0, len(problems), batch_prompts):
-        chunk = problems[b : b + batch_prompts]
-        enc = tokenizer([format_prompt(p) for p in chunk], return_tensors="pt", padding=True, padding_side="left")
-        ids = enc["input_ids"].repeat_interleave(group_size, 0)
-        att = enc["attention_mask"].repeat_interleave(group_size, 0)
-        out = model.generate(
-            input_ids=ids, attention_mask=att, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-            max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            output_scores=True, return_dict_in_generate=True,
-        )
-        resp = out.sequences[:, ids.shape[1] :]
-        logits = torch.stack(out.scores, 1).float()  # processed (temperature-scaled) scores
-        lp = torch.log_softmax(logits, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
-        # response mask: tokens up to and including the first EOS
-        is_eos = resp == tokenizer.eos_token_id
-        after = (is_eos.long().cumsum(1) - is_eos.long()) > 0
-        mask = ~after
-        lengths = mask.sum(1)
-        lpm = (lp * mask).sum(1) / lengths.clamp(min=1)
-        texts = tokenizer.batch_decode(resp.masked_fill(~mask, tokenizer.pad_token_id), skip_special_tokens=True)
-        for i, text in enumerate(texts):
-            p = chunk[i // group_size]
-            parse = extract_rlcr(text)
-            correct = parse.answer is not None and parse.answer.strip() == p.answer
-            recs.append({"id": p.id, "text": text, "format_ok": parse.format_ok, "correct": bool(correct),
-                         "confidence": parse.confidence, "lpm": float(lpm[i]), "length": int(lengths[i]),
-                         "terminated": bool(is_eos[i].any())})
-    by_prompt: dict[str, list[dict]] = {}
-    for r in recs:
-        by_prompt.setdefault(r["id"], []).append(r)
-    mixed = [g for g in by_prompt.values() if 0 < sum(r["correct"] for r in g) < len(g)]
-    per_prompt_auc = [_auroc([r["lpm"] for r in g if r["correct"]], [r["lpm"] for r in g if not r["correct"]])
-                      for g in mixed]
-    pooled = _auroc([r["lpm"] for r in recs if r["correct"]], [r["lpm"] for r in recs if not r["correct"]])
-    n = len(recs)
-    acc_by_prompt = [sum(r["correct"] for r in g) / len(g) for g in by_prompt.values()]
-    return {
-        "n_prompts": len(by_prompt),
-        "group_size": group_size,
-        "temperature": temperature,
-        "seed": seed,
-        "accuracy": sum(r["correct"] for r in recs) / n,
-        "format_rate": sum(r["format_ok"] for r in recs) / n,
-        "terminated_rate": sum(r["terminated"] for r in recs) / n,
-        "mixed_fraction": len(mixed) / len(by_prompt),
-        "all_correct_fraction": sum(a == 1.0 for a in acc_by_prompt) / len(by_prompt),
-        "all_wrong_fraction": sum(a == 0.0 for a in acc_by_prompt) / len(by_prompt),
-        "lpm_auroc_pooled": pooled,
-        "lpm_auc_mean": (sum(per_prompt_auc) / len(per_prompt_auc)) if per_prompt_auc else float("nan"),
-        "mean_response_tokens": sum(r["length"] for r in recs) / n,
-        "mean_confidence": (sum(r["confidence"] for r in recs if r["confidence"] is not None)
-                            / max(1, sum(r["confidence"] is not None for r in recs))),
-        "samples": recs,
-    }

@@ -9,6 +9,7 @@ model is loaded.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import types
@@ -19,8 +20,11 @@ from typing import Any
 
 import yaml
 
-from capo.core import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REWARDS
+from capo.core import ADVANTAGES, AGGREGATIONS, MASK_HIGH, MASK_LOW, POLICY_LOSSES, REWARDS
+from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError
+from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
+from capo.verify import ANSWER_FORMATS
 
 
 def knob(default, help: str, **kw):
@@ -44,11 +48,14 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = knob("default", "'default' (embedded chain-sum task), 'gsm8k', 'math500', or a JSONL/parquet path")
+    dataset: str = knob("default", f"{', '.join(map(repr, DATASET_NAMES))} ('default': the embedded chain-sum task), "
+                        "or a JSONL/parquet path")
     prompt_field: str = knob("prompt", "prompt field name for JSONL/parquet datasets")
     answer_field: str = knob("answer", "gold-answer field name for JSONL/parquet datasets")
-    gold_format: str = knob("plain", "how JSONL/parquet files store the gold answer: plain, gsm8k (#### N), boxed")
-    answer_format: str = knob("auto", "how to extract the model's answer: auto, rlcr, boxed, gsm8k")
+    gold_format: str = knob("plain", "how JSONL/parquet files store the gold answer: "
+                            + ", ".join(FILE_ANSWER_FORMATS) + " (gsm8k: '#### N')", choices=FILE_ANSWER_FORMATS)
+    answer_format: str = knob("auto", "how to extract the model's answer: " + ", ".join(ANSWER_FORMATS),
+                              choices=ANSWER_FORMATS)
     system_prompt: str | None = knob(None, "system message for chat-template models (None = the built-in one "
                                      "asking for the answer in the RLCR or \\boxed{} format)")
     n_train: int = knob(20000, "number of training problems drawn")
@@ -64,22 +71,6 @@ class RolloutConfig:
     top_p: float = knob(1.0, "nucleus sampling mass in (0, 1]")
     share_prefix: bool = knob(True, "run each prompt once per group (its KV cache copied to the G rows) in generation "
                               "and in every log-prob/training forward; exact up to float summation order")
-
-
-ALGORITHMS: dict[str, dict[str, Any]] = {
-    # name -> the component choices it implies; see docs/papers.md for each paper's mapping.
-    "grpo": dict(advantage="grpo", loss="ppo_clip", aggregation="seq-mean-token-mean", reward="correctness"),
-    "dr_grpo": dict(advantage="dr_grpo", loss="ppo_clip", aggregation="seq-mean-token-sum-norm",
-                    reward="correctness"),
-    "rloo": dict(advantage="rloo", loss="ppo_clip", aggregation="token-mean", reward="correctness"),
-    "dapo": dict(advantage="grpo", loss="ppo_clip", loss_kwargs={"eps_low": 0.2, "eps_high": 0.28},
-                 aggregation="token-mean", reward="correctness", group_filter=True, overlong_cache=4),
-    "gspo": dict(advantage="grpo", loss="gspo", aggregation="seq-mean-token-mean", reward="correctness"),
-    "cispo": dict(advantage="grpo", loss="cispo", aggregation="token-mean", reward="correctness"),
-    "capo": dict(advantage="capo", loss="ppo_clip", aggregation="seq-mean-token-mean", reward="correctness",
-                 advantage_kwargs={"tau": 0.6}, noise_mask="quantile"),
-    "rlcr": dict(advantage="grpo", loss="ppo_clip", aggregation="seq-mean-token-mean", reward="rlcr"),
-}
 
 
 @dataclass
@@ -105,8 +96,8 @@ class AlgorithmConfig:
     overlong_cache: int | None = knob(None, "DAPO overlong shaping cache length L_cache in tokens (None = off)")
     noise_mask: str | None = knob(None, "CAPO reference-perplexity noise mask: off, fixed (mask_low/high), "
                                   "quantile (measured on the reference model's own rollouts)")
-    mask_low: float = knob(1.05, "fixed mask: keep an incorrect response only if PPL_ref >= mask_low")
-    mask_high: float = knob(2.5, "fixed mask: keep a correct response only if PPL_ref <= mask_high")
+    mask_low: float = knob(MASK_LOW, "fixed mask: keep an incorrect response only if PPL_ref >= mask_low")
+    mask_high: float = knob(MASK_HIGH, "fixed mask: keep a correct response only if PPL_ref <= mask_high")
     mask_q_low: float = knob(0.25, "quantile mask: low threshold = this quantile of the base model's PPL")
     mask_q_high: float = knob(0.75, "quantile mask: high threshold = this quantile of the base model's PPL")
     mask_calib_prompts: int = knob(64, "quantile mask: prompts (x group_size samples) used to measure the quantiles")
@@ -195,16 +186,22 @@ class TrainConfig:
         return c
 
     def validate(self) -> None:
-        m, d, r, a, o, run = self.model, self.data, self.rollout, self.algo, self.optim, self.run
+        """Check every field; ConfigError naming the key and what is allowed."""
+        self._validate_model_data()
+        self._validate_algo()
+        self._validate_optim_run()
+
+    def _validate_model_data(self) -> None:
+        m, d, r = self.model, self.data, self.rollout
         _choice("model.dtype", m.dtype, ("float32", "bfloat16"))
         for key in ("path", "ref_path"):
             if getattr(m, key) is not None:
                 _check_model(f"model.{key}", getattr(m, key))
-        if d.dataset not in BUILTIN_DATASETS and not Path(d.dataset).is_file():
-            raise ConfigError(f"data.dataset={d.dataset!r} is neither a built-in dataset ({', '.join(BUILTIN_DATASETS)})"
+        if d.dataset not in DATASET_NAMES and not Path(d.dataset).is_file():
+            raise ConfigError(f"data.dataset={d.dataset!r} is neither a built-in dataset ({', '.join(DATASET_NAMES)})"
                               " nor an existing JSONL/parquet file")
-        _choice("data.answer_format", d.answer_format, ("auto", "rlcr", "boxed", "gsm8k"))
-        _choice("data.gold_format", d.gold_format, ("plain", "gsm8k", "boxed"))
+        _choice("data.answer_format", d.answer_format, ANSWER_FORMATS)
+        _choice("data.gold_format", d.gold_format, FILE_ANSWER_FORMATS)
         _at_least("data.n_train", d.n_train, 1)
         _at_least("data.n_eval", d.n_eval, 1)
         _at_least("rollout.prompts_per_step", r.prompts_per_step, 1)
@@ -213,6 +210,9 @@ class TrainConfig:
         _positive("rollout.temperature", r.temperature)
         if not 0 < r.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
+
+    def _validate_algo(self) -> None:
+        a, r = self.algo, self.rollout
         _choice("algo.advantage", a.advantage, ADVANTAGES.names())
         _choice("algo.loss", a.loss, POLICY_LOSSES.names())
         _choice("algo.aggregation", a.aggregation, AGGREGATIONS)
@@ -239,6 +239,9 @@ class TrainConfig:
             tau = a.advantage_kwargs["tau"]
             if not isinstance(tau, (int, float)) or tau <= 0:
                 raise ConfigError(f"algo.advantage_kwargs.tau must be > 0, got {tau!r}")
+
+    def _validate_optim_run(self) -> None:
+        r, o, run = self.rollout, self.optim, self.run
         _positive("optim.lr", o.lr)
         if o.weight_decay < 0 or o.max_grad_norm < 0 or o.warmup_steps < 0:
             raise ConfigError("optim.weight_decay, optim.max_grad_norm and optim.warmup_steps must be >= 0")
@@ -263,7 +266,9 @@ class TrainConfig:
 
     @property
     def needs_reference(self) -> bool:
-        return self.algo.kl_coef > 0 or self.algo.noise_mask != "off"
+        a = self.algo
+        ace = a.advantage in ADVANTAGES and "confidence_shift" in inspect.signature(ADVANTAGES.get(a.advantage)).parameters
+        return a.kl_coef > 0 or a.noise_mask != "off" or ace
 
     @property
     def single_update(self) -> bool:
@@ -271,12 +276,11 @@ class TrainConfig:
         return self.optim.ppo_epochs == 1 and self.optim.mini_batches == 1
 
 
-BUILTIN_DATASETS = ("default", "gsm8k", "math500")
 SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)}
 
 
 def _check_model(key: str, spec: str) -> None:
-    from capo.evaluation.sampling import check_model_spec
+    from capo.rollout.models import check_model_spec
 
     try:
         check_model_spec(spec)

@@ -1,10 +1,12 @@
-"""Run logging: metrics.jsonl (one row per step), TensorBoard scalars, and a rich progress bar."""
+"""Run logging: metrics.jsonl (one row per step), TensorBoard scalars, and the progress bar's headline metrics."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
+
+from capo.rundir import atomic_write_text, read_jsonl_rows
 
 
 class MetricsLogger:
@@ -25,18 +27,10 @@ class MetricsLogger:
         if not self.enabled:
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
-            rows = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
-            keep = []
-            for ln in rows:
-                try:
-                    if json.loads(ln)["step"] <= self.start_step:
-                        keep.append(ln)
-                except (json.JSONDecodeError, KeyError):
-                    break  # a torn last line from a crash
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(ln + "\n" for ln in keep))
-            tmp.replace(self.path)
+        if self.path.exists():  # a torn last line from a crash is dropped with the rows past the checkpoint
+            keep = [r for r in read_jsonl_rows(self.path) if isinstance(r, dict) and r.get("step", math.inf)
+                    <= self.start_step]
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in keep))
         self.f = open(self.path, "a")
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -64,36 +58,11 @@ class MetricsLogger:
             self.tb.close()
 
 
-class Progress:
-    """A rich progress bar with rate, ETA and the latest headline metrics."""
+def progress_info(m: dict) -> str:
+    """The headline metrics shown beside the training progress bar."""
 
-    def __init__(self, total: int, start: int, enabled: bool = True, label: str = "train"):
-        self.enabled, self.total, self.start, self.label = enabled, total, start, label
-        self.bar = None
+    def f(k):
+        v = m.get(k)
+        return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.3f}"
 
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeElapsedColumn
-            from rich.progress import TimeRemainingColumn
-
-            self.bar = RP(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                          TextColumn("{task.fields[info]}"), transient=False)
-            self.bar.__enter__()
-            self.task = self.bar.add_task(self.label, total=self.total, completed=self.start, info="")
-        return self
-
-    def update(self, step: int, m: dict) -> None:
-        if self.bar is None:
-            return
-
-        def f(k):
-            v = m.get(k)
-            return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.3f}"
-
-        info = f"acc {f('train/accuracy')} auc {f('calib/auc_mean')} reward {f('train/reward_mean')}"
-        self.bar.update(self.task, completed=step, info=info)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
+    return f"acc {f('train/accuracy')} auc {f('calib/auc_mean')} reward {f('train/reward_mean')}"

@@ -12,6 +12,7 @@ accumulation micro-batches, give the same update). What it computes only when th
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import random
@@ -23,6 +24,8 @@ import torch
 from accelerate import Accelerator
 
 from capo.core import (
+    ADVANTAGES,
+    POLICY_LOSSES,
     REWARDS,
     aggregate,
     capo_noise_mask,
@@ -32,18 +35,17 @@ from capo.core import (
     overlong_penalty,
     policy_loss,
     ppl_quantile_thresholds,
+    rlcr_components,
     sequence_logprob_mean,
 )
 from capo.core.calibration import summarize
 from capo.errors import CapoError
-from capo.evaluation.run import run_lock
+from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs
+from capo.rundir import Progress, run_lock
 from capo.trainer import checkpoint as ckpt
 from capo.trainer.config import TrainConfig, dump_yaml
 from capo.trainer.data import load_problems, render_prompts
-from capo.trainer.grading import grade
-from capo.trainer.logging import MetricsLogger, Progress
-from capo.evaluation.sampling import load_model
-from capo.trainer.rollout import Rollout, generate, token_logprobs
+from capo.trainer.logging import MetricsLogger, progress_info
 from capo.trainer.user_reward import load_user_reward, user_rewards
 from capo.verify import Verifier
 
@@ -85,7 +87,10 @@ class Trainer:
         opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (o.warmup_steps + 1)))
         self.model, self.opt, self.sched = self.acc.prepare(self.model, opt, sched)
-        self.step, self.data_pos, self.mask_thresholds = 0, 0, None
+        autocast = "on" if cfg.model.autocast_bf16 else "off"
+        self.engine = HFEngine(self.acc.unwrap_model(self.model), self.tok, autocast=autocast,
+                               share_prefix=cfg.rollout.share_prefix)
+        self.step, self.data_pos, self.mask_thresholds, self.loss_inputs = 0, 0, None, {}
         self._seed_everything(cfg.run.seed)
         if resume_from:
             self._restore(resume_from)
@@ -98,9 +103,10 @@ class Trainer:
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
         if cfg.algo.noise_mask != "off" and self.mask_thresholds is None:
             self.mask_thresholds = self.calibrate_mask()
-        with run_lock(self.run_dir) if self.acc.is_main_process else contextlib.nullcontext(), \
+        with run_lock(self.run_dir, "train") if self.acc.is_main_process else contextlib.nullcontext(), \
                 MetricsLogger(self.run_dir, self.step, enabled=self.acc.is_main_process) as log, \
-                Progress(cfg.run.steps, self.step, enabled=cfg.run.progress and self.acc.is_main_process) as bar:
+                Progress(cfg.run.steps, self.step, label="train", unit="steps", every_s=30.0,
+                         enabled=cfg.run.progress and self.acc.is_main_process) as bar:
             while self.step < cfg.run.steps:
                 t = Timer()
                 with t("step"):
@@ -127,7 +133,7 @@ class Trainer:
                             self.save()
                 last = {**stats, **t, "step": self.step}
                 log.write(last)
-                bar.update(self.step, last)
+                bar.update(self.step, progress_info(last))
         return last
 
     # ------------------------------------------------------------------------------------------------ phases
@@ -143,19 +149,22 @@ class Trainer:
         per = b // self.world
         return out[self.rank * per:(self.rank + 1) * per]
 
-    def rollout(self, problems, group_size: int) -> Rollout:
+    def rollout(self, problems, group_size: int, engine=None) -> Rollout:
+        """``group_size`` responses per problem from the policy (or from ``engine``'s model, e.g. the reference)."""
         c = self.cfg
-        model = self.acc.unwrap_model(self.model)
-        model.eval()
+        if engine is None:
+            engine = self.engine
+            model = self.acc.unwrap_model(self.model)
+            model.eval()
+            engine.sync_weights(model)
         prompts = render_prompts(problems, self.tok, c.data, use_chat_template=c.model.chat_template)
-        return generate(model, self.tok, prompts, group_size=group_size, max_new_tokens=c.rollout.max_new_tokens,
-                        temperature=c.rollout.temperature, top_p=c.rollout.top_p,
-                        autocast_bf16=c.model.autocast_bf16, share_prefix=c.rollout.share_prefix)
+        return engine.sample(prompts, k=group_size, max_new_tokens=c.rollout.max_new_tokens,
+                             temperature=c.rollout.temperature, top_p=c.rollout.top_p)
 
     def reward(self, ro: Rollout, problems):
         g_size = len(ro.texts) // len(problems)
         golds = [p.answer for p in problems for _ in range(g_size)]
-        g = grade(ro.texts, golds, self.cfg.data.answer_format, self.verifier)
+        g = grade(ro.texts, golds, self.verifier, answer_format=self.cfg.data.answer_format)
         if self.user_reward is not None:
             prompts = [p.prompt for p in problems for _ in range(g_size)]
             rewards, g.reward_errors, _ = user_rewards(self.user_reward, prompts, ro.texts, golds,
@@ -195,9 +204,32 @@ class Trainer:
             groups = informative_groups(rewards, G).repeat_interleave(G)
             stats["train/filtered_frac"] = self._mean(1.0 - groups.float())
             active = active & groups
-        adv = compute_advantages(a.advantage, rewards, G, scores=scores, keep=keep & active, **a.advantage_kwargs)
+        extra = self._method_inputs(ro, g, rewards, lp, ref_logp)
+        adv = compute_advantages(a.advantage, rewards, G, scores=scores, keep=keep & active, **extra,
+                                 **a.advantage_kwargs)
         stats["policy/adv_abs_mean"] = self._mean(adv.abs())
         return adv, active, stats
+
+    def _method_inputs(self, ro, g, rewards, lp, ref_logp) -> dict:
+        """The extra per-response inputs the configured estimator names in its signature (``confidence_shift``,
+        ``cluster_ids``, ``components``); the loss's ``rewards`` input is kept for :meth:`_micro_step`."""
+        a, G = self.cfg.algo, self.cfg.rollout.group_size
+        wants = inspect.signature(ADVANTAGES.get(a.advantage)).parameters
+        loss_wants = inspect.signature(POLICY_LOSSES.get(a.loss)).parameters
+        self.loss_inputs = {"rewards": rewards} if "rewards" in loss_wants else {}  # C2GSPG's calibration target
+        out = {}
+        if "confidence_shift" in wants:  # ACE: c_i = sum_t (log pi_old - log pi_ref), a constant
+            m = ro.response_mask.bool()
+            c = torch.where(m, lp - ref_logp, torch.zeros((), dtype=lp.dtype)).sum(-1)
+            out["confidence_shift"] = torch.where(torch.isfinite(c), c, torch.zeros((), dtype=c.dtype))
+        if "cluster_ids" in wants:  # SEED-GRPO: answer equivalence classes within each prompt (-1 = no answer)
+            groups = [g.answers[i:i + G] for i in range(0, len(g.answers), G)]
+            out["cluster_ids"] = torch.tensor([c for cl in self.verifier.equivalence_classes_batch(groups) for c in cl])
+        if "components" in wants:  # GDPO: the reward's terms, each normalised on its own
+            fail = {k: v for k, v in a.reward_kwargs.items() if k == "format_failure_reward"}
+            out["components"] = (rlcr_components(g.correct, confidence=g.confidence, format_ok=g.format_ok, **fail)
+                                 if a.reward == "rlcr" else rewards[:, None]).to(rewards.dtype)
+        return out
 
     def _guard(self, ro, rewards, scores, ref_logp):
         """Numerical guard: a NaN/inf reward or log-prob never reaches the parameters. By ``run.on_bad_sample``
@@ -260,7 +292,8 @@ class Trainer:
                                        mask, autocast_bf16=c.model.autocast_bf16, with_entropy=True,
                                        share_prefix=c.rollout.share_prefix)
         old = logp.detach() if old_logp is None else old_logp[idx]
-        loss_tok, lm = policy_loss(a.loss, logp, old, adv[idx].to(logp.dtype), mask, **a.loss_kwargs)
+        extra = {k: v[idx].to(logp.dtype) for k, v in self.loss_inputs.items()}
+        loss_tok, lm = policy_loss(a.loss, logp, old, adv[idx].to(logp.dtype), mask, **extra, **a.loss_kwargs)
         kl = None
         if a.kl_coef > 0:
             kl = kl_penalty(logp, ref_logp[idx], a.kl_estimator)
@@ -325,11 +358,8 @@ class Trainer:
         probs = [self.train_set[i % len(self.train_set)] for i in range(self.rank * n, (self.rank + 1) * n)]
         with torch.random.fork_rng():
             torch.manual_seed(self.cfg.run.seed + 20_011 + self.rank)
-            ro = generate(self.ref, self.tok, render_prompts(probs, self.tok, self.cfg.data,
-                                                             use_chat_template=self.cfg.model.chat_template),
-                          group_size=self.cfg.rollout.group_size, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                          temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p,
-                          autocast_bf16=self.cfg.model.autocast_bf16, share_prefix=self.cfg.rollout.share_prefix)
+            ro = self.rollout(probs, self.cfg.rollout.group_size, engine=HFEngine(
+                self.ref, self.tok, autocast=self.engine.autocast, share_prefix=self.cfg.rollout.share_prefix))
         ppl = torch.exp(-sequence_logprob_mean(self.logprobs(self.ref, ro), ro.response_mask))
         low, high = ppl_quantile_thresholds(self.acc.gather(ppl.to(self.acc.device)).cpu(), a.mask_q_low,
                                             a.mask_q_high)

@@ -94,6 +94,34 @@ class _Slot:
                 pass
 
 
+class _Batch:
+    """State of one :meth:`Verifier._run_tasks` call: which tasks wait, which slots are idle, warming up, busy."""
+
+    def __init__(self, tasks: list[tuple], on_timeout: str):
+        self.tasks, self.on_timeout = tasks, on_timeout
+        self.results: list[str | None] = [None] * len(tasks)
+        self.pending = deque(range(len(tasks)))
+        self.idle: list[_Slot] = []
+        self.starting: dict[Future, _Slot] = {}
+        self.running: dict[Future, tuple[int, _Slot, float]] = {}  # future -> (task index, slot, dispatch time)
+        self.t_start_wait = 0.0  # since when the batch has been waiting for a worker to start
+
+
+def _find(p: list[int], x: int) -> int:
+    """Root of ``x`` in the union-find parent list ``p`` (with path halving)."""
+    while p[x] != x:
+        p[x] = p[p[x]]
+        x = p[x]
+    return x
+
+
+def _union(p: list[int], a: int, b: int) -> None:
+    """Merge the classes of ``a`` and ``b``; the root of a class is always its smallest member."""
+    ra, rb = _find(p, a), _find(p, b)
+    if ra != rb:
+        p[max(ra, rb)] = min(ra, rb)
+
+
 class Verifier:
     """Judge extracted answers against gold answers by mathematical equivalence (math-verify), sandboxed.
 
@@ -199,69 +227,94 @@ class Verifier:
         ``self.last_elapsed[i]`` is the wall time of task i from dispatch to a warm worker until its result (or its
         kill), the quantity the hard timeout bounds.
         """
-        results: list[str | None] = [None] * len(tasks)
         self.last_elapsed = [0.0] * len(tasks)
         if not tasks:
             return []
         with self._lock:
-            self._ensure_started()
-            pending = deque(range(len(tasks)))
-            idle: list[_Slot] = []
-            starting: dict[Future, _Slot] = {}
-            for slot in self._slots:
-                if slot.ready.done():
-                    self._check_ready(slot, 0)
-                    idle.append(slot)
-                else:
-                    starting[slot.ready] = slot
-            running: dict[Future, tuple[int, _Slot, float]] = {}
-            t_start_wait = time.monotonic()
-            while pending or running:
-                while idle and pending:
-                    slot, i = idle.pop(), pending.popleft()
-                    fn, *args = tasks[i]
-                    try:
-                        fut = slot.executor.submit(fn, *args)
-                    except Exception:  # noqa: BLE001 - broken executor: replace it and retry this item
-                        new = self._replace(slot)
-                        starting[new.ready] = new
-                        pending.appendleft(i)
-                        continue
-                    running[fut] = (i, slot, time.monotonic())
-                if running:
-                    deadline = min(t0 for (_, _, t0) in running.values()) + self.timeout_s
-                else:  # only waiting for workers to start
-                    deadline = t_start_wait + self.startup_timeout_s
-                waitable = list(running) + list(starting)
-                done, _ = wait(waitable, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+            b = self._start_batch(tasks, on_timeout)
+            while b.pending or b.running:
+                self._dispatch(b)
+                waitable = list(b.running) + list(b.starting)
+                done, _ = wait(waitable, timeout=max(0.0, self._deadline(b) - time.monotonic()),
+                               return_when=FIRST_COMPLETED)
                 for fut in done:
-                    if fut in starting:
-                        slot = starting.pop(fut)
-                        self._check_ready(slot, 0)
-                        idle.append(slot)
-                        t_start_wait = time.monotonic()
-                        continue
-                    i, slot, t0 = running.pop(fut)
-                    self.last_elapsed[i] = time.monotonic() - t0
-                    try:
-                        results[i] = fut.result()
-                        idle.append(slot)
-                    except Exception:  # noqa: BLE001 - the worker died (memory limit, crash)
-                        results[i] = on_timeout
-                        new = self._replace(slot)
-                        starting[new.ready] = new
-                now = time.monotonic()
-                for fut, (i, slot, t0) in list(running.items()):
-                    if now - t0 >= self.timeout_s and not fut.done():
-                        running.pop(fut)
-                        self.last_elapsed[i] = now - t0
-                        results[i] = on_timeout
-                        new = self._replace(slot)
-                        starting[new.ready] = new
-                if not running and starting and not idle and time.monotonic() - t_start_wait > self.startup_timeout_s:
-                    for slot in list(starting.values()):
-                        self._check_ready(slot, 0)  # raises with a clear message
-        return results  # type: ignore[return-value]
+                    if fut in b.starting:
+                        self._slot_started(b, fut)
+                    else:
+                        self._task_finished(b, fut)
+                self._kill_overdue(b)
+                self._check_startup_stalled(b)
+        return b.results  # type: ignore[return-value]
+
+    def _start_batch(self, tasks: list[tuple], on_timeout: str) -> _Batch:
+        """Start any missing slots and sort them into warm (idle) and still starting."""
+        self._ensure_started()
+        b = _Batch(tasks, on_timeout)
+        for slot in self._slots:
+            if slot.ready.done():
+                self._check_ready(slot, 0)
+                b.idle.append(slot)
+            else:
+                b.starting[slot.ready] = slot
+        b.t_start_wait = time.monotonic()
+        return b
+
+    def _restart(self, b: _Batch, slot: _Slot) -> None:
+        """Replace a broken, dead or overdue slot; the new one warms up among ``b.starting``."""
+        new = self._replace(slot)
+        b.starting[new.ready] = new
+
+    def _dispatch(self, b: _Batch) -> None:
+        """Give pending tasks to idle slots; a slot whose executor is broken is replaced and its task requeued."""
+        while b.idle and b.pending:
+            slot, i = b.idle.pop(), b.pending.popleft()
+            fn, *args = b.tasks[i]
+            try:
+                fut = slot.executor.submit(fn, *args)
+            except Exception:  # noqa: BLE001 - broken executor: replace it and retry this item
+                self._restart(b, slot)
+                b.pending.appendleft(i)
+                continue
+            b.running[fut] = (i, slot, time.monotonic())
+
+    def _deadline(self, b: _Batch) -> float:
+        """When the oldest running task times out, or (none running) when waiting for a worker to start does."""
+        if b.running:
+            return min(t0 for (_, _, t0) in b.running.values()) + self.timeout_s
+        return b.t_start_wait + self.startup_timeout_s
+
+    def _slot_started(self, b: _Batch, fut: Future) -> None:
+        slot = b.starting.pop(fut)
+        self._check_ready(slot, 0)
+        b.idle.append(slot)
+        b.t_start_wait = time.monotonic()
+
+    def _task_finished(self, b: _Batch, fut: Future) -> None:
+        """Record a finished task's result; a worker that died gives ``on_timeout`` and is replaced."""
+        i, slot, t0 = b.running.pop(fut)
+        self.last_elapsed[i] = time.monotonic() - t0
+        try:
+            b.results[i] = fut.result()
+            b.idle.append(slot)
+        except Exception:  # noqa: BLE001 - the worker died (memory limit, crash)
+            b.results[i] = b.on_timeout
+            self._restart(b, slot)
+
+    def _kill_overdue(self, b: _Batch) -> None:
+        """Tasks past the hard timeout get ``on_timeout``; their worker processes are killed and replaced."""
+        now = time.monotonic()
+        for fut, (i, slot, t0) in list(b.running.items()):
+            if now - t0 >= self.timeout_s and not fut.done():
+                b.running.pop(fut)
+                self.last_elapsed[i] = now - t0
+                b.results[i] = b.on_timeout
+                self._restart(b, slot)
+
+    def _check_startup_stalled(self, b: _Batch) -> None:
+        """Raise when nothing runs and no worker has finished starting within ``startup_timeout_s``."""
+        if not b.running and b.starting and not b.idle and time.monotonic() - b.t_start_wait > self.startup_timeout_s:
+            for slot in list(b.starting.values()):
+                self._check_ready(slot, 0)  # raises with a clear message
 
     def _refused(self, answer: str | None) -> bool:
         return answer is None or not answer.strip() or len(answer) > self.max_answer_chars or looks_like_code(answer)
@@ -320,61 +373,62 @@ class Verifier:
     def equivalence_classes_batch(self, groups: Sequence[Sequence[str | None]]) -> list[list[int]]:
         """:meth:`equivalence_classes` for many questions at once (one dispatch, all workers busy)."""
         soft = self.timeout_s - self.grace_s
-        uniq_per_group: list[list[str]] = []
-        for answers in groups:
-            seen: dict[str, None] = {}
-            for a in answers:
-                if not self._refused(a):
-                    seen.setdefault(a.strip(), None)
-            # (equal strings always share a class: they are deduplicated here before any comparison)
-            uniq_per_group.append(list(seen))
-        # 1) which unique answers parse at all, and can be compared with something in time
-        def is_int(u: str) -> bool:
-            return self.exact_match_shortcut and _INT.fullmatch(u) is not None
+        uniq_per_group = [self._unique_answers(answers) for answers in groups]
+        ok_per_group = self._parsable(uniq_per_group, soft)
+        parents = [list(range(len(u))) for u in uniq_per_group]
+        for gi, a, b in self._equal_pairs(uniq_per_group, ok_per_group, soft):
+            _union(parents[gi], a, b)
+        return [self._class_ids(answers, uniq, ok, p)
+                for answers, uniq, ok, p in zip(groups, uniq_per_group, ok_per_group, parents)]
 
+    def _unique_answers(self, answers: Sequence[str | None]) -> list[str]:
+        """The distinct stripped answers of one question that are not refused, in first-occurrence order."""
+        seen: dict[str, None] = {}
+        for a in answers:
+            if not self._refused(a):
+                seen.setdefault(a.strip(), None)
+        # (equal strings always share a class: they are deduplicated here before any comparison)
+        return list(seen)
+
+    def _is_int(self, u: str) -> bool:
+        """An integer literal judged without a worker (only with ``exact_match_shortcut``)."""
+        return self.exact_match_shortcut and _INT.fullmatch(u) is not None
+
+    def _parsable(self, uniq_per_group: list[list[str]], soft: float) -> list[list[bool]]:
+        """Which unique answers parse at all, and can be compared with something in time."""
         parse_tasks = [(_worker.parse_ok_task, u, soft, True) for uniq in uniq_per_group for u in uniq
-                       if not is_int(u)]
+                       if not self._is_int(u)]
         parse_res = iter(self._run_tasks(parse_tasks, on_timeout="timeout"))
-        ok_per_group = [[True if is_int(u) else next(parse_res) == "ok" for u in uniq] for uniq in uniq_per_group]
-        # 2) pairwise equivalence among the parsable ones (two integer literals are compared as integers)
+        return [[True if self._is_int(u) else next(parse_res) == "ok" for u in uniq] for uniq in uniq_per_group]
+
+    def _equal_pairs(self, uniq_per_group: list[list[str]], ok_per_group: list[list[bool]],
+                     soft: float) -> list[tuple[int, int, int]]:
+        """``(group, a, b)`` for each pair of parsable unique answers found equivalent (two integer literals are
+        compared as integers, other pairs by math-verify; a comparison that times out counts as different)."""
         pair_tasks, pair_where, int_equal = [], [], []
         for gi, (uniq, ok) in enumerate(zip(uniq_per_group, ok_per_group)):
             idx = [j for j, o in enumerate(ok) if o]
             for a in range(len(idx)):
                 for b in range(a + 1, len(idx)):
                     ua, ub = uniq[idx[a]], uniq[idx[b]]
-                    if is_int(ua) and is_int(ub):
+                    if self._is_int(ua) and self._is_int(ub):
                         if int(ua) == int(ub):
                             int_equal.append((gi, idx[a], idx[b]))
                         continue
                     pair_tasks.append((_worker.equal_task, ua, ub, soft, self.float_rounding))
                     pair_where.append((gi, idx[a], idx[b]))
         pair_res = self._run_tasks(pair_tasks, on_timeout="timeout") + ["equal"] * len(int_equal)
-        pair_where += int_equal
-        parents = [list(range(len(u))) for u in uniq_per_group]
+        return [w for w, r in zip(pair_where + int_equal, pair_res) if r == "equal"]
 
-        def find(p: list[int], x: int) -> int:
-            while p[x] != x:
-                p[x] = p[p[x]]
-                x = p[x]
-            return x
-
-        for (gi, a, b), r in zip(pair_where, pair_res):
-            if r == "equal":
-                p = parents[gi]
-                ra, rb = find(p, a), find(p, b)
-                if ra != rb:
-                    p[max(ra, rb)] = min(ra, rb)
-        out: list[list[int]] = []
-        for answers, uniq, ok, p in zip(groups, uniq_per_group, ok_per_group, parents):
-            pos = {u: j for j, u in enumerate(uniq)}
-            label: dict[int, int] = {}
-            ids = []
-            for a in answers:
-                if self._refused(a) or not ok[pos[a.strip()]]:
-                    ids.append(-1)
-                    continue
-                root = find(p, pos[a.strip()])
-                ids.append(label.setdefault(root, len(label)))
-            out.append(ids)
-        return out
+    def _class_ids(self, answers: Sequence[str | None], uniq: list[str], ok: list[bool], p: list[int]) -> list[int]:
+        """One class id per answer, numbered by first occurrence; -1 for a refused or unparsable answer."""
+        pos = {u: j for j, u in enumerate(uniq)}
+        label: dict[int, int] = {}
+        ids = []
+        for a in answers:
+            if self._refused(a) or not ok[pos[a.strip()]]:
+                ids.append(-1)
+                continue
+            root = _find(p, pos[a.strip()])
+            ids.append(label.setdefault(root, len(label)))
+        return ids

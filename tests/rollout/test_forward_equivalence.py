@@ -11,15 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capo.evaluation.sampling import sample_batch, sample_rollout
-from capo.trainer.rollout import token_logprobs
+from capo.rollout import HFEngine, load_model, sample_rollout, token_logprobs
 
 
 @pytest.fixture(scope="module")
 def model_tok(tiny_model):
-    from capo.evaluation.sampling import load_model
-
-    return load_model(tiny_model)  # tests/trainer/conftest.py: 2-layer Qwen2, capo's character tokenizer
+    return load_model(tiny_model)  # tests/conftest.py: 2-layer Qwen2, capo's character tokenizer
 
 
 def oracle_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask):
@@ -135,8 +132,8 @@ def test_model_generation_defaults_do_not_change_the_policy(model_tok):
         if penalty:
             gc.repetition_penalty, gc.top_k, gc.no_repeat_ngram_size = penalty, 3, 1
         try:
-            out.append(sample_batch(model, tok, PROMPTS[:2], k=3, temperature=1.0, top_p=1.0, max_new_tokens=10,
-                                    seed=4, autocast="off"))
+            out.append(HFEngine(model, tok, autocast="off").sample(PROMPTS[:2], k=3, temperature=1.0, top_p=1.0,
+                                                                   max_new_tokens=10, seed=4).samples(3))
         finally:
             gc.repetition_penalty, gc.top_k, gc.no_repeat_ngram_size = saved
     assert [[s.token_ids for s in r] for r in out[0]] == [[s.token_ids for s in r] for r in out[1]]

@@ -1,28 +1,21 @@
-"""Rollouts and the training forward.
+"""The training forward: log-probs (and entropies) of given response tokens under a model, with gradient.
 
-Sampling is :func:`capo.evaluation.sampling.sample_rollout` (shared with ``capo eval``): G responses per prompt and
-the rollout-time log-probs, recorded during generation at no extra forward pass (the policy's raw temperature-1
-log-softmax, before any temperature/top-p warping): CAPO's sequence confidence lpm and the perplexity used by
-calibration metrics. :func:`token_logprobs` is the forward (with gradient in the update) over prompt + response.
+Used for the reference, old and training log-probs (trainer) and by the adapters' checks. For plain-head
+architectures (Qwen2/3, Llama, Mistral) on an unwrapped model it runs the backbone, projects onto the vocabulary in
+tiles (no [N, T, V] tensor), trims response columns past the longest response and, with ``share_prefix``, runs each
+distinct prompt once (:func:`capo.rollout.prefix.shared_prefix`). Other models take one plain forward with
+``logits_to_keep``. Every path is checked against an independent full-logits forward, gradients included
+(``tests/rollout/test_forward_equivalence.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from capo.evaluation.sampling import Rollout, sample_rollout
+from capo.rollout.prefix import position_ids as _position_ids
+from capo.rollout.prefix import shared_prefix
 
-__all__ = ["Rollout", "generate", "token_logprobs"]
-
-
-def generate(model, tokenizer, prompts: list[str], *, group_size: int, max_new_tokens: int, temperature: float = 1.0,
-             top_p: float = 1.0, autocast_bf16: bool = False, share_prefix: bool = True) -> Rollout:
-    """Sample ``group_size`` responses for each prompt string. Returns a :class:`Rollout` with N = len(prompts) * G."""
-    device = next(model.parameters()).device
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
-        return sample_rollout(model, tokenizer, prompts, k=group_size, max_new_tokens=max_new_tokens,
-                              temperature=temperature, top_p=top_p, share_prefix=share_prefix)
-
+__all__ = ["LOGPROB_TILE_TOKENS", "token_logprobs"]
 
 # Architectures whose logits are exactly ``lm_head(backbone(x))`` (no soft-capping or logit scale): for these the
 # log-probs are computed by :class:`_TiledLogprobs` from the backbone's hidden states without materialising [N, T, V].
@@ -83,13 +76,9 @@ def _shared_prefix_hidden(backbone, prompt_ids, prompt_mask, response_ids, attn,
     uniq, inv = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
     if len(uniq) == len(prompt_ids):
         return None
-    u_ids, u_mask = uniq[:, :p], uniq[:, p:]
-    out = backbone(input_ids=u_ids, attention_mask=u_mask, position_ids=(u_mask.cumsum(-1) - 1).clamp(min=0),
-                   use_cache=True)
-    cache = out.past_key_values
-    if cache is None or not hasattr(cache, "batch_select_indices"):
+    out, cache = shared_prefix(backbone, uniq[:, :p], uniq[:, p:], inv)
+    if cache is None:
         return None
-    cache.batch_select_indices(inv)
     h_resp = backbone(input_ids=response_ids, attention_mask=attn, position_ids=position_ids[:, p:],
                       past_key_values=cache, use_cache=True).last_hidden_state  # [N, T, d]
     return torch.cat([out.last_hidden_state[inv, -1:], h_resp[:, :-1]], dim=1)
@@ -137,7 +126,7 @@ def _token_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask,
     ids = torch.cat([prompt_ids, response_ids], dim=1)
     attn = torch.cat([prompt_mask, response_mask], dim=1)
     p, t = prompt_ids.shape[1], response_ids.shape[1]
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    position_ids = _position_ids(attn)
     parts = _plain_head(model)
     if t == 0:
         z = torch.zeros(ids.shape[0], 0, device=ids.device)

@@ -1,0 +1,49 @@
+"""The one grader: response texts + gold answers -> extracted answers, verdicts, verbal confidences, format flags.
+
+Used by the trainer, ``capo eval`` and the TRL/verl adapters, so "correct" and "format ok" mean the same thing
+everywhere:
+
+- ``answers``: :func:`capo.verify.extract_answer` with ``answer_format`` (auto, rlcr, boxed, gsm8k, last_number);
+- ``correct``: the verifier's verdict is CORRECT (math-verify equivalence to the gold answer);
+- ``confidence``: the verbalized ``<confidence>q</confidence>`` (RLCR), NaN where missing or not in [0, 1];
+- ``format_ok``: RLCR's format is well formed (an ``<answer>`` and a valid ``<confidence>``;
+  :func:`capo.verify.extract_rlcr`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from capo.verify import RlcrParse, Verdict, Verifier, extract_answer, extract_rlcr
+
+__all__ = ["Graded", "grade"]
+
+
+@dataclass
+class Graded:
+    """Per-response verdicts, N rows. confidence is NaN where the response has no valid <confidence>."""
+
+    answers: list[str | None]
+    verdicts: list[Verdict]
+    parses: list[RlcrParse]  # RLCR tags as parsed (exact Python-float confidences, for rows written to disk)
+    correct: torch.Tensor  # [N] bool
+    confidence: torch.Tensor  # [N] float32
+    format_ok: torch.Tensor  # [N] bool (RLCR tags well formed)
+    reward_errors: int = 0  # user reward function failures scored 0 (algo.reward_errors=zero)
+
+
+def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, answer_format: str = "auto",
+          fallback_last_number: bool = False) -> Graded:
+    """Extract each response's answer and judge it against its gold (``len(texts) == len(golds)``)."""
+    if len(texts) != len(golds):
+        raise ValueError(f"got {len(texts)} responses but {len(golds)} gold answers; they must match")
+    parses = [extract_rlcr(t) for t in texts]
+    answers = [extract_answer(t, answer_format, fallback_last_number=fallback_last_number) for t in texts]
+    verdicts = verifier.verify_batch(answers, [str(g) for g in golds])
+    correct = torch.tensor([v == Verdict.CORRECT for v in verdicts], dtype=torch.bool)
+    conf = torch.tensor([float("nan") if p.confidence is None else p.confidence for p in parses], dtype=torch.float32)
+    fmt = torch.tensor([p.format_ok for p in parses], dtype=torch.bool)
+    return Graded(answers, verdicts, parses, correct, conf, fmt)

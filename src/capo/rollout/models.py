@@ -1,0 +1,116 @@
+"""Loading a causal LM and its tokenizer, and the numeric policy (bf16 autocast) of the forwards that use it.
+
+``spec`` everywhere is a local Hugging Face folder, ``DIR/FILE.gguf`` (dequantised by transformers; needs
+``gguf``), ``"default"`` (capo's embedded tiny model) or a Hub id (downloaded by transformers for users who have
+the Hub). Bad specs fail in :func:`check_model_spec` before anything heavy is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import torch
+
+from capo.errors import ConfigError
+
+__all__ = ["AUTOCAST_MODES", "autocast_context", "check_model_spec", "eos_token_ids", "load_model", "merge_eos_ids"]
+
+AUTOCAST_MODES = ("auto", "on", "off")  # the one list of bf16 autocast policies (`capo eval --autocast`)
+
+
+def check_model_spec(spec: str) -> None:
+    """Fail fast on a local-looking model path that does not exist (before anything heavy is loaded)."""
+    if spec == "default":
+        return
+    p = Path(spec).expanduser()
+    looks_local = spec.startswith((".", "/", "~")) or p.suffix == ".gguf" or p.exists() or spec.count("/") != 1
+    if looks_local and not p.exists():
+        raise ConfigError(
+            f"model {spec!r}: no such file or folder (give a Hugging Face model folder, DIR/FILE.gguf, "
+            "'default', or a Hub id like 'Qwen/Qwen2.5-Math-1.5B')"
+        )
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise ConfigError(f"model {spec!r} is a folder without config.json: not a Hugging Face model folder")
+    if p.is_file() and p.suffix != ".gguf":
+        raise ConfigError(f"model {spec!r} is a file but not a .gguf file; give a model folder or DIR/FILE.gguf")
+
+
+def load_model(spec: str, dtype: torch.dtype = torch.float32):
+    """Return ``(model, tokenizer)`` in eval mode, left-padding, with a pad token.
+
+    ``spec``: a local Hugging Face folder, ``DIR/FILE.gguf`` (dequantised by transformers; needs ``gguf``),
+    ``"default"`` (capo's embedded tiny model), or a Hub id (downloaded by transformers for users who have the Hub).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_model_spec(spec)
+    if spec == "default":
+        from capo.tasks.default import load_default
+
+        model, tok = load_default(dtype=dtype)
+    else:
+        p = Path(spec).expanduser()
+        kw = {}
+        if p.suffix == ".gguf":
+            kw = {"gguf_file": p.name}
+            p = p.parent
+        try:
+            tok = AutoTokenizer.from_pretrained(str(p) if p.exists() else spec, **kw)
+            model = AutoModelForCausalLM.from_pretrained(str(p) if p.exists() else spec, dtype=dtype, **kw)
+        except (OSError, ValueError) as e:
+            offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+            raise ConfigError(
+                f"could not load model {spec!r}{' (HF_HUB_OFFLINE is set)' if offline else ''}: "
+                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            ) from None
+        if kw and getattr(model.config, "quantization_config", None) is not None:
+            model.config.quantization_config = None  # weights are dequantised; lets users save a normal folder
+            model.hf_quantizer, model.is_quantized = None, False  # (checkpoints of a GGUF-started run are plain)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model.eval(), tok
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def autocast_context(mode: str, device: torch.device, n_params: int):
+    """bf16 autocast: ``on``, ``off``, or ``auto`` (on for CUDA with bf16, and for CPUs with AVX512-bf16/AMX when
+    the model has >= 25M parameters, where it is 2-3x faster than fp32)."""
+    if mode == "off":
+        return contextlib.nullcontext()
+    if mode == "auto":
+        if device.type == "cuda":
+            on = torch.cuda.is_bf16_supported()
+        else:
+            on = device.type == "cpu" and _cpu_has_bf16() and n_params >= 25_000_000
+        if not on:
+            return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and the model's generation-config EOS id(s)."""
+    return merge_eos_ids(tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None))
+
+
+def merge_eos_ids(*eos) -> list[int]:
+    """The distinct ids among EOS specifications (each an id, a list of ids or None), in order; every engine stops a
+    response at any of them. ConfigError if there is none."""
+    ids: list[int] = []
+    for e in eos:
+        for i in e if isinstance(e, (list, tuple)) else [e]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ConfigError("the tokenizer and the model's generation config define no EOS token")
+    return ids

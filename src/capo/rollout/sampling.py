@@ -1,0 +1,138 @@
+"""The Hugging Face engine: sample k responses per prompt with ``model.generate`` and record, for every sampled
+token, its raw temperature-1 log-prob.
+
+Log-prob definition (the one every perplexity metric in capo uses, whichever engine sampled): for each generated
+token y_t, ``log p_theta(y_t | x, y_<t)`` = the model's raw ``log_softmax`` at temperature 1, with no
+top-p/top-k/repetition processing -- the policy's own distribution, not the (tempered, truncated) sampling
+distribution. Here it is recorded during ``generate`` by a forward hook on the model (the raw logits of every
+decoding step), so it costs no extra forward pass and does not depend on which logits processors ``generate``
+applied; it equals a re-forward over prompt + response up to floating-point summation order (tested).
+``mean_logprob`` = (1/T) sum_t log p(y_t), T = response tokens including the EOS token when one was generated;
+``PPL = exp(-mean_logprob)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from capo.rollout.models import autocast_context, eos_token_ids
+from capo.rollout.prefix import shared_prefix
+from capo.rollout.types import Rollout
+from capo.tasks.prompts import check_context
+
+__all__ = ["HFEngine", "sample_rollout"]
+
+
+class _RecordLogprobs:
+    """Forward hook on the causal LM: at every decoding step it sees the raw next-token logits (before any
+    temperature/top-p/penalty processing), keeps their log-softmax, and at the next step gathers the log-prob of the
+    token that was sampled (the next forward's last input id)."""
+
+    def __init__(self):
+        self.prev: torch.Tensor | None = None  # [N, V] log-softmax of the previous step
+        self.out: list[torch.Tensor] = []
+
+    def __call__(self, module, args, kwargs, output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if self.prev is not None:
+            self.out.append(self.prev.gather(-1, ids[:, -1:]).squeeze(-1))
+        logits = output.logits if hasattr(output, "logits") else output[0]
+        self.prev = torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+    def finish(self, sequences: torch.Tensor, n_new: int) -> torch.Tensor:
+        if self.prev is not None and len(self.out) < n_new:
+            self.out.append(self.prev.gather(-1, sequences[:, -1:]).squeeze(-1))
+        if not self.out:
+            return torch.zeros(sequences.shape[0], 0)
+        return torch.stack(self.out, dim=1)
+
+
+def _prefix_cache(model, ids: torch.Tensor, am: torch.Tensor, k: int):
+    """KV cache of every prompt's first P-1 tokens, computed once per prompt and copied to its k rows (``generate``
+    then runs only the last prompt token for the N = B*k rows). None where the model gives no such cache."""
+    rows = torch.arange(ids.shape[0], device=ids.device).repeat_interleave(k)
+    try:
+        return shared_prefix(model, ids[:, :-1], am[:, :-1], rows, logits_to_keep=1)[1]
+    except TypeError:  # architectures without logits_to_keep
+        return shared_prefix(model, ids[:, :-1], am[:, :-1], rows)[1]
+
+
+@torch.no_grad()
+def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_tokens: int, temperature: float = 1.0,
+                   top_p: float = 1.0, share_prefix: bool = True) -> Rollout:
+    """Sample ``k`` responses per prompt string with ``model.generate``; the one sampler of trainer and evaluation.
+
+    The per-token log-probs are the policy's own (raw logits, log-softmax at temperature 1, no top-p/top-k or
+    penalties), recorded during generation by a forward hook: no extra forward pass. Sampling uses only
+    ``temperature``/``top_p`` (a fresh generation config: the model's own defaults, e.g. a repetition penalty, are
+    not applied); ``temperature == 0`` is greedy decoding. ``share_prefix``: each prompt's prefix is run once and its
+    KV cache copied to its k rows instead of k times (the knob ``rollout.share_prefix`` / eval's
+    ``share_prefix``; exact up to floating-point summation order). Draws from torch's global RNG.
+    """
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)  # complete
+    check_context(model, enc["attention_mask"], max_new_tokens, prompts)
+    eos = eos_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    ids, am = enc["input_ids"].repeat_interleave(k, 0), enc["attention_mask"].repeat_interleave(k, 0)  # [N, P]
+    sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else \
+        dict(do_sample=False)
+    gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad, **sampling)
+    cache = None
+    if share_prefix and k > 1 and enc["input_ids"].shape[1] > 1 and max_new_tokens > 0:
+        cache = _prefix_cache(model, enc["input_ids"], enc["attention_mask"], k)
+    recorder = _RecordLogprobs()
+    handle = model.register_forward_hook(recorder, with_kwargs=True)
+    # generate() fills every field left unset in a passed config from model.generation_config (a checkpoint's
+    # repetition penalty, top-k, min length, ...): swap in our own config so nothing but temperature/top_p shapes
+    # the sampling distribution.
+    model_cfg, model.generation_config = model.generation_config, gen_cfg
+    try:
+        seq = model.generate(input_ids=ids, attention_mask=am, generation_config=gen_cfg,
+                             **({"past_key_values": cache} if cache is not None else {}))
+    finally:
+        model.generation_config = model_cfg
+        handle.remove()
+    resp = seq[:, ids.shape[1]:]  # [N, T]
+    logp = recorder.finish(seq, resp.shape[1]).to(resp.device)
+    is_eos = torch.isin(resp, torch.tensor(eos, device=resp.device))
+    mask = (is_eos.long().cumsum(-1) - is_eos.long()) == 0  # real tokens: up to and including the first EOS
+    truncated = ~(is_eos & mask).any(-1)
+    n_text = mask.sum(-1) - (~truncated).long()  # the text excludes the EOS token
+    texts = tokenizer.batch_decode([r[:n].tolist() for r, n in zip(resp, n_text)], skip_special_tokens=True)
+    resp = resp.masked_fill(~mask, pad)
+    logp = torch.where(mask, logp, torch.zeros_like(logp))
+    return Rollout(ids, am, resp, mask.long(), logp, texts, truncated)
+
+
+
+class HFEngine:
+    """The ``hf`` engine: samples with the training model itself (so :meth:`sync_weights` has nothing to do).
+
+    ``autocast``: bf16 policy of the sampling forwards (:data:`capo.rollout.models.AUTOCAST_MODES`).
+    ``share_prefix``: each prompt's prefix runs once per group (``rollout.share_prefix`` / eval's ``share_prefix``).
+    """
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer, *, autocast: str = "off", share_prefix: bool = True):
+        self.model, self.tokenizer, self.autocast, self.share_prefix = model, tokenizer, autocast, share_prefix
+
+    def sample(self, prompts: list[str], *, k: int, max_new_tokens: int, temperature: float = 1.0,
+               top_p: float = 1.0, seed: int | None = None) -> Rollout:
+        """See :class:`capo.rollout.engine.Engine`. ``seed``: ``torch.manual_seed(seed)`` first (the HF sampler
+        draws from torch's global RNG); None continues the current stream."""
+        if seed is not None:
+            torch.manual_seed(seed)
+        device = next(self.model.parameters()).device
+        n_params = sum(p.numel() for p in self.model.parameters())
+        with autocast_context(self.autocast, device, n_params):
+            return sample_rollout(self.model, self.tokenizer, prompts, k=k, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, top_p=top_p, share_prefix=self.share_prefix)
+
+    def sync_weights(self, model) -> None:
+        """Nothing to copy: the engine samples with the training model. Pass the unwrapped model being trained."""
+        self.model = model

@@ -1,0 +1,64 @@
+"""The data a rollout produces: :class:`Rollout` (tensors, what the trainer consumes) and :class:`Sample` (one
+response as Python lists, what ``capo eval`` writes). Every engine returns the same :class:`Rollout`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Rollout", "Sample"]
+
+
+@dataclass
+class Sample:
+    """One sampled response: its token ids, decoded text, per-token log-probs and why it stopped."""
+
+    text: str
+    token_ids: list[int]
+    token_logprobs: list[float]
+    finish_reason: str  # "stop" (EOS generated) or "length" (hit max_new_tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def sum_logprob(self) -> float:
+        return float(sum(self.token_logprobs))
+
+    @property
+    def mean_logprob(self) -> float | None:
+        return self.sum_logprob / self.n_tokens if self.n_tokens else None
+
+
+@dataclass
+class Rollout:
+    """N = B*k sampled responses, the k responses of a prompt in contiguous rows.
+
+    Shapes: prompt_ids/prompt_mask [N, P] (left-padded), response_ids/response_mask [N, T] (right-padded; the EOS
+    token is a real, counted token), gen_logp [N, T] float32 (0 at padding), truncated [N] bool (hit
+    max_new_tokens without EOS). ``texts``: the decoded responses without the EOS token."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    gen_logp: torch.Tensor
+    texts: list[str]
+    truncated: torch.Tensor
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)
+
+    def select(self, idx: torch.Tensor) -> Rollout:
+        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.response_ids[idx], self.response_mask[idx],
+                       self.gen_logp[idx], [self.texts[i] for i in idx.tolist()], self.truncated[idx])
+
+    def samples(self, k: int) -> list[list[Sample]]:
+        """The responses as ``[B][k]`` :class:`Sample` lists (what ``capo eval`` writes), B = N // k."""
+        lens, toks, lps = self.lengths.tolist(), self.response_ids.tolist(), self.gen_logp.cpu().tolist()
+        return [[Sample(text=self.texts[s], token_ids=toks[s][:lens[s]], token_logprobs=lps[s][:lens[s]],
+                        finish_reason="length" if bool(self.truncated[s]) else "stop")
+                 for s in range(b * k, (b + 1) * k)] for b in range(len(self.texts) // k)]

@@ -1,0 +1,234 @@
+"""Clip-Cov, KL-Cov and C2GSPG: hand-computed losses and gradients, reductions, agreement with verl (skipped when
+verl is not importable), and input errors."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capo.core import POLICY_LOSSES, aggregate, policy_loss
+from capo.core.loss_variants import c2gspg_loss, clip_cov_loss, kl_cov_loss, token_covariance
+from capo.core.losses import gspo_loss, ppo_clip_loss
+
+f64 = dict(dtype=torch.float64)
+EXACT = dict(rtol=0, atol=1e-12)
+
+# a 2 x 3 batch, last token of row 1 is padding; A = [1, -1]
+LOGP = [[-0.1, -2.0, -0.6], [-3.0, -0.9, -7.0]]
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+ADV = torch.tensor([1.0, -1.0], **f64)
+# token-weighted means over the 5 real tokens: A: (3 - 2)/5 = 0.2; logp: (-0.1-2-0.6-3-0.9)/5 = -1.32
+# Cov = (A - 0.2)(logp + 1.32): row 0 (0.8): [0.976, -0.544, 0.576]; row 1 (-1.2): [2.016, -0.504, pad 0]
+COV = [[0.8 * 1.22, 0.8 * -0.68, 0.8 * 0.72], [-1.2 * -1.68, -1.2 * 0.42, 0.0]]
+
+
+def leaf(x):
+    return torch.tensor(x, **f64, requires_grad=True)
+
+
+def test_new_losses_are_registered():
+    for name in ("clip_cov", "kl_cov", "c2gspg"):
+        assert name in POLICY_LOSSES
+
+
+def test_token_covariance_hand_computed():
+    torch.testing.assert_close(token_covariance(leaf(LOGP), ADV, MASK), torch.tensor(COV, **f64), **EXACT)
+
+
+# ------------------------------------------------------------------------------------------------- Clip-Cov
+def test_clip_cov_removes_the_in_band_tokens_hand_computed():
+    logp = leaf(LOGP)
+    # on-policy (ratio 1): PPO loss -A per token. Cov in (0.5, 5): (0,0) .976, (0,2) .576, (1,0) 2.016;
+    # clip_ratio 0.8 -> floor(0.8 * 5) = 4 tokens to remove >= 3 candidates, so all three go, whatever the order
+    loss, m = clip_cov_loss(logp, logp.detach(), ADV, MASK, clip_ratio=0.8, cov_low=0.5, cov_high=5.0)
+    torch.testing.assert_close(loss, torch.tensor([[0.0, -1.0, 0.0], [0.0, 1.0, 0.0]], **f64), **EXACT)
+    assert float(m["cov_clip_frac"]) == pytest.approx(3 / 5, abs=1e-12)
+    loss.sum().backward()  # d(-A r)/dlogp = -A r = -A on the kept tokens, 0 on the removed ones
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -1.0, 0.0], [0.0, 1.0, 0.0]], **f64), **EXACT)
+
+
+def test_clip_cov_skips_tokens_ppo_already_clips():
+    logp = leaf(LOGP)
+    old = logp.detach().clone()
+    old[1, 0] += 0.5  # ratio e^-0.5 < 0.8 with A < 0: PPO's clipped branch, so never a Clip-Cov candidate
+    loss, m = clip_cov_loss(logp, old, ADV, MASK, clip_ratio=0.8, cov_low=1.0, cov_high=5.0)
+    # candidates in (1, 5): only (1, 0) (2.016), which PPO clips -> nothing removed; loss is plain PPO-clip
+    want, _ = ppo_clip_loss(logp, old, ADV, MASK)
+    torch.testing.assert_close(loss, want, **EXACT)
+    assert float(m["cov_clip_frac"]) == 0.0 and float(m["clip_frac"]) == pytest.approx(1 / 5, abs=1e-12)
+
+
+def test_clip_cov_random_choice_is_seeded_not_global():
+    logp = leaf(LOGP)
+    # default clip_ratio: floor(2e-4 * 5) = 0 -> at least 1 token of the 3 in-band candidates is removed
+    removed = set()
+    for seed in range(30):
+        torch.manual_seed(1234)  # the global RNG must not matter
+        a, _ = clip_cov_loss(logp, logp.detach(), ADV, MASK, cov_low=0.5, seed=seed)
+        torch.manual_seed(999)
+        b, _ = clip_cov_loss(logp, logp.detach(), ADV, MASK, cov_low=0.5, seed=seed)
+        assert torch.equal(a, b)
+        zero = ((a == 0) & MASK.bool()).nonzero().tolist()
+        assert len(zero) == 1 and zero[0] in ([0, 0], [0, 2], [1, 0])
+        removed.add(tuple(zero[0]))
+        gen = torch.Generator().manual_seed(seed)
+        c, _ = clip_cov_loss(logp, logp.detach(), ADV, MASK, cov_low=0.5, generator=gen)
+        assert torch.equal(a, c)
+    assert removed == {(0, 0), (0, 2), (1, 0)}  # every candidate gets picked by some seed
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_clip_cov_with_an_empty_band_is_ppo_clip(seed):
+    g = torch.Generator().manual_seed(seed)
+    logp = torch.randn(4, 6, generator=g, **f64) - 1
+    old = logp + 0.3 * torch.randn(4, 6, generator=g, **f64)
+    adv = torch.randn(4, generator=g, **f64)
+    mask = (torch.rand(4, 6, generator=g) > 0.2).long()
+    a, _ = clip_cov_loss(logp, old, adv, mask, cov_low=1e6, cov_high=2e6)
+    b, _ = ppo_clip_loss(logp, old, adv, mask)
+    torch.testing.assert_close(a, b, **EXACT)
+
+
+def test_clip_cov_errors():
+    logp = leaf(LOGP)
+    with pytest.raises(ValueError, match="cov_low < cov_high"):
+        clip_cov_loss(logp, logp.detach(), ADV, MASK, cov_low=5.0, cov_high=1.0)
+    with pytest.raises(ValueError, match="clip_ratio must be > 0"):
+        clip_cov_loss(logp, logp.detach(), ADV, MASK, clip_ratio=0.0)
+    with pytest.raises(ValueError, match="advantages has 3 rows"):
+        clip_cov_loss(logp, logp.detach(), torch.zeros(3, **f64), MASK)
+
+
+# --------------------------------------------------------------------------------------------------- KL-Cov
+def test_kl_cov_hand_computed():
+    logp = leaf(LOGP)
+    old = logp.detach() - 0.1  # every ratio e^0.1, |log-ratio| 0.1
+    # kl_ratio 0.4 -> floor(0.4 * 5) = 2 tokens with the largest Cov: (1, 0) 2.016 and (0, 0) 0.976
+    loss, m = kl_cov_loss(logp, old, ADV, MASK, kl_ratio=0.4, kl_coef=2.0)
+    e = math.exp(0.1)
+    want = torch.tensor([[-e + 2 * 0.1, -e, -e], [e + 2 * 0.1, e, 0.0]], **f64)
+    torch.testing.assert_close(loss, want, **EXACT)
+    assert float(m["kl_cov_frac"]) == pytest.approx(2 / 5, abs=1e-12)
+    loss.sum().backward()  # d/dlogp: -A r, plus coef * sign(logp - old) = +2 on the two penalised tokens
+    torch.testing.assert_close(logp.grad, torch.tensor([[-e + 2, -e, -e], [e + 2, e, 0.0]], **f64), **EXACT)
+
+
+def test_kl_cov_penalises_at_least_one_token_and_never_clips():
+    logp = leaf(LOGP)
+    old = logp.detach() - 2.0  # ratio e^2, far outside any clip range
+    loss, m = kl_cov_loss(logp, old, ADV, MASK)  # default 2e-4 * 5 tokens -> 1 token: (1, 0)
+    e = math.exp(2.0)
+    torch.testing.assert_close(loss, torch.tensor([[-e, -e, -e], [e + 2.0, e, 0.0]], **f64), **EXACT)
+
+
+def test_kl_cov_errors():
+    logp = leaf(LOGP)
+    with pytest.raises(ValueError, match="kl_ratio must be > 0"):
+        kl_cov_loss(logp, logp.detach(), ADV, MASK, kl_ratio=0)
+    with pytest.raises(ValueError, match="kl_coef must be >= 0"):
+        kl_cov_loss(logp, logp.detach(), ADV, MASK, kl_coef=-1.0)
+
+
+# ----------------------------------------------------------------------------------------------------- verl
+def _verl():
+    try:
+        from verl.trainer.ppo import core_algos
+    except Exception:  # verl or one of its heavy dependencies is missing
+        return None
+    return core_algos
+
+
+def _verl_config(**policy_loss):
+    """The attributes verl's clip_cov / kl_cov read from its ActorConfig (eps 0.2 both sides, local batch)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2, global_batch_info={},
+                           policy_loss=SimpleNamespace(**policy_loss))
+
+
+@pytest.mark.parametrize("mode", ["clip_cov", "kl_cov"])
+def test_agrees_with_verl(mode):
+    """Same tensors through verl's loss and ours: the token-mean loss and its gradient w.r.t. every log-prob."""
+    core_algos = _verl()
+    if core_algos is None:
+        pytest.skip("verl is not importable")
+    g = torch.Generator().manual_seed(7)
+    n, t_len = 16, 40
+    logp = (torch.randn(n, t_len, generator=g) * 1.5 - 1.0).requires_grad_()
+    old = logp.detach() + 0.2 * torch.randn(n, t_len, generator=g)
+    adv = torch.randn(n, generator=g) * 2
+    mask = (torch.rand(n, t_len, generator=g) > 0.15).float()
+    fn = core_algos.get_policy_loss_fn(mode)
+    if mode == "clip_cov":
+        cfg = _verl_config(clip_cov_ratio=0.01, clip_cov_lb=0.5, clip_cov_ub=5.0)
+        torch.manual_seed(3)  # verl draws from the global RNG; ours from a generator seeded the same way
+        ref, _ = fn(old, logp, adv[:, None].expand_as(logp), mask, "token-mean", cfg)
+        ours, m = clip_cov_loss(logp, old, adv, mask, clip_ratio=0.01, cov_low=0.5, cov_high=5.0, seed=3)
+        assert float(m["cov_clip_frac"]) > 0  # the comparison exercises the random removal
+    else:
+        cfg = _verl_config(kl_cov_ratio=0.01, ppo_kl_coef=1.0)
+        ref, _ = fn(old, logp, adv[:, None].expand_as(logp), mask, "token-mean", cfg)
+        ours, m = kl_cov_loss(logp, old, adv, mask, kl_ratio=0.01, kl_coef=1.0)
+        assert float(m["kl_cov_frac"]) > 0
+    ours = aggregate(ours, mask, "token-mean")
+    g_ref = torch.autograd.grad(ref, logp)[0]
+    g_ours = torch.autograd.grad(ours, logp)[0]
+    d_loss, d_grad = abs(float(ours.detach()) - float(ref.detach())), float((g_ours - g_ref).abs().max())
+    print(f"{mode}: |loss - verl| = {d_loss:.3e}, max |grad - verl grad| = {d_grad:.3e}")
+    assert d_loss < 1e-6 and d_grad < 1e-7
+
+
+# --------------------------------------------------------------------------------------------------- C2GSPG
+def test_c2gspg_hand_computed():
+    logp = leaf([[math.log(0.5), math.log(0.5)], [math.log(0.25), 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])  # row 1 has one real token
+    adv = torch.tensor([1.0, -1.0], **f64)
+    rewards = torch.tensor([1.0, 0.0], **f64)
+    # on-policy: GSPO term -s_i A_i = -A_i; confidences c = exp(mean logp): 0.5 and 0.25
+    # BCE: row 0 (R = 1): -log 0.5 = log 2; row 1 (R = 0): -log(1 - 0.25) = log(4/3)
+    loss, m = c2gspg_loss(logp, logp.detach(), adv, mask, rewards=rewards, lam=0.5)
+    want = torch.tensor([[-1 + 0.5 * math.log(2)] * 2, [1 + 0.5 * math.log(4 / 3), 0.0]], **f64)
+    torch.testing.assert_close(loss, want, **EXACT)
+    assert float(m["bce"]) == pytest.approx((math.log(2) + math.log(4 / 3)) / 2, abs=1e-12)
+    aggregate(loss, mask, "seq-mean-token-mean").backward()
+    # (1/N) d/dlogp: GSPO gives -A_i s_i / |o_i|; BCE gives lam * (-1/|o|) for R = 1, lam * c/(1-c)/|o| for R = 0
+    g0 = (-1.0 + 0.5 * -1.0) / 2 / 2
+    g1 = (1.0 + 0.5 * (0.25 / 0.75)) / 1 / 2
+    torch.testing.assert_close(logp.grad, torch.tensor([[g0, g0], [g1, 0.0]], **f64), **EXACT)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_c2gspg_lam_zero_is_gspo_and_gradients_agree_for_binary_rewards(seed):
+    g = torch.Generator().manual_seed(seed)
+    logp = (torch.rand(4, 5, generator=g, **f64) * -2).requires_grad_()
+    mask = torch.ones(4, 5, dtype=torch.long)
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0], **f64)
+    adv = rewards - 0.5
+    a, _ = c2gspg_loss(logp, logp.detach(), adv, mask, rewards=rewards, lam=0.0)
+    b, _ = gspo_loss(logp, logp.detach(), adv, mask)
+    torch.testing.assert_close(a, b, **EXACT)
+    # the paper's collaboration claim for binary rewards: the BCE gradient points where the PG gradient points
+    pg_grad = torch.autograd.grad(aggregate(b, mask, "seq-mean-token-mean"), logp)[0]
+    only_bce = c2gspg_loss(logp, logp.detach(), torch.zeros(4, **f64), mask, rewards=rewards, lam=1.0)[0]
+    bce_grad = torch.autograd.grad(aggregate(only_bce, mask, "seq-mean-token-mean"), logp)[0]
+    assert (pg_grad * bce_grad > 0).all()
+
+
+def test_c2gspg_errors_and_dispatch():
+    logp = leaf([[-1.0, -1.0]])
+    mask = torch.ones(1, 2)
+    adv = torch.zeros(1, **f64)
+    with pytest.raises(ValueError, match="c2gspg needs rewards"):
+        c2gspg_loss(logp, logp.detach(), adv, mask)
+    with pytest.raises(ValueError, match=r"rewards must lie in \[0, 1\]"):
+        c2gspg_loss(logp, logp.detach(), adv, mask, rewards=torch.tensor([2.0], **f64))
+    with pytest.raises(ValueError, match="rewards has 2 rows"):
+        c2gspg_loss(logp, logp.detach(), adv, mask, rewards=torch.tensor([1.0, 0.0], **f64))
+    with pytest.raises(TypeError, match="rewards must have a floating dtype"):
+        c2gspg_loss(logp, logp.detach(), adv, mask, rewards=torch.tensor([1]))
+    loss, _ = policy_loss("c2gspg", logp, logp.detach(), adv, mask, rewards=torch.tensor([1.0], **f64))
+    assert loss.shape == (1, 2)

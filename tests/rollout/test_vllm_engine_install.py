@@ -1,0 +1,24 @@
+"""The vLLM engine's module imports without vLLM, and without vLLM its constructor names the install commands.
+Runs in every environment (the main .venv has no vLLM; .venv-vllm hides it for the second test)."""
+
+import subprocess
+import sys
+
+
+def run(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_importing_the_module_does_not_import_vllm():
+    assert run("import sys, capo.rollout.vllm_engine; print('vllm' in sys.modules)") == "False"
+
+
+def test_missing_vllm_is_a_config_error_with_the_install_commands():
+    out = run(
+        "import sys; sys.modules['vllm'] = None\n"  # makes `import vllm` fail even where it is installed
+        "from capo.errors import ConfigError\n"
+        "from capo.rollout.vllm_engine import VLLMEngine\n"
+        "try:\n    VLLMEngine('any/model')\nexcept ConfigError as e:\n    print(e.exit_code, e)\n"
+    )
+    assert out.startswith("2 vLLM is not installed")
+    assert "sh scripts/vllm-env.sh" in out and "pip install 'capo[vllm]'" in out and "--engine hf" in out
