@@ -140,7 +140,7 @@ def capo_reference(r, s, g, tau, surrogate, norm, keep, masked_partners, thr=0.5
         def w(i, j):
             return 1.0 if surrogate == "linear" else sig((s[j] - s[i]) / tau) / tau
 
-        z = g if norm == "group" else max(len(P) * len(Nn), 1)
+        z = g if norm == "group" else max(sum(partner(i) and partner(j) for i in P for j in Nn), 1)
         for i in P:
             out[i] = sum(w(i, j) for j in Nn if partner(j) and partner(i)) / z
         for j in Nn:
@@ -195,7 +195,8 @@ ESTIMATORS = ["grpo", "dr_grpo", "rloo", "capo"]
 def test_all_equal_groups_give_zero_and_no_nan(name):
     r = torch.tensor([1.0] * 4 + [0.0] * 4 + [0.5] * 4)
     s = torch.randn(12)
-    a = compute_advantages(name, r, 4, scores=s)
+    kw = {"correct": r == 1.0} if name == "capo" else {}  # capo takes verdicts when rewards are not 0/1
+    a = compute_advantages(name, r, 4, scores=s, **kw)
     assert torch.isfinite(a).all()
     assert (a == 0).all()
 

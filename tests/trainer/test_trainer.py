@@ -59,6 +59,7 @@ def _fixed_batch(tr, seed=5):
         render_prompts(problems, tr.tok, tr.cfg.data, use_chat_template=False), k=4, max_new_tokens=10)
     g, _ = tr.reward(ro, problems)
     rewards = torch.rand(16, generator=torch.Generator().manual_seed(seed)).round()
+    g.correct = rewards.bool()  # the verdicts these binary rewards stand for (CAPO reads verdicts, not rewards)
     return ro, g, rewards
 
 

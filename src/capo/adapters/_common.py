@@ -14,12 +14,22 @@ from dataclasses import dataclass
 
 import torch
 
-from capo.core import ADVANTAGES, REWARDS, capo_noise_mask, sequence_logprob_mean
+from capo.core import (
+    ADVANTAGES, MASK_HIGH, MASK_LOW, REWARDS, capo_noise_mask, ppl_quantile_thresholds, sequence_logprob_mean,
+)
 from capo.errors import ConfigError
 from capo.rollout.grading import grade
 
 # Estimators that read per-response scores (mean token log-prob under the rollout policy).
 SCORE_ESTIMATORS = frozenset({"capo"})
+# Per-response inputs that capo.core.advantage_step supplies (never user hyperparameters).
+STEP_INPUTS = ("scores", "keep", "correct", "partners")
+# How the adapters take CAPO's noise-mask thresholds: the paper's fixed numbers, or quantiles of the reference
+# perplexities of the first training batch (then frozen; at step 0 the policy is the base model).
+MASK_RULES = ("fixed", "quantile")
+# Which log-probs feed lpm and PPL_ref: "raw" = temperature-1 log-probs (the paper's, capo's trainer),
+# "sampling" = the engine's temperature-scaled ones (identical at temperature 1).
+LOGPROB_MODES = ("raw", "sampling")
 
 
 def check_estimator(name: str, hparams: dict | None = None, *, engine: str) -> None:
@@ -31,9 +41,9 @@ def check_estimator(name: str, hparams: dict | None = None, *, engine: str) -> N
         )
     params = inspect.signature(ADVANTAGES.get(name)).parameters
     extra = sorted(set(hparams or {}) - {p for p in params if params[p].kind is inspect.Parameter.KEYWORD_ONLY}
-                   - {"scores", "keep"})
+                   | (set(hparams or {}) & set(STEP_INPUTS)))
     if extra:
-        allowed = [p for p in params if params[p].kind is inspect.Parameter.KEYWORD_ONLY and p not in ("scores", "keep")]
+        allowed = [p for p in params if params[p].kind is inspect.Parameter.KEYWORD_ONLY and p not in STEP_INPUTS]
         raise ConfigError(
             f"{engine}: advantage estimator {name!r} has no hyperparameter {', '.join(map(repr, extra))}; "
             f"allowed: {', '.join(allowed) or '(none)'}"
@@ -117,3 +127,30 @@ def completion_text(completion) -> str:
             parts.append(c)
         return "".join(parts)
     raise TypeError(f"a completion must be a string or a list of messages, got {type(completion).__name__}")
+
+
+class MaskThresholds:
+    """CAPO's noise-mask thresholds (low, high) for an adapter, by rule (``MASK_RULES``):
+
+    "fixed": ``low`` and ``high`` as given (the paper's 1.05 and 2.5 for Qwen2.5-Math by default);
+    "quantile": the (``q_low``, ``q_high``) quantiles of the reference perplexities of the first batch this object
+    sees (:func:`capo.core.ppl_quantile_thresholds`), then frozen for the rest of the run. At the first training
+    step the policy is still the base model, so these are the base model's own rollouts, as in the paper.
+    """
+
+    def __init__(self, rule: str = "fixed", low: float = MASK_LOW, high: float = MASK_HIGH, q_low: float = 0.25,
+                 q_high: float = 0.75, *, engine: str):
+        if rule not in MASK_RULES:
+            raise ConfigError(f"{engine}: mask_rule={rule!r} is not allowed; allowed values: {', '.join(MASK_RULES)}")
+        if not (0.0 <= q_low <= q_high <= 1.0):
+            raise ConfigError(f"{engine}: need 0 <= mask_q_low <= mask_q_high <= 1, got {q_low}, {q_high}")
+        if not (0.0 < low <= high):
+            raise ConfigError(f"{engine}: need 0 < mask_low <= mask_high, got {low}, {high}")
+        self.rule, self.q_low, self.q_high = rule, q_low, q_high
+        self.value: tuple[float, float] | None = (low, high) if rule == "fixed" else None
+
+    def resolve(self, ref_ppl: torch.Tensor) -> tuple[float, float]:
+        """(low, high) for this batch; ``ref_ppl`` [N] are its reference perplexities (read once for "quantile")."""
+        if self.value is None:
+            self.value = ppl_quantile_thresholds(ref_ppl.double().cpu(), self.q_low, self.q_high)
+        return self.value

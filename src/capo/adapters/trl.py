@@ -33,6 +33,7 @@ masked (advantage 0) instead of being excluded from their group's mean; ``multi_
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -41,13 +42,15 @@ from typing import Any
 import torch
 
 from capo.adapters._common import (
+    LOGPROB_MODES,
     SCORE_ESTIMATORS,
+    MaskThresholds,
     ScoredBatch,
     check_estimator,
     completion_text,
     score_texts,
 )
-from capo.core import MASK_HIGH, MASK_LOW, capo_noise_mask, compute_advantages, sequence_logprob_mean
+from capo.core import MASK_HIGH, MASK_LOW, advantage_step, calibration_metrics, sequence_logprob_mean
 from capo.errors import CapoError, ConfigError
 
 try:
@@ -77,12 +80,24 @@ class CapoAdvantageConfig:
     """Hyperparameters of the estimator, e.g. {"tau": 0.6} for capo, {"eps": 1e-4} for grpo (TRL's eps)."""
     noise_mask: bool = True
     """CAPO's reference-perplexity noise mask (only read when estimator == "capo"); needs reference log-probs."""
+    mask_rule: str = "fixed"
+    """"fixed": mask_low/mask_high; "quantile": the mask_q_low/mask_q_high quantiles of the reference perplexities
+    of the first training generation batch (the base model's own rollouts at step 0), then frozen."""
     mask_low: float = MASK_LOW
     """Keep an incorrect response only if PPL_ref >= mask_low (paper value for Qwen2.5-Math)."""
     mask_high: float = MASK_HIGH
     """Keep a correct response only if PPL_ref <= mask_high (paper value for Qwen2.5-Math)."""
-    correct_threshold: float = 0.5
-    """A response counts as correct (CAPO's P set, the mask's label) iff its total reward > this."""
+    mask_q_low: float = 0.25
+    """Quantile giving mask_low under mask_rule="quantile"."""
+    mask_q_high: float = 0.75
+    """Quantile giving mask_high under mask_rule="quantile"."""
+    verdict_reward: str | None = None
+    """Where correct/incorrect comes from when no capo reward function (CorrectnessReward, RLCRReward) is used:
+    the name of the reward function whose values are the verifier's 0/1 verdicts (default: the first one). Its
+    values must be 0 or 1 (None for unscored rows); a reward is never thresholded."""
+    logprobs: str = "raw"
+    """Log-probs for lpm and PPL_ref: "raw" = temperature-1 (the paper's, capo's trainer; with TRL temperature != 1
+    this costs capo its own forward passes), "sampling" = TRL's temperature-scaled ones."""
     calibration_metrics: bool = True
     """Log calib/* metrics each generation batch (needs the rollout log-probs: may cost the extra forward)."""
 
@@ -155,24 +170,34 @@ class CapoGRPOTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` with capo's advantages (see the module docstring). Extra arguments:
 
     capo: :class:`CapoAdvantageConfig` (default: CAPO with the noise mask and calibration metrics).
-    ref_model: frozen reference for CAPO's noise mask when ``beta == 0`` -- a model or a path; default: loaded from
-        ``model`` when that is a path; ignored when TRL has its own reference (``beta != 0``) or for PEFT models
-        (the base model with adapters disabled is the reference).
+    ref_model: frozen reference for CAPO's noise mask when ``beta == 0`` -- a model or a path (loaded with
+        ``args.model_init_kwargs``, as TRL loads its own reference); default: loaded from ``model`` when that is a
+        path; ignored when TRL has its own reference (``beta != 0``) or for PEFT models (TRL's convention: the
+        "ref" adapter if the model has one, else the base model with adapters disabled).
 
     Debug/test attribute: ``capo_last_batch`` holds the full gathered tensors of the latest generation batch
-    (rewards, scores, keep, advantages, trl_advantages, process_slice).
+    (rewards, correct, valid, scores, keep, advantages, trl_advantages_local, process_slice).
     """
 
     def __init__(self, model, reward_funcs=None, args=None, *pos, capo: CapoAdvantageConfig | None = None,
                  ref_model=None, **kwargs):
         self.capo = capo or CapoAdvantageConfig()
         check_estimator(self.capo.estimator, self.capo.estimator_kwargs, engine="CapoGRPOTrainer")
+        if self.capo.logprobs not in LOGPROB_MODES:
+            raise ConfigError(f"CapoGRPOTrainer: logprobs={self.capo.logprobs!r} is not allowed; allowed values: "
+                              f"{', '.join(LOGPROB_MODES)}")
+        self._capo_thresholds = MaskThresholds(self.capo.mask_rule, self.capo.mask_low, self.capo.mask_high,
+                                               self.capo.mask_q_low, self.capo.mask_q_high, engine="CapoGRPOTrainer")
         super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if self.multi_objective_aggregation != "sum_then_normalize":
             raise ConfigError(
                 "CapoGRPOTrainer: multi_objective_aggregation must be 'sum_then_normalize' (capo's estimators take "
                 f"the weighted sum of the reward functions), got {self.multi_objective_aggregation!r}"
             )
+        names = list(self.reward_func_names)
+        if self.capo.verdict_reward is not None and self.capo.verdict_reward not in names:
+            raise ConfigError(f"CapoGRPOTrainer: verdict_reward={self.capo.verdict_reward!r} is not one of the reward "
+                              f"functions: {', '.join(names)}")
         self.capo_last_batch: dict[str, Any] | None = None
         self._capo_rewards_per_func: torch.Tensor | None = None
         self._capo_ref = None  # own frozen reference model (beta == 0, not PEFT)
@@ -195,11 +220,21 @@ class CapoGRPOTrainer(GRPOTrainer):
         return is_peft_model(self.accelerator.unwrap_model(self.model))
 
     def _capo_prepare_ref(self, ref_model):
-        if isinstance(ref_model, str):
-            from transformers import AutoModelForCausalLM
+        from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model
 
-            ref_model = AutoModelForCausalLM.from_pretrained(ref_model, dtype=self.model.dtype)
+        if isinstance(ref_model, str):  # as TRL builds its own reference: args.model_init_kwargs, policy dtype
+            init = dict(self.args.model_init_kwargs or {})
+            if self.args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+                init["device_map"] = None
+            init.setdefault("trust_remote_code", self.args.trust_remote_code)
+            init.setdefault("dtype", self.model.dtype)
+            ref_model = create_model_from_path(ref_model, **init)
         ref_model.eval().requires_grad_(False)
+        if self.args.disable_dropout:
+            disable_dropout_in_model(ref_model)
+        # TRL's chunked per-token log-prob head (no full-vocabulary logits), at the temperature capo reads
+        add_fused_lm_head(ref_model, temperature=self._capo_temperature(),
+                          cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
         if getattr(self, "is_deepspeed_enabled", False):
             from trl.models import prepare_deepspeed
 
@@ -210,27 +245,53 @@ class CapoGRPOTrainer(GRPOTrainer):
             return prepare_fsdp(ref_model, self.accelerator)
         return ref_model.to(self.accelerator.device)
 
-    def _capo_ref_token_logps(self, out: dict) -> torch.Tensor:
-        """Reference per-token log-probs of this process's completions: [n_local, T]."""
-        if out.get("ref_per_token_logps") is not None:  # TRL computed them (beta != 0)
-            return out["ref_per_token_logps"]
+    def _capo_temperature(self) -> float:
+        """The temperature of the log-probs capo reads: 1 ("raw", the paper's) or TRL's sampling temperature."""
+        return 1.0 if self.capo.logprobs == "raw" else float(self.temperature)
+
+    @contextlib.contextmanager
+    def _capo_policy_head(self):
+        """The policy's fused log-prob head at capo's temperature for the duration (TRL's is at its own)."""
+        if self._capo_temperature() == float(self.temperature):
+            yield
+            return
+        from trl.trainer.utils import add_fused_lm_head
+
+        base = self.accelerator.unwrap_model(self.model)
+        base = base.get_base_model() if self._capo_is_peft() else base
+        saved = base.__dict__.get("forward")
+        add_fused_lm_head(base, temperature=self._capo_temperature(),
+                          cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        try:
+            yield
+        finally:
+            if saved is None:
+                del base.forward
+            else:
+                base.forward = saved
+
+    def _capo_token_logps(self, model, out: dict, batch_size: int) -> torch.Tensor:
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-        t = out["completion_ids"].size(1)
-        if self._capo_ref is None:  # PEFT: the base model with adapters disabled
-            model = self.accelerator.unwrap_model(self.model)
-            with torch.no_grad(), model.disable_adapter():
-                logps, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attn, t)
-            return logps
-        chunks = []
-        bs = self.args.per_device_train_batch_size
-        with torch.no_grad(), self.accelerator.autocast():
-            for s in range(0, ids.size(0), bs):
-                logits = self._capo_ref(input_ids=ids[s:s + bs], attention_mask=attn[s:s + bs]).logits
-                logits = logits[:, -t - 1:-1, :].float() / self.temperature  # [b, T, V]: logits predicting token t
-                lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[s:s + bs, -t:, None]).squeeze(-1)
-                chunks.append(lp)
-        return torch.cat(chunks, dim=0)
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(model, ids, attn, out["completion_ids"].size(1),
+                                                                  batch_size=batch_size)
+        return logps
+
+    def _capo_ref_token_logps(self, out: dict, batch_size: int) -> torch.Tensor:
+        """Reference per-token log-probs of this process's completions: [n_local, T]."""
+        if out.get("ref_per_token_logps") is not None and self._capo_temperature() == float(self.temperature):
+            return out["ref_per_token_logps"]  # TRL computed them (beta != 0) at the temperature capo reads
+        if self._capo_ref is not None:
+            return self._capo_token_logps(self._capo_ref, out, batch_size)
+        if self.ref_model is not None:  # TRL's own reference (beta != 0), its head at TRL's temperature
+            raise CapoError("CapoGRPOTrainer: with beta != 0 and temperature != 1, logprobs='raw' needs a reference "
+                            "scored at temperature 1; set CapoAdvantageConfig(logprobs='sampling')")
+        from trl.trainer.grpo_trainer import use_adapter
+
+        model = self.accelerator.unwrap_model(self.model)  # PEFT, as TRL: the "ref" adapter, else adapters off
+        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None), self._capo_policy_head():
+            return self._capo_token_logps(self.model, out, batch_size)
 
     # -- the override ------------------------------------------------------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -242,104 +303,104 @@ class CapoGRPOTrainer(GRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         g = self.num_generations if mode == "train" else self.num_generations_eval
-        acc = self.accelerator
-        cfg = self.capo
-
+        cfg, acc = self.capo, self.accelerator
+        bs = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         rpf = self._capo_rewards_per_func  # [N, F] gathered
-        unscorable = torch.isnan(rpf).all(dim=1)  # [N]
-        rewards = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1)
-        rewards = rewards.masked_fill(unscorable, 0.0).double()  # [N] float64 for the core
+        scored = ~torch.isnan(rpf).all(dim=1)  # [N]: rows some reward function scored
+        rewards = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1).double()  # [N]
+        correct, conf = self._capo_verdicts(rpf)
         n_local = out["completion_ids"].size(0)
         sl = slice(acc.process_index * n_local, (acc.process_index + 1) * n_local)  # as TRL slices
+        # truncated rows under mask_truncated_completions have an all-zero mask: the step drops them as partners
         mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
         timings: dict[str, float] = {}  # time/* and train/masked_frac
-
-        scores = self._capo_scores(out, mask, mode, timings) if cfg.needs_scores() else None
-        correct = rewards > cfg.correct_threshold  # [N]: CAPO's P set and the mask's label
-        keep = ~unscorable
+        lp = self._capo_old_logps(out, bs, timings) if cfg.needs_scores() else torch.zeros(mask.shape)
+        ref = None
         if cfg.uses_mask():
-            keep = keep & self._capo_noise_keep(out, mask, correct, timings)
-
-        adv = compute_advantages(
-            cfg.estimator, rewards, g,
-            scores=scores if cfg.estimator in SCORE_ESTIMATORS else None,
-            keep=keep, **cfg.estimator_kwargs,
-        )  # [N] float64
+            t0 = time.perf_counter()
+            self._capo_check_text_only(out)
+            ref = self._capo_ref_token_logps(out, bs)
+            timings["time/capo_ref_forward_s"] = time.perf_counter() - t0
+        lp, full_mask, ref = (self._capo_gather_rows(x) for x in (lp, mask, ref))
+        thresholds = None
+        if cfg.uses_mask():
+            ppl = torch.exp(-sequence_logprob_mean(ref, full_mask))
+            thresholds = self._capo_thresholds.resolve(ppl[scored & full_mask.bool().any(-1)])
+        res = advantage_step(cfg.estimator, rewards, correct, g, token_logp=lp, mask=full_mask, ref_token_logp=ref,
+                             mask_thresholds=thresholds, valid=scored, hparams=cfg.estimator_kwargs)
         trl_local = out["advantages"]
-        out["advantages"] = adv[sl].to(device=trl_local.device, dtype=trl_local.dtype)
+        out["advantages"] = res.advantages[sl].to(device=trl_local.device, dtype=trl_local.dtype)
+        self._capo_log_table_advantages(res.advantages)
         self.capo_last_batch = {
-            "rewards": rewards, "scores": scores, "keep": keep, "correct": correct, "advantages": adv,
-            "trl_advantages_local": trl_local, "process_slice": sl, "group_size": g,
+            "rewards": rewards, "correct": correct, "valid": res.valid, "scores": res.scores, "keep": res.keep,
+            "advantages": res.advantages, "trl_advantages_local": trl_local, "process_slice": sl, "group_size": g,
+            "mask_thresholds": thresholds,
         }
-
-        metrics = self._capo_metrics(correct, scores, g, cfg)
-        metrics.update(timings)
-        for k, v in metrics.items():
+        if thresholds is not None:
+            timings["train/masked_frac"] = float((~res.keep[res.valid]).double().mean())
+        metrics = self._capo_metrics(res, correct, conf, g) if cfg.calibration_metrics else {}
+        for k, v in {**metrics, **timings}.items():
             if not math.isnan(v):  # e.g. AUC-mean when no prompt has both classes: absent rather than NaN
                 self._metrics[mode][k].append(v)
         return out
 
-    def _capo_scores(self, out: dict, mask, mode: str, timings: dict) -> torch.Tensor:
-        """CAPO's scores: lpm of each completion under the rollout policy [N], gathered across processes."""
-        old = out.get("old_per_token_logps")
-        if old is None:  # TRL did not keep them: one extra no-grad forward of the rollout policy
-            t0 = time.perf_counter()
-            self._capo_check_text_only(out)
-            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-            attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-            with torch.no_grad():
-                old, _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, ids, attn, out["completion_ids"].size(1),
-                    batch_size=self.args.per_device_train_batch_size if mode == "train"
-                    else self.args.per_device_eval_batch_size,
-                )
-            timings["time/capo_extra_forward_s"] = time.perf_counter() - t0
-        return self.accelerator.gather(sequence_logprob_mean(old.double(), mask))  # [N]
+    def _capo_gather_rows(self, x):
+        """This process's [n_local, T] rows -> the whole batch's [N, T_max] (completions are padded per process)."""
+        if x is None:
+            return None
+        x = self.accelerator.pad_across_processes(x.double() if x.is_floating_point() else x, dim=1, pad_index=0)
+        return self.accelerator.gather(x).cpu()
 
-    def _capo_noise_keep(self, out: dict, mask, correct, timings: dict) -> torch.Tensor:
-        """CAPO's reference-perplexity noise mask [N] bool (reference log-probs of the local rows, gathered)."""
-        t0 = time.perf_counter()
+    def _capo_log_table_advantages(self, adv: torch.Tensor) -> None:
+        """TRL's completions table logs the advantages the loss uses: capo's, not the GRPO ones TRL computed."""
+        logged = self._logs["advantages"]
+        for _ in range(min(adv.numel(), len(logged))):
+            logged.pop()
+        logged.extend(adv.tolist())
+
+    def _capo_old_logps(self, out: dict, batch_size: int, timings: dict) -> torch.Tensor:
+        """Rollout-policy per-token log-probs of this process's rows [n_local, T] at capo's temperature."""
+        old = out.get("old_per_token_logps")
+        if old is not None and self._capo_temperature() == float(self.temperature):
+            return old  # TRL kept them (num_iterations > 1, steps_per_generation > 1, vLLM IS correction)
+        t0 = time.perf_counter()  # TRL did not keep them: one extra no-grad forward of the rollout policy
         self._capo_check_text_only(out)
-        ref = self._capo_ref_token_logps(out)
-        timings["time/capo_ref_forward_s"] = time.perf_counter() - t0
-        ppl = self.accelerator.gather(torch.exp(-sequence_logprob_mean(ref.double(), mask)))
-        noise_keep = capo_noise_mask(ppl, correct, low=self.capo.mask_low, high=self.capo.mask_high)
-        timings["train/masked_frac"] = float((~noise_keep).double().mean())
-        return noise_keep
+        with self._capo_policy_head():
+            old = self._capo_token_logps(self.model, out, batch_size)
+        timings["time/capo_extra_forward_s"] = time.perf_counter() - t0
+        return old
 
     def _capo_check_text_only(self, out: dict) -> None:
         if "pixel_values" in out or "num_images" in out:
             raise CapoError("CapoGRPOTrainer: multimodal inputs are not supported by capo's extra log-prob forward")
 
-    # -- calibration metrics --------------------------------------------------------------------------------------
-    def _capo_verdicts(self):
-        """(correct [N] bool, verbal confidence [N] float64 or None) gathered across processes, from the capo
-        reward functions' latest call; None if no capo reward function is used."""
+    # -- verdicts and calibration metrics -------------------------------------------------------------------------
+    def _capo_verdicts(self, rpf: torch.Tensor):
+        """(correct [N] bool, verbal confidence [N] float64 or None), gathered across processes: from capo's reward
+        functions' latest call, else from the verdict reward function's 0/1 values (never a thresholded reward)."""
         funcs = [f for f in self.reward_funcs if isinstance(f, _TextReward) and f.last is not None]
-        if not funcs:
-            return None, None
         dev = self.accelerator.device
-        correct = self.accelerator.gather(torch.tensor(funcs[0].last.correct, dtype=torch.bool, device=dev))
-        rl = [f for f in funcs if isinstance(f, RLCRReward)]
-        conf = None
-        if rl:
-            conf = self.accelerator.gather(torch.tensor(rl[0].last.confidence, dtype=torch.float64, device=dev))
-        return correct, conf
+        if funcs:
+            correct = self.accelerator.gather(torch.tensor(funcs[0].last.correct, dtype=torch.bool, device=dev))
+            rl = [f for f in funcs if isinstance(f, RLCRReward)]
+            conf = None if not rl else \
+                self.accelerator.gather(torch.tensor(rl[0].last.confidence, dtype=torch.float64, device=dev))
+            return correct.cpu(), None if conf is None else conf.cpu()
+        names = list(self.reward_func_names)
+        name = self.capo.verdict_reward or names[0]
+        v = rpf[:, names.index(name)].double().cpu()
+        if not bool((torch.isnan(v) | (v == 0) | (v == 1)).all()):
+            raise CapoError(
+                f"CapoGRPOTrainer: the reward function {name!r} returned values other than 0/1, so it cannot serve "
+                "as the verifier's verdicts; use capo's CorrectnessReward/RLCRReward, or name a 0/1 verifier "
+                "reward function with CapoAdvantageConfig(verdict_reward=...)"
+            )
+        return v == 1, None
 
-    def _capo_metrics(self, correct_by_reward, scores, g, cfg) -> dict[str, float]:
-        from capo.core import calibration
-
-        m: dict[str, float] = {}
-        if not cfg.calibration_metrics:
-            return m
-        correct, conf = self._capo_verdicts()
-        if correct is None:
-            correct = correct_by_reward
-        correct = correct.cpu()
+    def _capo_metrics(self, res, correct, conf, g) -> dict[str, float]:
+        ok = res.valid & ~res.bad  # rows that exist and have a finite lpm
+        if not bool(ok.any()):
+            return {}
         group_ids = torch.arange(correct.numel()) // g
-        s = calibration.summarize(scores.cpu(), correct, group_ids, verbal_conf=None if conf is None else conf.cpu())
-        keys = ("accuracy", "auc_mean", "auc_mean_groups", "auroc", "ece", "brier")
-        vkeys = ("verbal_ece", "verbal_brier", "verbal_auroc", "verbal_auc_mean", "verbal_missing")
-        for k in keys + (vkeys if conf is not None else ()):
-            m[f"calib/{k}"] = float(s[k])
-        return m
+        return calibration_metrics(res.scores[ok], correct[ok], group_ids[ok],
+                                   verbal_conf=None if conf is None else conf[ok])

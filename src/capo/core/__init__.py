@@ -16,6 +16,7 @@ from capo.core.masks import MASK_HIGH, MASK_LOW, capo_noise_mask, ppl_quantile_t
 from capo.core.registry import ADVANTAGES, CONFIDENCES, POLICY_LOSSES, REWARDS, Registry, UnknownNameError
 from capo.core.rewards import ppo_c_reward, rlcr_components
 from capo.core.scores import sequence_logprob_mean, sequence_logprob_sum, sequence_perplexity
+from capo.core.step import StepResult, advantage_step, calibration_metrics
 
 __all__ = [
     "ADVANTAGES", "CONFIDENCES", "POLICY_LOSSES", "REWARDS", "AGGREGATIONS", "MASK_HIGH", "MASK_LOW", "Registry",
@@ -23,7 +24,7 @@ __all__ = [
     "aggregate", "capo_advantage", "capo_noise_mask", "compute_advantages", "dr_grpo_advantage",
     "grpo_advantage", "informative_groups", "kl_penalty", "overlong_penalty", "policy_loss",
     "ppl_quantile_thresholds", "rloo_advantage", "sequence_logprob_mean", "sequence_logprob_sum",
-    "sequence_perplexity",
+    "sequence_perplexity", "StepResult", "advantage_step", "calibration_metrics",
     "ace_advantage", "c2gspg_loss", "clip_cov_loss", "gdpo_advantage", "kl_cov_loss", "ngrpo_advantage",
     "ppo_c_reward", "rlcr_components", "seed_grpo_advantage", "semantic_entropy", "token_covariance",
     "unlikeliness_advantage",

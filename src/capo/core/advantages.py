@@ -118,7 +118,8 @@ def capo_advantage(
     surrogate: str = "logistic",
     norm: str = "group",
     masked_partners: str = "keep",
-    correct_threshold: float = 0.5,
+    correct: torch.Tensor | None = None,
+    partners: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """CAPO advantage: gradient weights of a logistic AUC surrogate (arXiv 2604.12632, Sec. 4, the pairwise loss
     sum_{i in P, j in N} phi_tau(lpm_i - lpm_j) with phi_tau(t) = log(1 + exp(-t / tau))):
@@ -135,12 +136,13 @@ def capo_advantage(
     - ``tau`` > 0: temperature (paper: 0.6 for 1.5B, 0.5 for 7B).
     - ``surrogate``: "logistic" (the paper) or "linear" (phi(t) = -t; with ``norm="group"`` this reproduces
       Dr. GRPO's R_i - mean(R) exactly for binary rewards -- GRPO is CAPO with a non-AUC-consistent surrogate).
-    - ``norm``: "group" -> Z = G (default), "pairs" -> Z = |P| * |N|.
-    - ``masked_partners``: "keep" -> responses removed by ``keep`` still act as partners in others' sums (the
-      formula as written), "drop" -> pairs involving a masked response are removed.
-    - ``correct_threshold``: response i is in P iff R_i > threshold (0.5 for binary rewards).
-    Groups without both classes get A = 0. Cost O(N*G) time and memory: linear in N for fixed G.
-    Shapes: rewards, scores, keep [N] -> [N].
+    - ``norm``: "group" -> Z = G (default), "pairs" -> Z = number of pairs actually summed (|P| * |N| if none is
+      dropped). ``masked_partners``: "keep" -> responses removed by ``keep`` still act as partners in others'
+      sums (the formula as written), "drop" -> pairs involving a masked response are removed.
+    - ``correct`` [N] bool: the verifier's verdicts decide P and N; a reward is never thresholded (RLCR gives a
+      correct answer with q = 0.2 reward 0.36). Without it the rewards must be binary 0/1 verdicts.
+    - ``partners`` [N] bool: rows that exist (scored, with real tokens); others get A = 0 and join no pair.
+    Groups without both classes get A = 0. Cost O(N*G). Shapes: rewards, scores, keep, correct, partners [N] -> [N].
     """
     checks.positive("tau", tau)
     checks.choice("surrogate", surrogate, ("logistic", "linear"))
@@ -148,23 +150,60 @@ def capo_advantage(
     checks.choice("masked_partners", masked_partners, ("keep", "drop"))
     r, g = _prepare(rewards, group_size, scores, keep, need_scores=True)  # [B, G]
     s = scores.view(-1, g)  # [B, G]
-    correct = r > correct_threshold  # [B, G]
-    pair = correct[:, :, None] & ~correct[:, None, :]  # [B, G_i, G_j]: i in P and j in N
-    if keep is not None and masked_partners == "drop":
-        k = keep.view(-1, g)
+    c = _verdicts(rewards, correct).view(-1, g)  # [B, G]
+    pair = c[:, :, None] & ~c[:, None, :]  # [B, G_i, G_j]: i in P and j in N
+    allowed = _partner_rows(keep if masked_partners == "drop" else None, partners, rewards)
+    if allowed is not None:
+        k = allowed.view(-1, g)
         pair = pair & k[:, :, None] & k[:, None, :]
-    if surrogate == "logistic":
-        w = torch.sigmoid((s[:, None, :] - s[:, :, None]) / tau) / tau  # [B, G_i, G_j]: (1/tau) sig((s_j - s_i)/tau)
-    else:
-        w = torch.ones_like(s)[:, :, None].expand(-1, g, g)
-    w = torch.where(pair, w, torch.zeros((), dtype=s.dtype, device=s.device))
-    adv = torch.where(correct, w.sum(dim=2), -w.sum(dim=1))  # [B, G]
+    w = _pair_weights(s, pair, tau, surrogate)  # [B, G_i, G_j]
+    adv = torch.where(c, w.sum(dim=2), -w.sum(dim=1))  # [B, G]
     if norm == "group":
         adv = adv / g
     else:
-        n_pairs = correct.sum(dim=1, keepdim=True) * (~correct).sum(dim=1, keepdim=True)  # [B, 1]
+        n_pairs = pair.sum(dim=(1, 2))[:, None]  # [B, 1]: the pairs actually summed in each group
         adv = adv / n_pairs.clamp(min=1).to(adv.dtype)
-    return _apply_keep(adv.reshape(-1).to(rewards.dtype), keep)
+    adv = adv.reshape(-1).to(rewards.dtype)
+    if partners is not None:
+        adv = adv * partners.to(adv.dtype)
+    return _apply_keep(adv, keep)
+
+
+def _pair_weights(s: torch.Tensor, pair: torch.Tensor, tau: float, surrogate: str) -> torch.Tensor:
+    """w_ij on the pairs [B, G_i, G_j] (0 elsewhere): (1/tau) sigmoid((s_j - s_i)/tau), or 1 (linear)."""
+    g = s.shape[1]
+    if surrogate == "logistic":
+        w = torch.sigmoid((s[:, None, :] - s[:, :, None]) / tau) / tau
+    else:
+        w = torch.ones_like(s)[:, :, None].expand(-1, g, g)
+    return torch.where(pair, w, torch.zeros((), dtype=s.dtype, device=s.device))
+
+
+def _verdicts(rewards: torch.Tensor, correct: torch.Tensor | None) -> torch.Tensor:
+    """CAPO's P set [N] bool: the verdicts if given, else the rewards when they are binary 0/1 verdicts."""
+    if correct is not None:
+        checks.tensor("correct", correct, ndim=1)
+        if correct.dtype != torch.bool:
+            raise TypeError(f"correct must be a bool tensor of verdicts, got {correct.dtype}")
+        checks.same_shape(rewards=rewards, correct=correct)
+        return correct
+    if not bool(((rewards == 0) | (rewards == 1)).all()):
+        raise ValueError("capo needs the verifier's verdicts (correct=[N] bool) when rewards are not binary 0/1: "
+                         "a reward such as RLCR's c - (q - c)^2 or one with a length penalty does not say which "
+                         "answers are correct")
+    return rewards == 1
+
+
+def _partner_rows(keep, partners, rewards) -> torch.Tensor | None:
+    """Rows allowed in pairs [N] bool (keep if masked partners are dropped, and the existing rows), or None."""
+    if partners is not None:
+        checks.tensor("partners", partners, ndim=1)
+        if partners.dtype != torch.bool:
+            raise TypeError(f"partners must be a bool tensor, got {partners.dtype}")
+        checks.same_shape(rewards=rewards, partners=partners)
+    if keep is None:
+        return partners
+    return keep if partners is None else keep & partners
 
 
 def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, **kwargs) -> torch.Tensor:

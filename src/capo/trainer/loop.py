@@ -27,9 +27,9 @@ from capo.core import (
     ADVANTAGES,
     POLICY_LOSSES,
     REWARDS,
+    advantage_step,
     aggregate,
-    capo_noise_mask,
-    compute_advantages,
+    calibration_metrics,
     informative_groups,
     kl_penalty,
     overlong_penalty,
@@ -194,21 +194,19 @@ class Trainer:
         lp = old_logp if old_logp is not None else ro.gen_logp  # the most exact rollout-time log-probs we have
         scores = sequence_logprob_mean(lp, ro.response_mask)
         rewards, scores, active, stats = self._guard(ro, rewards, scores, ref_logp)
-        keep = torch.ones_like(g.correct)
-        if a.noise_mask != "off":
-            ref_ppl = torch.exp(-sequence_logprob_mean(ref_logp, ro.response_mask))
-            low, high = self.mask_thresholds
-            keep = capo_noise_mask(ref_ppl, g.correct, low=low, high=high)
-            stats["train/masked_frac"] = self._mean(1.0 - keep.float())
         if a.group_filter:
             groups = informative_groups(rewards, G).repeat_interleave(G)
             stats["train/filtered_frac"] = self._mean(1.0 - groups.float())
             active = active & groups
         extra = self._method_inputs(ro, g, rewards, lp, ref_logp)
-        adv = compute_advantages(a.advantage, rewards, G, scores=scores, keep=keep & active, **extra,
-                                 **a.advantage_kwargs)
-        stats["policy/adv_abs_mean"] = self._mean(adv.abs())
-        return adv, active, stats
+        # the one CAPO-input step shared with the TRL and verl adapters (verdicts decide correctness)
+        res = advantage_step(a.advantage, rewards, g.correct, G, token_logp=lp, mask=ro.response_mask,
+                             ref_token_logp=ref_logp, active=active, hparams=a.advantage_kwargs, inputs=extra,
+                             mask_thresholds=self.mask_thresholds if a.noise_mask != "off" else None)
+        if a.noise_mask != "off":
+            stats["train/masked_frac"] = self._mean(1.0 - res.keep.float())
+        stats["policy/adv_abs_mean"] = self._mean(res.advantages.abs())
+        return res.advantages, active, stats
 
     def _method_inputs(self, ro, g, rewards, lp, ref_logp) -> dict:
         """The extra per-response inputs the configured estimator names in its signature (``confidence_shift``,
@@ -318,7 +316,7 @@ class Trainer:
         lengths, trunc = t(ro.lengths.float()), t(ro.truncated.float())
         groups = torch.arange(len(correct)) // G
         ok = torch.isfinite(lpm).cpu()  # the numerical guard already counted the others
-        s = summarize(lpm.cpu()[ok], correct.cpu()[ok], groups[ok], verbal_conf=conf.cpu()[ok])
+        calib = calibration_metrics(lpm.cpu()[ok], correct.cpu()[ok], groups[ok], verbal_conf=conf.cpu()[ok])
         per_group = correct.view(-1, G).float().mean(1)
         return {
             "train/reward_mean": float(rewards.mean()), "train/accuracy": float(correct.float().mean()),
@@ -327,10 +325,7 @@ class Trainer:
             "train/format_ok_frac": float(fmt.float().mean()),
             "train/reward_errors": self.acc.reduce(torch.tensor(g.reward_errors, device=self.acc.device), "sum").item(),
             "train/verbal_conf_mean": float(torch.nanmean(conf)) if torch.isfinite(conf).any() else float("nan"),
-            "calib/auc_mean": s["auc_mean"], "calib/auc_mean_groups": s["auc_mean_groups"],
-            "calib/auroc": s["auroc"], "calib/ece": s["ece"], "calib/brier": s["brier"],
-            "calib/verbal_ece": s.get("verbal_ece", float("nan")),
-            "calib/verbal_brier": s.get("verbal_brier", float("nan")),
+            **calib,
         }
 
     def evaluate(self) -> dict:

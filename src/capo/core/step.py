@@ -1,0 +1,123 @@
+"""The one CAPO-input step: a batch's verdicts, rewards and log-probs -> advantages and calibration metrics.
+
+capo's trainer, the TRL adapter (``capo.adapters.trl``) and the verl plugin (``capo.adapters.verl_plugin``) all call
+:func:`advantage_step` and :func:`calibration_metrics`, so "core == trainer == TRL == verl" holds by construction:
+the engines differ only in how they collect the inputs (which rows, which log-probs, which verdicts).
+
+Conventions every caller follows (docs/papers.md, "Adapters: one CAPO-input step"):
+- Correct/incorrect is the verifier's verdict ``correct``; a reward is never thresholded to decide it.
+- ``token_logp`` are the rollout policy's raw temperature-1 log-probs (the paper's lpm), ``ref_token_logp`` the
+  frozen reference's, on the same tokens. An engine that only exposes temperature-scaled ones says so by a knob.
+- Rows are grouped contiguously: rows n*G..(n+1)*G-1 are the G responses of prompt n (callers reorder first).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from capo.core import checks
+from capo.core.advantages import compute_advantages
+from capo.core.calibration import summarize
+from capo.core.masks import capo_noise_mask
+from capo.core.registry import ADVANTAGES
+from capo.core.scores import sequence_logprob_mean
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What :func:`advantage_step` returns; every tensor is [N].
+
+    advantages: the estimator's advantages (zero for masked, inactive and non-existing rows).
+    scores: lpm = mean token log-prob under the rollout policy (0 where ``bad``).
+    keep: CAPO's reference-perplexity noise mask (all True when the mask is off).
+    ref_ppl: PPL_ref = exp(-lpm_ref), or None without reference log-probs.
+    active: rows whose whole group takes part (the caller's ``active`` minus groups with a non-finite value).
+    bad: rows with a non-finite reward, lpm or reference lpm (their group is inactive).
+    valid: rows that exist as responses (the caller's ``valid`` and at least one real token).
+    """
+
+    advantages: torch.Tensor
+    scores: torch.Tensor
+    keep: torch.Tensor
+    ref_ppl: torch.Tensor | None
+    active: torch.Tensor
+    bad: torch.Tensor
+    valid: torch.Tensor
+
+
+def advantage_step(
+    estimator: str,
+    rewards: torch.Tensor,
+    correct: torch.Tensor,
+    group_size: int,
+    *,
+    token_logp: torch.Tensor,
+    mask: torch.Tensor,
+    ref_token_logp: torch.Tensor | None = None,
+    mask_thresholds: tuple[float, float] | None = None,
+    active: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    hparams: dict | None = None,
+    inputs: dict | None = None,
+) -> StepResult:
+    """Advantages of one batch with the estimator ``estimator`` (``ADVANTAGES``), CAPO's noise mask included.
+
+    Shapes: rewards [N] floating, correct [N] bool verdicts, token_logp / mask / ref_token_logp [N, T].
+    ``mask_thresholds``: (low, high) of :func:`capo.core.capo_noise_mask` (None: no mask; needs ref_token_logp).
+    ``active`` [N] bool: rows the caller lets take part (e.g. DAPO's group filter); ``valid`` [N] bool: rows that
+    exist as responses (e.g. scored by some reward function). Rows with no real token are never valid (an empty
+    row's lpm would be 0, the highest possible confidence). A non-valid row gets advantage 0 and is no CAPO pair
+    partner; a row with a non-finite input deactivates its whole group.
+    ``hparams``: the estimator's knobs; ``inputs``: extra per-response inputs it names (e.g. ``cluster_ids``).
+    The estimator gets ``correct`` and ``partners`` (= valid) when its signature names them (CAPO).
+    """
+    checks.tensor("correct", correct, ndim=1)
+    if correct.dtype != torch.bool:
+        raise TypeError(f"correct must be a bool tensor of verdicts, got {correct.dtype}")
+    checks.same_shape(rewards=rewards, correct=correct)
+    g = checks.group_size(rewards.shape[0], group_size, min_size=2)
+    scores = sequence_logprob_mean(token_logp, mask)  # [N]
+    ref_lpm = None if ref_token_logp is None else sequence_logprob_mean(ref_token_logp, mask)  # [N]
+    bad = ~torch.isfinite(rewards) | ~torch.isfinite(scores)
+    if ref_lpm is not None:
+        bad |= ~torch.isfinite(ref_lpm)
+    ok_groups = ~bad.view(-1, g).any(dim=1).repeat_interleave(g)  # [N]
+    active = ok_groups if active is None else active & ok_groups
+    zero = torch.zeros((), dtype=rewards.dtype)
+    rewards, scores = torch.where(bad, zero, rewards), torch.where(bad, zero.to(scores.dtype), scores)
+    has_tokens = mask.bool().any(dim=-1)
+    valid = has_tokens if valid is None else valid & has_tokens
+    keep = torch.ones_like(correct)
+    ref_ppl = None if ref_lpm is None else torch.exp(-ref_lpm)
+    if mask_thresholds is not None:
+        if ref_ppl is None:
+            raise ValueError("CAPO's noise mask needs reference log-probs (ref_token_logp)")
+        keep = capo_noise_mask(ref_ppl, correct, low=mask_thresholds[0], high=mask_thresholds[1])
+    wants = inspect.signature(ADVANTAGES.get(estimator)).parameters
+    extra = dict(inputs or {})
+    if "correct" in wants:
+        extra["correct"] = correct
+    if "partners" in wants:
+        extra["partners"] = valid
+    adv = compute_advantages(estimator, rewards, g, scores=scores, keep=keep & active & valid, **extra,
+                             **(hparams or {}))
+    return StepResult(advantages=adv, scores=scores, keep=keep, ref_ppl=ref_ppl, active=active, bad=bad,
+                      valid=valid)
+
+
+def calibration_metrics(scores, correct, group_ids, verbal_conf=None) -> dict[str, float]:
+    """The ``calib/*`` metrics every path logs for a batch's own rollouts (docs/metrics.md).
+
+    Shapes: scores [N] lpm under the rollout policy, correct [N] bool verdicts, group_ids [N] prompt ids,
+    verbal_conf [N] verbalized confidences (NaN = none) or None. Keys: ``calib/`` + accuracy, auc_mean,
+    auc_mean_groups, auroc, ece, brier, and with ``verbal_conf`` verbal_ece, verbal_brier, verbal_auroc,
+    verbal_auc_mean, verbal_missing (NaN where undefined, e.g. AUC-mean without a mixed prompt).
+    """
+    s = summarize(scores, correct, group_ids, verbal_conf=verbal_conf)
+    keys = ["accuracy", "auc_mean", "auc_mean_groups", "auroc", "ece", "brier"]
+    if verbal_conf is not None:
+        keys += ["verbal_ece", "verbal_brier", "verbal_auroc", "verbal_auc_mean", "verbal_missing"]
+    return {f"calib/{k}": float(s[k]) for k in keys}

@@ -1,0 +1,123 @@
+"""The one CAPO-input step (capo.core.step) and the CAPO findings of issue 13, with hand-computed values.
+
+Each test here fails on the code before issue 13: CAPO thresholded the reward at 0.5 to decide correctness, the
+pairs normaliser counted dropped pairs, and rows without tokens or without a reward still acted as partners.
+"""
+
+import math
+
+import pytest
+import torch
+
+from capo.core import REWARDS, advantage_step, calibration_metrics, capo_advantage
+from capo.core.calibration import summarize
+
+f64 = dict(dtype=torch.float64)
+
+
+def sig(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _tokens(lpm, t=4):
+    """[N, T] token log-probs whose per-row mean over a full mask is ``lpm``."""
+    return torch.tensor(lpm, **f64)[:, None].expand(-1, t).clone(), torch.ones(len(lpm), t)
+
+
+def test_capo_with_rlcr_reward_uses_verdicts_not_the_reward():
+    """A correct answer with confidence q = 0.2 gets RLCR reward 1 - 0.8^2 = 0.36 < 0.5: it must still be in P."""
+    correct = torch.tensor([True, False])
+    r = REWARDS.get("rlcr")(correct, confidence=torch.tensor([0.2, 0.9]), format_ok=torch.tensor([True, True]))
+    r = r.double()
+    assert r[0].item() == pytest.approx(0.36) and r[1].item() == pytest.approx(-0.81)
+    lp, m = _tokens([-1.0, -0.5])
+    res = advantage_step("capo", r, correct, 2, token_logp=lp, mask=m, hparams={"tau": 0.5})
+    w = sig((-0.5 - -1.0) / 0.5) / 0.5  # (1/tau) sigmoid((lpm_j - lpm_i)/tau), i correct, j incorrect
+    torch.testing.assert_close(res.advantages, torch.tensor([w / 2, -w / 2], **f64), rtol=0, atol=1e-12)
+
+
+def test_capo_refuses_to_threshold_a_non_binary_reward():
+    with pytest.raises(ValueError, match="needs the verifier's verdicts"):
+        capo_advantage(torch.tensor([0.36, -0.81], **f64), 2, scores=torch.tensor([-1.0, -0.5], **f64))
+
+
+def test_capo_overlong_penalty_does_not_flip_a_correct_answer():
+    """Correct answer with a DAPO overlong penalty of -1 (reward 0) stays correct; the wrong one stays wrong."""
+    r = torch.tensor([0.0, 0.0, 1.0, 0.0], **f64)  # row 0: correct (1) + overlong penalty (-1)
+    correct = torch.tensor([True, False, True, False])
+    s = torch.tensor([-1.0, -1.0, -1.0, -1.0], **f64)
+    a = capo_advantage(r, 4, scores=s, correct=correct, surrogate="linear")
+    torch.testing.assert_close(a, torch.tensor([0.5, -0.5, 0.5, -0.5], **f64))
+
+
+def test_pairs_norm_counts_only_the_pairs_summed_when_partners_are_dropped():
+    """P = {0, 1}, N = {2, 3}, row 3 masked and dropped: the pairs are (0,2), (1,2) -> Z = 2, not |P||N| = 4."""
+    r = torch.tensor([1.0, 1.0, 0.0, 0.0], **f64)
+    keep = torch.tensor([True, True, True, False])
+    a = capo_advantage(r, 4, scores=torch.zeros(4, **f64), keep=keep, surrogate="linear", norm="pairs",
+                       masked_partners="drop")
+    torch.testing.assert_close(a, torch.tensor([0.5, 0.5, -1.0, 0.0], **f64))
+    # without dropping, all 4 pairs count
+    a = capo_advantage(r, 4, scores=torch.zeros(4, **f64), keep=keep, surrogate="linear", norm="pairs")
+    torch.testing.assert_close(a, torch.tensor([0.5, 0.5, -0.5, 0.0], **f64))
+
+
+def test_non_partner_rows_take_part_in_no_pair():
+    """Row 2 was scored by no reward function: not a partner, zero advantage, whatever masked_partners says."""
+    r = torch.tensor([1.0, 0.0, 0.0], **f64)
+    s = torch.tensor([-1.0, -2.0, 0.0], **f64)  # row 2 would be the most confident wrong answer
+    partners = torch.tensor([True, True, False])
+    a = capo_advantage(r, 3, scores=s, tau=1.0, partners=partners)
+    w01 = sig(-2.0 - -1.0)
+    torch.testing.assert_close(a, torch.tensor([w01 / 3, -w01 / 3, 0.0], **f64), rtol=0, atol=1e-12)
+
+
+def test_step_drops_rows_without_tokens_as_partners():
+    """A truncated completion masked to zero tokens has lpm 0 (the highest confidence): the step drops it."""
+    lp, m = _tokens([-1.0, -2.0, -3.0])
+    m[2] = 0  # e.g. TRL's mask_truncated_completions
+    r = torch.tensor([1.0, 0.0, 0.0], **f64)
+    res = advantage_step("capo", r, r == 1, 3, token_logp=lp, mask=m, hparams={"tau": 1.0})
+    assert res.valid.tolist() == [True, True, False]
+    w01 = sig(-2.0 - -1.0)
+    torch.testing.assert_close(res.advantages, torch.tensor([w01 / 3, -w01 / 3, 0.0], **f64), rtol=0, atol=1e-12)
+
+
+def test_step_noise_mask_and_guard():
+    """Noise mask from reference log-probs; a NaN reward deactivates its whole group; hand-computed keep."""
+    lp, m = _tokens([-1.0, -2.0, -1.5, -0.5])
+    ref, _ = _tokens([-0.01, -0.01, -2.0, -0.5])  # PPL_ref = e^0.01 ~ 1.01, 1.01, e^2 ~ 7.4, e^0.5 ~ 1.65
+    r = torch.tensor([1.0, 0.0, float("nan"), 1.0], **f64)
+    correct = torch.tensor([True, False, False, True])
+    res = advantage_step("capo", r, correct, 2, token_logp=lp, mask=m, ref_token_logp=ref,
+                         mask_thresholds=(1.05, 2.5), hparams={"tau": 1.0})
+    # row 1: incorrect with PPL_ref 1.01 < low -> "near-correct", masked; row 0 kept (correct, 1.01 <= 2.5)
+    assert res.keep.tolist() == [True, False, True, True]  # row 2: incorrect, PPL_ref 7.4 >= low: kept
+    assert res.bad.tolist() == [False, False, True, False] and res.active.tolist() == [True, True, False, False]
+    w01 = sig(-2.0 - -1.0)
+    torch.testing.assert_close(res.advantages, torch.tensor([w01 / 2, 0.0, 0.0, 0.0], **f64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(res.ref_ppl, torch.exp(torch.tensor([0.01, 0.01, 2.0, 0.5], **f64)))
+
+
+def test_step_passes_non_capo_estimators_their_inputs_unchanged():
+    lp, m = _tokens([-1.0, -2.0, -1.5, -0.5])
+    r = torch.tensor([0.3, 0.9, 0.1, 0.2], **f64)
+    res = advantage_step("grpo", r, torch.zeros(4, dtype=torch.bool), 4, token_logp=lp, mask=m, hparams={"eps": 0.0})
+    torch.testing.assert_close(res.advantages, (r - r.mean()) / r.std())
+
+
+def test_calibration_metrics_are_summarize_under_calib_names():
+    gen = torch.Generator().manual_seed(0)
+    s = -torch.rand(12, generator=gen, **f64)
+    c = torch.rand(12, generator=gen) > 0.5
+    gid = torch.arange(12) // 4
+    conf = torch.rand(12, generator=gen, **f64)
+    conf[3] = float("nan")
+    m = calibration_metrics(s, c, gid, verbal_conf=conf)
+    ref = summarize(s, c, gid, verbal_conf=conf)
+    assert set(m) == {f"calib/{k}" for k in ("accuracy", "auc_mean", "auc_mean_groups", "auroc", "ece", "brier",
+                                               "verbal_ece", "verbal_brier", "verbal_auroc", "verbal_auc_mean",
+                                               "verbal_missing")}
+    for k, v in m.items():
+        assert v == ref[k.removeprefix("calib/")]
+    assert m["calib/verbal_missing"] == 1.0
