@@ -1,7 +1,7 @@
 """Engine-independent pieces shared by the TRL and verl adapters.
 
 Everything here works on plain tensors and strings: rewards from verdicts (built on ``capo.verify`` and the core's
-``REWARDS``), the CAPO noise mask from reference log-probs, and the checks that turn a bad estimator name or
+``REWARDS``), the rule for CAPO's noise-mask thresholds, and the checks that turn a bad estimator name or
 missing input into a :class:`capo.errors.ConfigError` that says what to enable. Neither engine is imported here.
 """
 
@@ -14,9 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from capo.core import (
-    ADVANTAGES, MASK_HIGH, MASK_LOW, REWARDS, capo_noise_mask, ppl_quantile_thresholds, sequence_logprob_mean,
-)
+from capo.core import ADVANTAGES, MASK_HIGH, MASK_LOW, REWARDS, ppl_quantile_thresholds
 from capo.errors import ConfigError
 from capo.rollout.grading import grade
 
@@ -48,17 +46,6 @@ def check_estimator(name: str, hparams: dict | None = None, *, engine: str) -> N
             f"{engine}: advantage estimator {name!r} has no hyperparameter {', '.join(map(repr, extra))}; "
             f"allowed: {', '.join(allowed) or '(none)'}"
         )
-
-
-def reference_keep(
-    ref_token_logp: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor, *, low: float, high: float
-) -> torch.Tensor:
-    """CAPO's noise mask from per-token reference log-probs: [N, T], [N, T], [N] bool -> keep [N] bool.
-
-    PPL_ref = exp(-lpm_ref); see :func:`capo.core.capo_noise_mask` for the rule.
-    """
-    ppl = torch.exp(-sequence_logprob_mean(ref_token_logp.double(), mask))
-    return capo_noise_mask(ppl, correct, low=low, high=high)
 
 
 # ---------------------------------------------------------------------------------------------------------------

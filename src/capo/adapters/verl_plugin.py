@@ -41,26 +41,31 @@ import importlib.abc
 import importlib.util
 import sys
 import threading
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 import torch
 
-from capo.adapters._common import check_estimator, reference_keep, score_texts
-from capo.core import ADVANTAGES, MASK_HIGH, MASK_LOW, compute_advantages, sequence_logprob_mean
+from capo.adapters._common import LOGPROB_MODES, MaskThresholds, check_estimator, score_texts
+from capo.core import ADVANTAGES, MASK_HIGH, MASK_LOW, advantage_step, calibration_metrics, sequence_logprob_mean
 from capo.errors import ConfigError
 
 __all__ = ["ESTIMATORS", "compute_score_correctness", "compute_score_rlcr", "register"]
 
 # verl estimator name -> capo core estimator name
 ESTIMATORS = {"capo": "capo", "capo_grpo": "grpo", "capo_dr_grpo": "dr_grpo", "capo_rloo": "rloo"}
-_MASK_KEYS = ("noise_mask", "mask_low", "mask_high")
 _ENABLE_REF = ("set actor_rollout_ref.actor.use_kl_loss=True with actor_rollout_ref.actor.kl_loss_coef=0 so verl "
                "computes ref_log_prob (the KL term then contributes nothing), or disable CAPO's noise mask with "
                "+algorithm.capo.noise_mask=false")
 
 _BATCH: contextvars.ContextVar = contextvars.ContextVar("capo_verl_batch", default=None)
+_V1: contextvars.ContextVar = contextvars.ContextVar("capo_verl_v1", default=None)
 _TARGET = "verl.trainer.ppo.ray_trainer"
+_TARGET_V1 = "verl.trainer.ppo.v1.trainer_base"
+# the plugin's own knobs in algorithm.capo (the rest are the estimator's hyperparameters)
+_OPTION_DEFAULTS = {"noise_mask": True, "mask_rule": "fixed", "mask_low": MASK_LOW, "mask_high": MASK_HIGH,
+                    "mask_q_low": 0.25, "mask_q_high": 0.75, "logprobs": "raw"}
 _lock = threading.Lock()
 
 
@@ -86,14 +91,35 @@ def _hparams(config) -> dict[str, Any]:
     return dict(sub)
 
 
-def _group_order(index, n: int) -> tuple[torch.Tensor, int]:
-    """A stable permutation putting rows of the same uid next to each other, and the common group size G."""
+def _options(hp: dict, core_name: str, config) -> dict[str, Any]:
+    """Pop the plugin's own knobs out of ``hp`` (what is left are the estimator's hyperparameters)."""
+    opts = {k: hp.pop(k) for k in _OPTION_DEFAULTS if k in hp}
+    opts = {**_OPTION_DEFAULTS, **opts}
+    opts["noise_mask"] = core_name == "capo" and bool(opts["noise_mask"])
+    if opts["logprobs"] not in LOGPROB_MODES:
+        raise ConfigError(f"algorithm.capo.logprobs={opts['logprobs']!r} is not allowed; allowed values: "
+                          f"{', '.join(LOGPROB_MODES)}")
+    if core_name == "grpo" and "scale" not in hp and config is not None:
+        hp["scale"] = "group" if (config.get("norm_adv_by_std_in_grpo", True) if hasattr(config, "get")
+                                  else True) else "none"
+    return opts
+
+
+def _padding_rows(index, n: int) -> torch.Tensor:
+    """[N] bool: verl's synthetic padding rows (``upsample_batch_to_divisible_size`` gives them one ``pad...``
+    uid; verl's own uids are uuid4 strings, which never start with "pad")."""
     if index is None:
         raise ConfigError("capo's verl estimators need the batch's uid (verl's `index`) to form groups; it is missing")
+    uids = [str(u) for u in list(index)]
+    if len(uids) != n:
+        raise ValueError(f"index has {len(uids)} entries but the batch has {n} responses")
+    return torch.tensor([u.startswith("pad") for u in uids], dtype=torch.bool)
+
+
+def _group_order(index, n: int) -> tuple[torch.Tensor, int]:
+    """A stable permutation putting rows of the same uid next to each other, and the common group size G."""
     first: dict[Any, int] = {}
     gid = torch.tensor([first.setdefault(u, len(first)) for u in list(index)], dtype=torch.long)
-    if gid.numel() != n:
-        raise ValueError(f"index has {gid.numel()} entries but the batch has {n} responses")
     sizes = torch.bincount(gid)
     if not bool((sizes == sizes[0]).all()):
         raise ConfigError(
@@ -103,57 +129,92 @@ def _group_order(index, n: int) -> tuple[torch.Tensor, int]:
     return torch.sort(gid, stable=True).indices, int(sizes[0])
 
 
+def _verdicts(ctx, rewards: torch.Tensor, need: bool) -> torch.Tensor | None:
+    """[N] bool verdicts: the reward function's ``correct`` (legacy trainer: ``non_tensor_batch``; v1 trainer: the
+    rows' ``extra_fields.reward_extra_info``), else the rewards if they are binary 0/1. None if unavailable and
+    not needed (GRPO family: only the metrics use them)."""
+    raw = None if ctx is None else ctx.correct
+    if raw is None and ctx is not None and "correct" in ctx.data.non_tensor_batch:
+        raw = ctx.data.non_tensor_batch["correct"]
+    if raw is not None and len(raw) == rewards.numel():
+        return torch.tensor([bool(float(c) > 0.5) if c is not None else False for c in list(raw)])
+    if bool(((rewards == 0) | (rewards == 1)).all()):
+        return rewards == 1
+    if need:
+        raise ConfigError("verl estimator 'capo' needs the verifier's verdicts: the reward function must return a dict "
+                          "with 'correct' (capo's compute_score does), as the rewards here are not binary 0/1 and "
+                          "capo never thresholds a reward to decide correctness")
+    return None
+
+
+def _check_temperature(ctx, opts) -> None:
+    t = None if ctx is None else ctx.temperature
+    if opts["logprobs"] == "raw" and t is not None and float(t) != 1.0:
+        raise ConfigError(
+            f"verl computes old_log_probs and ref_log_prob from logits divided by the rollout temperature ({t}), "
+            "but CAPO's lpm and PPL_ref are temperature-1 log-probs (the paper's): set "
+            "actor_rollout_ref.rollout.temperature=1.0, or accept the scaled ones with +algorithm.capo.logprobs=sampling"
+        )
+
+
+def _log_probs(ctx, name: str, n: int, t: int) -> torch.Tensor | None:
+    if ctx is None:
+        return None
+    batch = ctx.data.batch
+    x = batch[name] if name in batch.keys() else None
+    if x is None and name == "old_log_probs" and "rollout_log_probs" in batch.keys():
+        x = batch["rollout_log_probs"]  # bypass mode: the rollout's log-probs are the old policy's
+    return None if x is None else x.double()
+
+
 def _make_estimator(verl_name: str):
     core_name = ESTIMATORS[verl_name]
 
     def estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index=None, config=None,
                   **unused) -> tuple[torch.Tensor, torch.Tensor]:
-        """capo core's advantage on verl's batch: [N, T] rewards and mask -> ([N, T] advantages, [N, T] returns)."""
+        """capo core's advantage on verl's batch: [N, T] rewards and mask -> ([N, T] advantages, [N, T] returns).
+        Padding rows (uid ``pad...``) get advantage 0 and take no part."""
         hp = _hparams(config)
-        mask_on = core_name == "capo" and bool(hp.pop("noise_mask", True))
-        low, high = float(hp.pop("mask_low", MASK_LOW)), float(hp.pop("mask_high", MASK_HIGH))
-        for k in _MASK_KEYS:
-            hp.pop(k, None)
-        if core_name == "grpo" and "scale" not in hp and config is not None:
-            hp["scale"] = "group" if (config.get("norm_adv_by_std_in_grpo", True) if hasattr(config, "get")
-                                      else True) else "none"
+        opts = _options(hp, core_name, config)
         check_estimator(core_name, hp, engine=f"verl estimator {verl_name!r} (algorithm.capo)")
-
-        n = token_level_rewards.shape[0]
-        mask = response_mask.bool()
-        order, g = _group_order(index, n)
+        n, t = token_level_rewards.shape
+        ctx = _BATCH.get()
+        if core_name == "capo" and ctx is None:
+            raise ConfigError(
+                "verl estimator 'capo' was called outside verl's compute_advantage, so it cannot see the batch's "
+                "old_log_probs/ref_log_prob: load the plugin through verl (entry point group verl.plugins, "
+                "VERL_USE_EXTERNAL_PLUGINS not 'none') or call capo.adapters.verl_plugin.register() before "
+                "importing verl.trainer.ppo.ray_trainer"
+            )
+        rows = torch.nonzero(~_padding_rows(index, n)).squeeze(1)  # [N_real]
+        order, g = _group_order([list(index)[i] for i in rows.tolist()], rows.numel())
+        rows = rows[order]  # real rows, grouped by uid
         rewards = token_level_rewards.sum(dim=-1).double()  # [N] outcome reward (verl puts it on the last token)
-        scores = keep = None
-        if core_name == "capo":
-            data = _BATCH.get()
-            if data is None:
-                raise ConfigError(
-                    "verl estimator 'capo' was called outside verl's compute_advantage, so it cannot see the batch's "
-                    "old_log_probs/ref_log_prob: load the plugin through verl (entry point group verl.plugins, "
-                    "VERL_USE_EXTERNAL_PLUGINS not 'none') or call capo.adapters.verl_plugin.register() before "
-                    "importing verl.trainer.ppo.ray_trainer"
-                )
-            batch = data.batch
-            old = batch["old_log_probs"] if "old_log_probs" in batch.keys() else None
-            if old is None and "rollout_log_probs" in batch.keys():
-                old = batch["rollout_log_probs"]  # bypass mode: the rollout's log-probs are the old policy's
-            if old is None:
-                raise ConfigError("verl estimator 'capo' needs old_log_probs (or rollout_log_probs) in the batch: "
-                                  "keep verl's actor log-prob recomputation on")
-            scores = sequence_logprob_mean(old.double(), mask)  # [N] lpm under the rollout policy
-            correct = rewards > float(hp.get("correct_threshold", 0.5))
-            if mask_on:
-                if "ref_log_prob" not in batch.keys():
-                    raise ConfigError(f"verl estimator 'capo' with its noise mask needs ref_log_prob in the batch: "
-                                      f"{_ENABLE_REF}")
-                keep = reference_keep(batch["ref_log_prob"], mask, correct, low=low, high=high)
-        adv = compute_advantages(
-            core_name, rewards[order], g,
-            scores=None if scores is None else scores[order],
-            keep=None if keep is None else keep[order], **hp,
-        )  # [N] in grouped order
-        out = torch.empty_like(adv)
-        out[order] = adv
+        correct = _verdicts(ctx, rewards, need=core_name == "capo")
+        _check_temperature(ctx, opts)
+        lp, ref = _log_probs(ctx, "old_log_probs", n, t), _log_probs(ctx, "ref_log_prob", n, t)
+        if core_name == "capo" and lp is None:
+            raise ConfigError("verl estimator 'capo' needs old_log_probs (or rollout_log_probs) in the batch: "
+                              "keep verl's actor log-prob recomputation on")
+        if opts["noise_mask"] and ref is None:
+            raise ConfigError(f"verl estimator 'capo' with its noise mask needs ref_log_prob in the batch: {_ENABLE_REF}")
+        mask = response_mask[rows]
+        thresholds = None
+        if opts["noise_mask"]:
+            ppl = torch.exp(-sequence_logprob_mean(ref[rows], mask))
+            thresholds = _mask_state(opts).resolve(ppl)
+        res = advantage_step(
+            core_name, rewards[rows], (correct if correct is not None else torch.zeros(n, dtype=torch.bool))[rows],
+            g, token_logp=(lp if lp is not None else torch.zeros(n, t, dtype=torch.float64))[rows], mask=mask,
+            ref_token_logp=None if ref is None else ref[rows], mask_thresholds=thresholds, hparams=hp,
+        )
+        out = torch.zeros(n, dtype=res.advantages.dtype)
+        out[rows] = res.advantages
+        if ctx is not None and lp is not None and correct is not None:
+            ok = res.valid & ~res.bad
+            if bool(ok.any()):
+                ctx.metrics.update(calibration_metrics(res.scores[ok], correct[rows][ok], (torch.arange(
+                    rows.numel()) // g)[ok]))
         advantages = out.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask  # [N, T]
         return advantages, advantages
 
@@ -161,6 +222,17 @@ def _make_estimator(verl_name: str):
     estimator.__name__ = f"capo_verl_{verl_name}"
     estimator.__qualname__ = estimator.__name__
     return estimator
+
+
+_mask_states: dict[tuple, MaskThresholds] = {}
+
+
+def _mask_state(opts) -> MaskThresholds:
+    """One MaskThresholds per mask configuration in this process (quantile thresholds freeze on the first batch)."""
+    key = tuple(opts[k] for k in ("mask_rule", "mask_low", "mask_high", "mask_q_low", "mask_q_high"))
+    if key not in _mask_states:
+        _mask_states[key] = MaskThresholds(*key, engine="verl estimator 'capo' (algorithm.capo)")
+    return _mask_states[key]
 
 
 _ESTIMATOR_FNS = {name: _make_estimator(name) for name in ESTIMATORS}
@@ -173,6 +245,16 @@ _ESTIMATOR_FNS = {name: _make_estimator(name) for name in ESTIMATORS}
 
 def _name(adv_estimator) -> str:
     return adv_estimator.value if isinstance(adv_estimator, Enum) else str(adv_estimator)
+
+
+@dataclass
+class _Ctx:
+    """What capo's estimators see of the batch during one compute_advantage call."""
+
+    data: Any  # verl's DataProto
+    correct: Any = None  # verdicts from the v1 trainer's extra_fields (legacy: data.non_tensor_batch["correct"])
+    temperature: float | None = None  # the rollout temperature verl's log-probs were computed at
+    metrics: dict = field(default_factory=dict)  # calib/* of the batch (v1: merged into verl's step metrics)
 
 
 def _wrap(original):
@@ -189,11 +271,17 @@ def _wrap(original):
             )
         if name not in ESTIMATORS:
             return original(data, adv_estimator, *args, **kwargs)
-        token = _BATCH.set(data)
+        v1 = _V1.get()
+        ctx = _Ctx(data, correct=None if v1 is None else v1["correct"],
+                   temperature=v1["temperature"] if v1 is not None else data.meta_info.get("temperature"),
+                   metrics={} if v1 is None else v1["metrics"])
+        token = _BATCH.set(ctx)
         try:
-            return original(data, adv_estimator, *args, **kwargs)
+            out = original(data, adv_estimator, *args, **kwargs)
         finally:
             _BATCH.reset(token)
+        out.meta_info["capo_metrics"] = dict(ctx.metrics)  # legacy trainer: verl does not log them by itself
+        return out
 
     compute_advantage.__capo_wrapped__ = True
     compute_advantage.__wrapped__ = original
@@ -201,7 +289,49 @@ def _wrap(original):
     return compute_advantage
 
 
+def _v1_verdicts(extra_fields) -> list:
+    """The ``correct`` of each row's ``extra_fields["reward_extra_info"]`` (None where absent)."""
+    vals = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+    out = []
+    for v in vals:
+        v = getattr(v, "data", v)
+        info = v.get("reward_extra_info", {}) if isinstance(v, dict) else {}
+        out.append(info.get("correct") if isinstance(info, dict) else None)
+    return out
+
+
+def _wrap_v1(original):
+    """Wrap verl v1's ``PPOTrainer._compute_advantage``: it reads only the tensors it needs from TransferQueue, so
+    the reward function's verdicts (``extra_fields``) are fetched here, and capo's calib/* join the step metrics."""
+    if getattr(original, "__capo_wrapped__", False):
+        return original
+
+    def _compute_advantage(self, batch, metrics):
+        if _name(self.config.algorithm.adv_estimator) not in ESTIMATORS:
+            return original(self, batch, metrics)
+        tq = sys.modules[_TARGET_V1].tq
+        extra = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+        v1 = {"correct": _v1_verdicts(extra["extra_fields"]), "metrics": {},
+              "temperature": self.config.actor_rollout_ref.rollout.temperature}
+        token = _V1.set(v1)
+        try:
+            return original(self, batch, metrics)
+        finally:
+            _V1.reset(token)
+            metrics.update(v1["metrics"])
+
+    _compute_advantage.__capo_wrapped__ = True
+    _compute_advantage.__wrapped__ = original
+    return _compute_advantage
+
+
 def _patch_module(module) -> None:
+    if module.__name__ == _TARGET_V1:
+        cls = getattr(module, "PPOTrainer", None)
+        if cls is None or not hasattr(cls, "_compute_advantage"):
+            raise ImportError(f"capo verl plugin: {_TARGET_V1}.PPOTrainer._compute_advantage no longer exists")
+        cls._compute_advantage = _wrap_v1(cls._compute_advantage)
+        return
     fn = getattr(module, "compute_advantage", None)
     if fn is None:
         raise ImportError(f"capo verl plugin: {module.__name__}.compute_advantage no longer exists in this verl")
@@ -214,12 +344,15 @@ def _patch_module(module) -> None:
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """One-shot finder: when ``verl.trainer.ppo.ray_trainer`` is imported, patch it right after it executes."""
+    """One-shot finder: when a target module is imported, patch it right after it executes."""
+
+    def __init__(self, target: str):
+        self.target = target
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != _TARGET:
+        if fullname != self.target:
             return None
-        _remove_hook()
+        _remove_hook(self.target)
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -233,12 +366,12 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _remove_hook() -> None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchOnImport)]
+def _remove_hook(target: str) -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _PatchOnImport) and f.target == target)]
 
 
 def register() -> None:
-    """Register capo's estimators with verl and install the compute_advantage wrapper. Idempotent."""
+    """Register capo's estimators with verl and install the compute_advantage wrappers. Idempotent."""
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 
     with _lock:
@@ -251,10 +384,11 @@ def register() -> None:
                                   "not capo's; capo cannot register its own under that name")
             # else: registered by this module, or by another copy of it (verl loading this file by path for a
             # custom reward function): keep the first, whose compute_advantage wrapper is installed
-        if _TARGET in sys.modules:
-            _patch_module(sys.modules[_TARGET])
-        elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-            sys.meta_path.insert(0, _PatchOnImport())
+        for target in (_TARGET, _TARGET_V1):
+            if target in sys.modules:
+                _patch_module(sys.modules[target])
+            elif not any(isinstance(f, _PatchOnImport) and f.target == target for f in sys.meta_path):
+                sys.meta_path.insert(0, _PatchOnImport(target))
 
 
 # ---------------------------------------------------------------------------------------------------------------
