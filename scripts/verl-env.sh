@@ -13,8 +13,8 @@
 #   2. verl==0.9.1 with its declared dependencies (ray, tensordict, transformers<5.11, hydra-core, ...).
 #   3. capo itself, editable and WITHOUT dependencies (so pip never upgrades verl's transformers), then capo's
 #      light runtime dependencies that verl does not already bring.
-#   4. pytest (+ pytest-timeout) to run tests/adapters/test_verl*.py, and three modules verl's trainer imports
-#      without declaring them (cachetools, uvicorn, fastapi).
+#   4. pytest (+ pytest-timeout) to run tests/adapters/test_verl*.py, and the modules verl's trainers import
+#      without declaring them (cachetools, uvicorn, fastapi; transferqueue for the v1 trainer).
 # The inference engines verl needs for real training (vLLM or SGLang, flash-attn) are not installed: they have
 # no CPU wheels. Install them on the GPU cluster, matching its CUDA version.
 set -eu
@@ -42,6 +42,9 @@ PIP="$VENV/bin/pip"
 # torch is repeated so pip cannot move it off the pinned CPU build. (Do not add torchvision from PyPI: its wheel
 # does not match the CPU torch build and breaks transformers' imports.)
 "$PIP" install --quiet cachetools uvicorn fastapi torch==2.13.0
+# verl's default v1 trainer (verl.trainer.ppo.v1) imports TransferQueue, which verl 0.9.1 does not declare; capo's
+# tests run its advantage step (PPOTrainer._compute_advantage) on CPU. Brings msgspec and pyzmq, nothing else.
+"$PIP" install --quiet 'transferqueue==0.1.11' torch==2.13.0
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
 for name in ("torch", "transformers", "verl", "ray", "capo"):

@@ -213,3 +213,191 @@ def test_example_launch_script_composes_with_verls_config(tmp_path):
     assert cfg.data.train_batch_size == 128 and a.actor.ppo_mini_batch_size == 64 and a.rollout.n == 8
     assert a.rollout.temperature == 1.0 and cfg.trainer.total_training_steps == 600
     assert not cfg.algorithm.use_kl_in_reward
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# issue 13: verdicts (never a thresholded reward), padding rows, temperature, quantile mask, verl's v1 trainer
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _rlcr_batch(seed=3):
+    """A legacy-trainer batch whose rewards are RLCR values c - (q - c)^2 with the verdicts in non_tensor_batch
+    (verl's ray_trainer puts the reward function's extra keys there). Correct answers with q = 0.2 score 0.36."""
+    data = _batch(seed=seed)
+    r = data.batch["token_level_rewards"]
+    correct = r.sum(-1) > 0.5
+    q = torch.where(correct, torch.tensor(0.2), torch.tensor(0.9))
+    rl = correct.float() - (q - correct.float()) ** 2  # 0.36 or -0.81
+    last = data.batch["response_mask"].cumsum(-1).argmax(-1)
+    r.zero_()
+    r[torch.arange(len(r)), last] = rl
+    data.non_tensor_batch["correct"] = correct.float().numpy().astype(object)
+    return data, correct
+
+
+def _expected_verdicts(data, correct, **hp):
+    uid = list(data.non_tensor_batch["uid"])
+    order = torch.tensor(sorted(range(len(uid)), key=lambda i: (int(uid[i][1:]), i)))
+    mask = data.batch["response_mask"]
+    r = data.batch["token_level_rewards"].sum(-1).double()
+    s = sequence_logprob_mean(data.batch["old_log_probs"].double(), mask)
+    a = compute_advantages("capo", r[order], G, scores=s[order], correct=correct[order], **hp)
+    out = torch.empty_like(a)
+    out[order] = a
+    return out.float()[:, None] * mask
+
+
+def test_capo_with_rlcr_rewards_reads_the_verdicts():
+    rt = _ray_trainer()
+    data, correct = _rlcr_batch()
+    cfg = OmegaConf.create({"capo": {"tau": 0.6, "noise_mask": False}})
+    got = rt.compute_advantage(data, adv_estimator="capo", config=cfg).batch["advantages"]
+    exp = _expected_verdicts(data, correct, tau=0.6)
+    assert torch.allclose(got, exp, atol=TOL, rtol=0)
+    assert (got.sum(-1)[correct] > 0).any(), "correct answers with reward 0.36 must get positive advantages"
+    metrics = data.meta_info["capo_metrics"]
+    assert metrics["calib/accuracy"] == pytest.approx(float(correct.double().mean()))
+
+
+def test_capo_refuses_non_binary_rewards_without_verdicts():
+    rt = _ray_trainer()
+    data, _ = _rlcr_batch()
+    del data.non_tensor_batch["correct"]
+    with pytest.raises(ConfigError, match="must return a dict with 'correct'"):
+        rt.compute_advantage(data, adv_estimator="capo", config=OmegaConf.create({"capo": {"noise_mask": False}}))
+
+
+def test_temperature_scaled_log_probs_need_the_knob():
+    rt = _ray_trainer()
+    data = _batch()
+    data.meta_info["temperature"] = 0.7
+    cfg = {"capo": {"noise_mask": False}}
+    with pytest.raises(ConfigError, match=r"rollout temperature \(0.7\).*\+algorithm.capo.logprobs=sampling"):
+        rt.compute_advantage(data, adv_estimator="capo", config=OmegaConf.create(cfg))
+    cfg["capo"]["logprobs"] = "sampling"
+    got = rt.compute_advantage(data, adv_estimator="capo", config=OmegaConf.create(cfg)).batch["advantages"]
+    assert torch.allclose(got, _expected(data, "capo"), atol=TOL, rtol=0)
+
+
+def test_quantile_mask_thresholds_come_from_the_first_batch_and_stay():
+    from capo.adapters import verl_plugin
+    from capo.core import ppl_quantile_thresholds
+
+    rt = _ray_trainer()
+    verl_plugin._mask_states.clear()
+    cfg = OmegaConf.create({"capo": {"mask_rule": "quantile", "mask_q_low": 0.3, "mask_q_high": 0.7}})
+    first, second = _batch(seed=4), _batch(seed=5)
+    ppl = torch.exp(-sequence_logprob_mean(first.batch["ref_log_prob"].double(), first.batch["response_mask"]))
+    low, high = ppl_quantile_thresholds(ppl, 0.3, 0.7)
+    for data in (first, second):
+        got = rt.compute_advantage(data, adv_estimator="capo", config=cfg).batch["advantages"]
+        assert torch.allclose(got, _expected(data, "capo", mask_low=low, mask_high=high), atol=TOL, rtol=0)
+    assert verl_plugin._mask_states[("quantile", 1.05, 2.5, 0.3, 0.7)].value == (low, high)
+
+
+class _FakeTQ:
+    """An in-memory stand-in for TransferQueue's kv API (verl's v1 trainer stores every row under a key)."""
+
+    def __init__(self):
+        self.store = {}
+
+    def kv_batch_get(self, keys, partition_id, select_fields=None):
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        return list_of_dict_to_tensordict([{f: v for f, v in self.store[k].items()
+                                            if select_fields is None or f in select_fields} for k in keys])
+
+    def kv_batch_put(self, keys, partition_id, fields=None, tags=None):
+        from transfer_queue import KVBatchMeta
+
+        for i, k in enumerate(keys):
+            row = self.store.setdefault(k, {})
+            for f in fields.keys():
+                row[f] = fields[f][i]
+        return KVBatchMeta(keys=list(keys), tags=tags or [{} for _ in keys], partition_id=partition_id, fields=[],
+                           extra_info={})
+
+
+def test_verl_v1_trainer_advantage_step_with_padding_rows_and_reward_loop(monkeypatch):
+    """verl 0.9.1's default v1 trainer: rewards from verl's reward loop calling capo's compute_score, rows padded by
+    verl's own upsample_batch_to_divisible_size, then PPOTrainer._compute_advantage (our wrapper fetches the
+    verdicts from extra_fields). Padding rows: advantage 0, no error; real rows: capo core with the verdicts."""
+    pytest.importorskip("transfer_queue", reason="verl's v1 trainer needs transferqueue (scripts/verl-env.sh)")
+
+    from transfer_queue import KVBatchMeta
+    from verl import DataProto
+    import verl.trainer.ppo.padding_utils as pu
+    import verl.trainer.ppo.v1.trainer_base as tb
+    from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+
+    from capo.adapters.verl_plugin import compute_score
+    from capo.core import calibration_metrics
+
+    assert getattr(tb.PPOTrainer._compute_advantage, "__capo_wrapped__", False), "v1 trainer was not wrapped"
+    fake = _FakeTQ()
+    monkeypatch.setattr(tb, "tq", fake)
+    monkeypatch.setattr(pu, "tq", fake)
+    words = {2: "<answer>7</answer>", 3: "<answer>3</answer>", 4: "<confidence>0.2</confidence>",
+             5: "<confidence>0.9</confidence>"}
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(words.get(int(i), "") for i in ids)
+
+    rm = NaiveRewardManager(OmegaConf.create({}), Tok(), compute_score)
+    gen = torch.Generator().manual_seed(7)
+    keys, correct = [], []
+    for q in range(3):
+        for s in range(G):
+            right = bool(torch.rand((), generator=gen) < 0.5) if s > 1 else s == 0
+            resp = torch.tensor([2 if right else 3, 4 if s % 2 == 0 else 5])
+            item = DataProto.from_dict(
+                tensors={"responses": resp[None], "attention_mask": torch.ones(1, 3 + 2, dtype=torch.long)},
+                non_tensors={"data_source": np.array(["math"], dtype=object),
+                             "reward_model": np.array([{"ground_truth": "7"}], dtype=object)})
+            out = rm.loop.run_until_complete(rm.run_single(item))  # verl's reward-loop event loop
+            info = out["reward_extra_info"]
+            assert info["correct"] == float(right)
+            k = f"u{q}_{s}_0"
+            keys.append(k)
+            correct.append(right)
+            n_tok = 2 + s
+            rm_scores = torch.zeros(n_tok)
+            rm_scores[-1] = out["reward_score"]
+            fake.store[k] = {"uid": f"u{q}", "response_mask": torch.ones(n_tok, dtype=torch.int64),
+                             "rm_scores": rm_scores, "old_log_probs": -torch.rand(n_tok, generator=gen) * 2,
+                             "ref_log_prob": -torch.rand(n_tok, generator=gen),
+                             "rollout_log_probs": -torch.rand(n_tok, generator=gen),
+                             "responses": torch.zeros(n_tok, dtype=torch.int64),
+                             "prompts": torch.zeros(3, dtype=torch.int64),
+                             "input_ids": torch.zeros(3 + n_tok, dtype=torch.int64),
+                             "attention_mask": torch.ones(3 + n_tok, dtype=torch.int64),
+                             "position_ids": torch.arange(3 + n_tok), "loss_mask": torch.ones(n_tok, dtype=torch.int64),
+                             "num_turns": 1, "extra_fields": {"reward_extra_info": info}}
+    assert any(f.store[k]["rm_scores"][-1] == pytest.approx(0.36) for f in [fake] for k in keys), \
+        "no correct answer with q = 0.2 (RLCR reward 0.36): the test would not see the verdict bug"
+    batch = KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train", fields=[], extra_info={})
+    batch = pu.upsample_batch_to_divisible_size(batch, batch_multiple=7, eos_token_id=1)  # 12 -> 14 rows
+    assert len(batch.keys) == 14 and all(k.startswith("pad") for k in batch.keys[12:])
+    cfg = OmegaConf.create({
+        "algorithm": {"adv_estimator": "capo", "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0,
+                      "norm_adv_by_std_in_grpo": True, "capo": {"tau": 0.6, "mask_low": 1.2, "mask_high": 1.8}},
+        "actor_rollout_ref": {"rollout": {"n": G, "temperature": 1.0}}})
+    metrics = {}
+    tb.PPOTrainer._compute_advantage(type("T", (), {"config": cfg})(), batch, metrics)
+    got = torch.stack([fake.store[k]["advantages"][0] for k in keys]).double()
+    for k in batch.keys[12:]:
+        assert (fake.store[k]["advantages"] == 0).all()
+    rows = [fake.store[k] for k in keys]
+    lpm = torch.stack([r["old_log_probs"].double().mean() for r in rows])
+    ppl = torch.stack([torch.exp(-r["ref_log_prob"].double().mean()) for r in rows])
+    c = torch.tensor(correct)
+    r = torch.stack([r["rm_scores"].sum().double() for r in rows])
+    keep = capo_noise_mask(ppl, c, low=1.2, high=1.8)
+    exp = compute_advantages("capo", r, G, scores=lpm, keep=keep, correct=c, tau=0.6)
+    assert torch.allclose(got, exp, atol=TOL, rtol=0), (got, exp)
+    assert (exp.abs() > 1e-3).any() and 0 < int(keep.sum()) < keep.numel()
+    want = calibration_metrics(lpm, c, torch.arange(12) // G)
+    assert set(want) <= set(metrics)
+    for key, v in want.items():
+        assert v == pytest.approx(metrics[key], abs=1e-6, nan_ok=True), key
