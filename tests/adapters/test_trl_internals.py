@@ -58,4 +58,19 @@ def test_trl_internals_relied_on_exist():
     loss = _src(GRPOTrainer._compute_loss)
     if 'inputs["advantages"]' not in loss:
         problems.append('_compute_loss no longer reads inputs["advantages"]')
+    for needle, what in [
+        ('self._logs["advantages"].extend(', "the completions table logs self._logs['advantages'] (capo replaces them)"),
+        ('use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None)',
+         "PEFT reference: the 'ref' adapter if present, else adapters disabled"),
+        ("completion_mask * (~is_truncated)", "mask_truncated_completions zeroes a truncated row's mask"),
+    ]:
+        if needle not in gen:
+            problems.append(f"_generate_and_score_completions changed: expected {what} (`{needle}` not found)")
+    from trl.trainer import utils as trl_utils
+
+    for fn in TRL_INTERNALS["functions"]:
+        if not callable(getattr(trl_utils, fn, None)):
+            problems.append(f"trl.trainer.utils.{fn} is missing")
+    if "temperature" not in inspect.signature(trl_utils.add_fused_lm_head).parameters:
+        problems.append("add_fused_lm_head no longer takes temperature")
     assert not problems, "TRL internals used by capo.adapters.trl changed:\n- " + "\n- ".join(problems)

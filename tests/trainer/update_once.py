@@ -32,6 +32,7 @@ def main():
                                         max_new_tokens=12)
     g, _ = tr.reward(ro, problems)
     rewards = torch.rand(B * G, generator=torch.Generator().manual_seed(7)).round()  # mixed groups, deterministic
+    g.correct = rewards.bool()  # the verdicts these binary rewards stand for (CAPO reads verdicts)
     per = B // tr.world * G
     rows = torch.arange(tr.rank * per, (tr.rank + 1) * per)
     ro, g.correct, rewards = ro.select(rows), g.correct[rows], rewards[rows]

@@ -136,8 +136,12 @@ class MaskThresholds:
         self.rule, self.q_low, self.q_high = rule, q_low, q_high
         self.value: tuple[float, float] | None = (low, high) if rule == "fixed" else None
 
-    def resolve(self, ref_ppl: torch.Tensor) -> tuple[float, float]:
-        """(low, high) for this batch; ``ref_ppl`` [N] are its reference perplexities (read once for "quantile")."""
+    def resolve(self, ref_ppl: torch.Tensor) -> tuple[float, float] | None:
+        """(low, high) for this batch; ``ref_ppl`` [N] are the reference perplexities of its existing rows (read
+        once for "quantile"; a batch with fewer than 2 finite ones is left unmasked and the next one is read)."""
         if self.value is None:
-            self.value = ppl_quantile_thresholds(ref_ppl.double().cpu(), self.q_low, self.q_high)
+            ppl = ref_ppl.double().cpu()
+            if int(torch.isfinite(ppl).sum()) < 2:
+                return None
+            self.value = ppl_quantile_thresholds(ppl, self.q_low, self.q_high)
         return self.value

@@ -64,9 +64,10 @@ __all__ = ["CapoAdvantageConfig", "CapoGRPOTrainer", "CorrectnessReward", "RLCRR
 TRL_INTERNALS = {
     "methods": ("_generate_and_score_completions", "_calculate_rewards", "_get_per_token_logps_and_entropies"),
     "attributes": ("num_generations", "num_generations_eval", "reward_weights", "reward_funcs", "beta",
-                   "ref_model", "temperature", "accelerator", "_metrics", "multi_objective_aggregation"),
+                   "ref_model", "temperature", "accelerator", "_metrics", "_logs", "multi_objective_aggregation"),
     "output_keys": ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages"),
     "optional_output_keys": ("old_per_token_logps", "ref_per_token_logps", "tool_mask"),
+    "functions": ("add_fused_lm_head", "create_model_from_path", "disable_dropout_in_model", "use_adapter"),
 }
 
 
@@ -287,7 +288,7 @@ class CapoGRPOTrainer(GRPOTrainer):
         if self.ref_model is not None:  # TRL's own reference (beta != 0), its head at TRL's temperature
             raise CapoError("CapoGRPOTrainer: with beta != 0 and temperature != 1, logprobs='raw' needs a reference "
                             "scored at temperature 1; set CapoAdvantageConfig(logprobs='sampling')")
-        from trl.trainer.grpo_trainer import use_adapter
+        from trl.trainer.utils import use_adapter
 
         model = self.accelerator.unwrap_model(self.model)  # PEFT, as TRL: the "ref" adapter, else adapters off
         with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None), self._capo_policy_head():

@@ -1,0 +1,242 @@
+"""CapoGRPOTrainer on the TRL paths users run (issue 13): RLCR verdicts, truncation masking, the quantile mask,
+temperature != 1, TRL's own old log-probs (steps_per_generation / num_iterations > 1), the completions table, the
+reference through TRL's fused log-prob head with ``model_init_kwargs``, and 2 processes == 1 process.
+
+Every expectation is recomputed independently: decoded texts, plain Hugging Face forwards with full logits (raw,
+temperature 1), and capo core's estimator -- no adapter code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+trl = pytest.importorskip("trl", reason="TRL is not installed: pip install 'capo[trl]'")
+
+import torch  # noqa: E402
+
+from capo.core import capo_noise_mask, compute_advantages, ppl_quantile_thresholds, sequence_logprob_mean  # noqa: E402
+from capo.errors import CapoError  # noqa: E402
+
+G = 4
+TOL = 1e-6
+HERE = pathlib.Path(__file__).parent
+
+
+def seven_reward(completions, **kwargs):
+    return [1.0 if re.search(r"<answer>\s*7\s*</answer>", c) else 0.0 for c in completions]
+
+
+def _args(tmp_path, **kw):
+    from trl import GRPOConfig
+
+    base = dict(
+        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
+        per_device_train_batch_size=8, num_generations=G, max_completion_length=8, max_steps=2, logging_steps=1,
+        learning_rate=5e-3, beta=0.0, temperature=1.0, save_strategy="no", seed=0, disable_dropout=True,
+    )
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def _dataset(n=8):
+    from datasets import Dataset
+
+    import _tiny
+
+    return Dataset.from_list(_tiny.prompts(n))
+
+
+def raw_token_logps(model, out, temperature=1.0):
+    """Per-token log-probs of the completions from a plain forward with full logits: [n, T]."""
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    t = out["completion_ids"].size(1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, -t - 1:-1].double() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, -t:, None]).squeeze(-1)
+
+
+def _trainer(tiny_model_dir, tmp_path, cfg, reward=seven_reward, **args):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from capo.adapters.trl import CapoGRPOTrainer
+
+    class Probe(CapoGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            policy = self.accelerator.unwrap_model(self.model)
+            raw = {}
+            out = super()._generate_and_score_completions(inputs)
+            texts = self.processing_class.batch_decode(out["completion_ids"], skip_special_tokens=True)
+            raw["lp"] = raw_token_logps(policy, out)  # the policy that generated (no update in between)
+            raw["lp_scaled"] = raw_token_logps(policy, out, self.temperature)
+            raw["ref"] = raw_token_logps(self.probe_ref, out)
+            self.records = getattr(self, "records", [])
+            self.records.append({"out": dict(out), "batch": dict(self.capo_last_batch), "texts": texts, **raw,
+                                 "table": list(self._logs["advantages"])[-out["completion_ids"].size(0):]})
+            return out
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    Probe.probe_ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    return Probe(model=tiny_model_dir, reward_funcs=reward, args=_args(tmp_path, **args), train_dataset=_dataset(),
+                 processing_class=tok, capo=cfg)
+
+
+def _expected(rec, *, correct, rewards, lp, thresholds=None, tau=0.6):
+    """capo core on one batch: P/N from the verdicts, rows without tokens are no partners."""
+    mask = rec["out"]["completion_mask"]
+    partners = mask.bool().any(-1)
+    lpm = sequence_logprob_mean(lp, mask)
+    keep = torch.ones_like(partners)
+    if thresholds is not None:
+        ppl = torch.exp(-sequence_logprob_mean(rec["ref"], mask))
+        keep = capo_noise_mask(ppl, correct, low=thresholds[0], high=thresholds[1])
+    return compute_advantages("capo", rewards, G, scores=lpm, keep=keep & partners, correct=correct,
+                              partners=partners, tau=tau)
+
+
+def _check_capo(tr, *, thresholds=None, lp_key="lp", correct_fn=None):
+    nonzero = 0
+    for rec in tr.records:
+        b = rec["batch"]
+        correct = b["correct"] if correct_fn is None else correct_fn(rec)
+        exp = _expected(rec, correct=correct, rewards=b["rewards"], lp=rec[lp_key],
+                        thresholds=thresholds or b["mask_thresholds"])
+        got = rec["out"]["advantages"].double()
+        assert torch.allclose(got, exp, atol=TOL, rtol=0), (got, exp)
+        # TRL's completions table shows capo's advantages
+        assert torch.allclose(torch.tensor(rec["table"], dtype=torch.float64), exp, atol=1e-6)
+        nonzero += int((got.abs() > 1e-9).sum())
+    assert nonzero > 0, "no signal in any batch: the test would not notice a wrong estimator"
+
+
+def test_capo_with_rlcr_reward_reads_the_verdicts(tiny_model_dir, tmp_path):
+    """RLCR: a correct answer with q = 0.1 gets reward 0.19 and must still be in CAPO's P set."""
+    from capo.adapters.trl import CapoAdvantageConfig, RLCRReward
+
+    reward = RLCRReward(answer_key="answer")
+    cfg = CapoAdvantageConfig(estimator="capo", estimator_kwargs={"tau": 0.6}, noise_mask=False)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, reward=reward, max_steps=3)
+    tr.train()
+    low_reward_correct = 0
+    for rec in tr.records:
+        b = rec["batch"]
+        low_reward_correct += int((b["correct"] & (b["rewards"] < 0.5)).sum())
+    assert low_reward_correct > 0, "no correct answer with reward < 0.5: the test would not see the old bug"
+    _check_capo(tr, correct_fn=lambda rec: torch.tensor([bool(re.search(r"<answer>\s*7\s*</answer>", t))
+                                                         for t in rec["texts"]]))
+
+
+def test_truncated_completions_are_no_partners_and_quantile_mask(tiny_model_dir, tmp_path):
+    """mask_truncated_completions=True zeroes a truncated row's mask: it must not enter pairs as a maximally
+    confident partner (lpm 0). Quantile mask: thresholds from the first batch's PPL_ref, then frozen."""
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    cfg = CapoAdvantageConfig(estimator="capo", estimator_kwargs={"tau": 0.6}, mask_rule="quantile",
+                              mask_q_low=0.3, mask_q_high=0.7)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, mask_truncated_completions=True, max_completion_length=7,
+                  max_steps=3)
+    tr.train()
+    first = tr.records[0]
+    m = first["out"]["completion_mask"]
+    ppl = torch.exp(-sequence_logprob_mean(first["ref"], m))[m.bool().any(-1)]
+    q = ppl_quantile_thresholds(ppl, 0.3, 0.7)
+    assert all(r["batch"]["mask_thresholds"] == pytest.approx(q, rel=1e-6) for r in tr.records)
+    truncated = torch.cat([~r["out"]["completion_mask"].bool().any(-1) for r in tr.records])
+    assert 0 < int(truncated.sum()) < truncated.numel(), "need both truncated and complete rows"
+    adv = torch.cat([r["out"]["advantages"] for r in tr.records])
+    assert (adv[truncated] == 0).all()
+    _check_capo(tr, thresholds=q, correct_fn=lambda rec: torch.tensor(seven_reward(rec["texts"])) == 1)
+
+
+@pytest.mark.parametrize("mode", ["raw", "sampling"])
+def test_temperature_convention(tiny_model_dir, tmp_path, mode):
+    """At temperature 0.7: "raw" lpm/PPL_ref are temperature-1 log-probs (the paper's, capo's trainer), "sampling"
+    TRL's temperature-scaled ones. The reference goes through TRL's fused head (patched, no full logits)."""
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    cfg = CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9, logprobs=mode)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, temperature=0.7, model_init_kwargs={"attn_implementation": "eager"})
+    assert tr._capo_ref.config._attn_implementation == "eager"  # loaded with args.model_init_kwargs
+    assert "forward" in tr._capo_ref.__dict__  # TRL's fused per-token log-prob head is installed on it
+    tr.train()
+    if mode == "raw":
+        _check_capo(tr, thresholds=(1.3, 1.9))
+    else:
+        for rec in tr.records:
+            mask = rec["out"]["completion_mask"]
+            got = rec["batch"]["scores"]
+            assert torch.allclose(got, sequence_logprob_mean(rec["lp_scaled"], mask), atol=TOL)
+            assert not torch.allclose(got, sequence_logprob_mean(rec["lp"], mask), atol=1e-3)
+
+
+@pytest.mark.parametrize("extra", [{"steps_per_generation": 2}, {"num_iterations": 2}])
+def test_trl_own_old_logprobs(tiny_model_dir, tmp_path, extra):
+    """With steps_per_generation or num_iterations > 1 TRL keeps its old log-probs: capo reads them (no extra
+    forward) and the advantages still equal capo core's."""
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    cfg = CapoAdvantageConfig(estimator="capo", noise_mask=False)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, per_device_train_batch_size=4, max_steps=4, **extra)
+    tr.train()
+    assert all(r["out"].get("old_per_token_logps") is not None for r in tr.records)
+    assert len(tr.records) == 2
+    _check_capo(tr)
+    logged = {k for h in tr.state.log_history for k in h}
+    assert "time/capo_extra_forward_s" not in logged and "calib/auroc" in logged
+
+
+def test_verdict_reward_must_be_binary(tiny_model_dir, tmp_path):
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    def graded(completions, **kw):
+        return [0.3 for _ in completions]
+
+    cfg = CapoAdvantageConfig(estimator="capo", noise_mask=False)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, reward=graded, max_steps=1)
+    with pytest.raises(CapoError, match="returned values other than 0/1, so it cannot serve as the verifier"):
+        tr.train()
+
+
+def test_two_processes_equal_one(tiny_model_dir, tmp_path):
+    """TRL on 2 processes (accelerate launch, gloo on CPU): each process's advantages are its slice of capo core
+    on the whole gathered batch, recomputed here from the full batch in one process."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    accel = pathlib.Path(sys.executable).parent / "accelerate"
+    out = tmp_path / "two"
+    subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29541",
+                    str(HERE / "trl_two_process.py"), tiny_model_dir, str(out)], check=True, env=env, timeout=600)
+    ranks = [torch.load(out / f"rank{r}.pt") for r in (0, 1)]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    n_local = ranks[0]["local_adv"].numel()
+    t = max(r["completion_ids"].size(1) for r in ranks)
+
+    def pad(x):
+        return torch.nn.functional.pad(x, (0, t - x.size(1)))
+
+    full = {k: torch.cat([pad(r[k]) for r in ranks]) for k in ("completion_ids", "completion_mask")}
+    full["prompt_ids"] = torch.cat([r["prompt_ids"] for r in ranks])
+    full["prompt_mask"] = torch.cat([r["prompt_mask"] for r in ranks])
+    assert full["prompt_ids"].size(1) == ranks[1]["prompt_ids"].size(1)
+    lp = raw_token_logps(model, full)
+    ref = lp  # the reference is the same initial model
+    mask = full["completion_mask"]
+    rec = {"out": full, "ref": ref}
+    rewards = torch.cat([r["rewards_local"] for r in ranks])
+    assert torch.equal(rewards, ranks[0]["rewards_all"]), "gathered rewards are the concatenated local ones"
+    exp = _expected(rec, correct=rewards == 1, rewards=rewards, lp=lp, thresholds=(1.3, 1.9))
+    got = torch.cat([r["local_adv"].double() for r in ranks])
+    assert n_local == 8 and torch.allclose(got, exp, atol=TOL, rtol=0), (got, exp)
+    assert (got.abs() > 1e-9).any()
+    assert torch.allclose(ranks[0]["all_adv"], exp, atol=TOL) and torch.allclose(ranks[1]["all_adv"], exp, atol=TOL)
+    assert json.loads((out / "rank0.json").read_text())["world"] == 2
+    del mask

@@ -1,0 +1,56 @@
+"""CapoGRPOTrainer for one generation batch under `accelerate launch --num_processes 2` (test_trl_paths.py).
+
+Usage: accelerate launch --multi_gpu --num_processes 2 trl_two_process.py MODEL_DIR OUT_DIR
+Each rank saves its local rows of the first generation batch and the advantages the loss received.
+"""
+
+import json
+import pathlib
+import re
+import sys
+
+import torch
+
+
+def seven_reward(completions, **kwargs):
+    return [1.0 if re.search(r"<answer>\s*7\s*</answer>", c) else 0.0 for c in completions]
+
+
+def main():
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
+
+    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
+
+    model_dir, out = sys.argv[1], pathlib.Path(sys.argv[2])
+    saved = {}
+
+    class Rec(CapoGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            o = super()._generate_and_score_completions(inputs)
+            if not saved:
+                b = self.capo_last_batch
+                saved.update({k: o[k].detach().cpu() for k in ("prompt_ids", "prompt_mask", "completion_ids",
+                                                               "completion_mask")})
+                saved.update(local_adv=o["advantages"].detach().cpu(), all_adv=b["advantages"].cpu(),
+                             rewards_all=b["rewards"].cpu(), rewards_local=b["rewards"][b["process_slice"]].cpu())
+            return o
+
+    args = GRPOConfig(output_dir=str(out / "run"), use_cpu=True, bf16=False, gradient_checkpointing=False,
+                      report_to="none", per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
+                      max_steps=1, logging_steps=1, learning_rate=5e-3, beta=0.0, temperature=1.0,
+                      save_strategy="no", seed=0, disable_dropout=True)
+    ds = Dataset.from_list([{"prompt": f"Q : {i % 10} =", "answer": "7"} for i in range(16)])
+    tr = Rec(model=model_dir, reward_funcs=seven_reward, args=args, train_dataset=ds,
+             processing_class=AutoTokenizer.from_pretrained(model_dir),
+             capo=CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9))
+    tr.train()
+    rank = tr.accelerator.process_index
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(saved, out / f"rank{rank}.pt")
+    (out / f"rank{rank}.json").write_text(json.dumps({"world": tr.accelerator.num_processes}))
+
+
+if __name__ == "__main__":
+    main()
