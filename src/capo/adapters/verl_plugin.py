@@ -211,10 +211,7 @@ def _make_estimator(verl_name: str):
         out = torch.zeros(n, dtype=res.advantages.dtype)
         out[rows] = res.advantages
         if ctx is not None and lp is not None and correct is not None:
-            ok = res.valid & ~res.bad
-            if bool(ok.any()):
-                ctx.metrics.update(calibration_metrics(res.scores[ok], correct[rows][ok], (torch.arange(
-                    rows.numel()) // g)[ok]))
+            _batch_metrics(ctx, res, correct[rows], g, rows)
         advantages = out.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask  # [N, T]
         return advantages, advantages
 
@@ -222,6 +219,23 @@ def _make_estimator(verl_name: str):
     estimator.__name__ = f"capo_verl_{verl_name}"
     estimator.__qualname__ = estimator.__name__
     return estimator
+
+
+def _batch_metrics(ctx, res, correct: torch.Tensor, g: int, rows: torch.Tensor) -> None:
+    """calib/* of the real rows (grouped order) into ``ctx.metrics``; verbalized confidence from the reward
+    function's ``confidence`` (capo's compute_score_rlcr returns it) when present."""
+    ok = res.valid & ~res.bad
+    if not bool(ok.any()):
+        return
+    conf = ctx.confidence
+    if conf is None and "confidence" in ctx.data.non_tensor_batch:
+        conf = ctx.data.non_tensor_batch["confidence"]
+    verbal = None
+    if conf is not None and len(conf) == len(ctx.data):
+        verbal = torch.tensor([float("nan") if c is None else float(c) for c in list(conf)], dtype=torch.float64)
+        verbal = verbal[rows][ok]
+    ctx.metrics.update(calibration_metrics(res.scores[ok], correct[ok], (torch.arange(rows.numel()) // g)[ok],
+                                           verbal_conf=verbal))
 
 
 _mask_states: dict[tuple, MaskThresholds] = {}
@@ -254,6 +268,7 @@ class _Ctx:
     data: Any  # verl's DataProto
     correct: Any = None  # verdicts from the v1 trainer's extra_fields (legacy: data.non_tensor_batch["correct"])
     temperature: float | None = None  # the rollout temperature verl's log-probs were computed at
+    confidence: Any = None  # verbalized confidences from the v1 trainer's extra_fields (legacy: non_tensor_batch)
     metrics: dict = field(default_factory=dict)  # calib/* of the batch (v1: merged into verl's step metrics)
 
 
@@ -273,6 +288,7 @@ def _wrap(original):
             return original(data, adv_estimator, *args, **kwargs)
         v1 = _V1.get()
         ctx = _Ctx(data, correct=None if v1 is None else v1["correct"],
+                   confidence=None if v1 is None else v1["confidence"],
                    temperature=v1["temperature"] if v1 is not None else data.meta_info.get("temperature"),
                    metrics={} if v1 is None else v1["metrics"])
         token = _BATCH.set(ctx)
@@ -289,14 +305,14 @@ def _wrap(original):
     return compute_advantage
 
 
-def _v1_verdicts(extra_fields) -> list:
-    """The ``correct`` of each row's ``extra_fields["reward_extra_info"]`` (None where absent)."""
+def _v1_extra(extra_fields, key: str) -> list:
+    """``key`` of each row's ``extra_fields["reward_extra_info"]`` (None where absent)."""
     vals = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
     out = []
     for v in vals:
         v = getattr(v, "data", v)
         info = v.get("reward_extra_info", {}) if isinstance(v, dict) else {}
-        out.append(info.get("correct") if isinstance(info, dict) else None)
+        out.append(info.get(key) if isinstance(info, dict) else None)
     return out
 
 
@@ -311,7 +327,8 @@ def _wrap_v1(original):
             return original(self, batch, metrics)
         tq = sys.modules[_TARGET_V1].tq
         extra = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-        v1 = {"correct": _v1_verdicts(extra["extra_fields"]), "metrics": {},
+        v1 = {"correct": _v1_extra(extra["extra_fields"], "correct"), "metrics": {},
+              "confidence": _v1_extra(extra["extra_fields"], "confidence"),
               "temperature": self.config.actor_rollout_ref.rollout.temperature}
         token = _V1.set(v1)
         try:

@@ -1,0 +1,114 @@
+"""The same batch through capo's trainer, the TRL adapter and the verl plugin: equal advantages and equal calib/*.
+
+Runs in the main environment: the verl plugin's estimator function is called directly with a stand-in for verl's
+DataProto (the plugin imports without verl); tests/adapters/test_verl.py runs it inside verl itself.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from capo.core import REWARDS, advantage_step
+
+B, G, T = 3, 4, 5
+
+
+def _batch():
+    """RLCR rewards from verdicts and verbal confidences, rollout/ref token log-probs, ragged masks."""
+    gen = torch.Generator().manual_seed(11)
+    n = B * G
+    correct = torch.tensor([1, 0, 1, 0, 1, 1, 0, 0, 0, 1, 1, 1], dtype=torch.bool)
+    conf = torch.tensor([0.2, 0.9, 0.8, 0.1, 0.5, 0.9, 0.7, float("nan"), 0.3, 0.6, 0.2, 0.9], dtype=torch.float64)
+    fmt = ~torch.isnan(conf)
+    rewards = REWARDS.get("rlcr")(correct, confidence=conf.float(), format_ok=fmt).double()
+    lengths = torch.randint(1, T + 1, (n,), generator=gen)
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    lp = -torch.rand(n, T, generator=gen, dtype=torch.float64) * 2 * mask
+    ref = -torch.rand(n, T, generator=gen, dtype=torch.float64) * 1.2 * mask
+    return correct, conf, fmt, rewards, mask, lp, ref
+
+
+def _trainer_path(correct, conf, fmt, rewards, mask, lp, ref):
+    """capo's trainer: Trainer.advantages (verdicts from the grader) and Trainer.rollout_metrics."""
+    from accelerate import Accelerator
+
+    from capo.trainer.loop import Trainer
+
+    algo = types.SimpleNamespace(advantage="capo", advantage_kwargs={"tau": 0.6}, noise_mask="fixed",
+                                 group_filter=False, reward="rlcr", reward_kwargs={}, loss="ppo_clip")
+    cfg = types.SimpleNamespace(algo=algo, rollout=types.SimpleNamespace(group_size=G),
+                                run=types.SimpleNamespace(on_bad_sample="skip"))
+    self = types.SimpleNamespace(cfg=cfg, acc=Accelerator(cpu=True), mask_thresholds=(1.3, 1.9), step=0)
+    for name in ("_guard", "_method_inputs", "_mean"):
+        setattr(self, name, types.MethodType(getattr(Trainer, name), self))
+    ro = types.SimpleNamespace(gen_logp=lp, response_mask=mask, lengths=mask.sum(-1), truncated=torch.zeros(len(lp)),
+                               texts=[""] * len(lp))
+    g = types.SimpleNamespace(correct=correct, confidence=conf, format_ok=fmt, reward_errors=0)
+    adv, _, _ = Trainer.advantages(self, ro, g, rewards, ref, None)
+    metrics = Trainer.rollout_metrics(self, ro, g, rewards)
+    return adv, {k: v for k, v in metrics.items() if k.startswith("calib/")}
+
+
+def _trl_path(correct, conf, fmt, rewards, mask, lp, ref):
+    """The TRL adapter's step and metrics on the gathered batch (what _generate_and_score_completions calls)."""
+    pytest.importorskip("trl")
+    from capo.adapters.trl import CapoGRPOTrainer
+
+    res = advantage_step("capo", rewards, correct, G, token_logp=lp, mask=mask, ref_token_logp=ref,
+                         mask_thresholds=(1.3, 1.9), valid=torch.ones_like(correct), hparams={"tau": 0.6})
+    return res.advantages, CapoGRPOTrainer._capo_metrics(None, res, correct, conf, G)
+
+
+class _Proto:
+    """The parts of verl's DataProto the plugin reads."""
+
+    def __init__(self, batch, non_tensor_batch):
+        self.batch, self.non_tensor_batch, self.meta_info = batch, non_tensor_batch, {"temperature": 1.0}
+
+    def __len__(self):
+        return len(next(iter(self.batch.values())))
+
+
+def _verl_path(correct, conf, fmt, rewards, mask, lp, ref):
+    """The verl plugin's registered estimator on verl's tensors; rows shuffled as verl does, verdicts and
+    confidences from the reward function's dict (legacy trainer: non_tensor_batch)."""
+    import numpy as np
+
+    from capo.adapters import verl_plugin as vp
+
+    perm = torch.randperm(len(lp), generator=torch.Generator().manual_seed(0))
+    tok_rewards = torch.zeros(len(lp), T)
+    tok_rewards[torch.arange(len(lp)), mask.sum(-1) - 1] = rewards.float()
+    data = _Proto({"old_log_probs": lp[perm].float(), "ref_log_prob": ref[perm].float()},
+                  {"correct": correct[perm].float().numpy().astype(object),
+                   "confidence": conf[perm].numpy().astype(object)})
+    ctx = vp._Ctx(data, temperature=data.meta_info["temperature"])
+    uid = np.array([f"u{i // G}" for i in range(len(lp))], dtype=object)[perm.numpy()]
+    cfg = {"capo": {"tau": 0.6, "mask_low": 1.3, "mask_high": 1.9}}
+    token = vp._BATCH.set(ctx)
+    try:
+        adv, _ = vp._ESTIMATOR_FNS["capo"](tok_rewards[perm], mask[perm].float(), index=uid, config=cfg)
+    finally:
+        vp._BATCH.reset(token)
+    out = torch.empty(len(lp), dtype=torch.float64)
+    out[perm] = adv.double().sum(-1) / mask[perm].sum(-1)
+    return out, ctx.metrics
+
+
+def test_trainer_trl_verl_same_advantages_and_calibration_metrics():
+    batch = _batch()
+    correct, rewards = batch[0], batch[3]
+    assert ((rewards < 0.5) & correct).any(), "a correct answer with a low RLCR reward must be in the batch"
+    a_tr, m_tr = _trainer_path(*batch)
+    a_trl, m_trl = _trl_path(*batch)
+    a_verl, m_verl = _verl_path(*batch)
+    assert (a_tr.abs() > 1e-6).any()
+    torch.testing.assert_close(a_trl, a_tr.double(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(a_verl, a_tr.double(), rtol=0, atol=1e-6)  # verl holds float32 tensors
+    assert set(m_tr) == set(m_trl) == set(m_verl) and "calib/verbal_brier" in m_tr
+    for k in m_tr:
+        assert m_trl[k] == pytest.approx(m_tr[k], abs=1e-12, nan_ok=True), k
+        assert m_verl[k] == pytest.approx(m_tr[k], abs=1e-6, nan_ok=True), k
