@@ -13,9 +13,11 @@ Use :class:`CapoGRPOTrainer` in place of ``trl.GRPOTrainer``::
     )
 
 What it changes in TRL, and nothing else: after TRL's ``_generate_and_score_completions`` has generated, scored and
-computed its own GRPO advantages, the advantages are recomputed on the full gathered batch with the capo estimator
-named in :class:`CapoAdvantageConfig` and this process's slice replaces ``out["advantages"]``. TRL's rollout, loss,
-clipping, aggregation and optimizer loop are untouched.
+computed its own GRPO advantages, the advantages are recomputed on the full gathered batch by capo's one CAPO-input
+step (:func:`capo.core.advantage_step`, shared with capo's trainer and the verl plugin) with the estimator named in
+:class:`CapoAdvantageConfig`; this process's slice replaces ``out["advantages"]`` and the completions table shows
+capo's values. TRL's rollout, loss, clipping, aggregation and optimizer loop are untouched. Correct/incorrect is the
+verifier's verdict (capo's reward functions, or ``verdict_reward``), never a thresholded reward.
 
 Costs (per generation batch, this process's rows):
 - CAPO (and the calibration metrics) need the mean token log-prob of each completion under the rollout policy.
@@ -23,12 +25,16 @@ Costs (per generation batch, this process's rows):
   sampling); otherwise this adapter runs one extra no-grad forward pass of the policy -- about a third of the
   cost of a training forward+backward on the same batch (``time/capo_extra_forward_s`` logs it).
 - CAPO's noise mask needs reference-model log-probs. TRL computes them only when ``beta != 0``; with ``beta = 0``
-  (the paper's setting) this adapter runs one no-grad forward of a frozen reference: the disabled-adapter base of a
-  PEFT model, a ``ref_model`` you pass, or a copy loaded from the same path when ``model`` is a string.
+  (the paper's setting) this adapter runs one no-grad forward of a frozen reference through TRL's chunked per-token
+  log-prob head: for a PEFT model TRL's "ref" adapter (else adapters disabled), a ``ref_model`` you pass, or a copy
+  loaded from the same path (with ``args.model_init_kwargs``) when ``model`` is a string.
+- lpm and PPL_ref are raw temperature-1 log-probs (``logprobs="raw"``); at a TRL temperature other than 1 that
+  costs own forwards at temperature 1 (``logprobs="sampling"`` takes TRL's scaled ones instead).
 
-Departures from TRL's own GRPO: rows for which every reward function returned ``None`` get reward 0 and are
-masked (advantage 0) instead of being excluded from their group's mean; ``multi_objective_aggregation`` must be
-"sum_then_normalize" (the reward is the weighted sum of the reward functions, as TRL's default).
+Departures from TRL's own GRPO: rows for which every reward function returned ``None``, and rows without a real
+token (``mask_truncated_completions``), get advantage 0 and are no CAPO pair partner (grpo/dr_grpo/rloo still count
+them with reward 0 in the group mean); ``multi_objective_aggregation`` must be "sum_then_normalize" (the reward is
+the weighted sum of the reward functions, as TRL's default).
 """
 
 from __future__ import annotations

@@ -21,17 +21,24 @@ What it registers
   ``verl.trainer.ppo.ray_trainer`` is first imported (a one-shot import hook), or at once if it already is.
 
 Hyperparameters come from ``algorithm.capo`` (add with ``+algorithm.capo.tau=0.6`` on verl's command line):
-  tau, surrogate, norm, masked_partners, correct_threshold (CAPO, see ``capo.core.capo_advantage``);
-  noise_mask (default true), mask_low (1.05), mask_high (2.5) (CAPO's reference-perplexity mask);
+  tau, surrogate, norm, masked_partners (CAPO, see ``capo.core.capo_advantage``);
+  noise_mask (default true), mask_rule ("fixed" or "quantile"), mask_low (1.05), mask_high (2.5), mask_q_low
+  (0.25), mask_q_high (0.75) (CAPO's reference-perplexity mask); logprobs ("raw": refuse verl's temperature-scaled
+  log-probs at a rollout temperature != 1; "sampling": accept them);
   eps, std_ddof, scale (capo_grpo; scale defaults to "group" or "none" following
   ``algorithm.norm_adv_by_std_in_grpo``).
+
+The advantages come from capo's one CAPO-input step (:func:`capo.core.advantage_step`, shared with capo's trainer and
+the TRL adapter). Correct/incorrect is the reward function's ``correct`` (legacy trainer: ``non_tensor_batch``; v1
+trainer: each row's ``extra_fields``, fetched by a wrapper of ``PPOTrainer._compute_advantage``), never a
+thresholded reward. verl's padding rows (uid ``pad...``) get advantage 0.
 
 Rewards (verl's custom reward function: ``reward.custom_reward_function.path=<this file>``,
 ``.name=compute_score_rlcr`` or ``compute_score_correctness``): see :func:`compute_score_rlcr`.
 
 Exactness: the advantage is computed by capo core on the very tensors verl holds, so it equals the core's result
-to float precision (tested to 1e-6). Rows are grouped by verl's ``uid``; every group must have the same size
-(verl's ``rollout.n``).
+to float precision (tested to 1e-6). Rows are grouped by verl's ``uid``; every group except the padding rows must
+have the same size (verl's ``rollout.n``).
 """
 
 from __future__ import annotations
