@@ -88,10 +88,10 @@ def _trainer(tiny_model_dir, tmp_path, cfg, reward=seven_reward, **args):
                  processing_class=tok, capo=cfg)
 
 
-def _expected(rec, *, correct, rewards, lp, thresholds=None, tau=0.6):
-    """capo core on one batch: P/N from the verdicts, rows without tokens are no partners."""
+def _expected(rec, *, correct, rewards, lp, thresholds=None, tau=0.6, scored=None):
+    """capo core on one batch: P/N from the verdicts, rows without tokens (or unscored) are no partners."""
     mask = rec["out"]["completion_mask"]
-    partners = mask.bool().any(-1)
+    partners = mask.bool().any(-1) if scored is None else mask.bool().any(-1) & scored
     lpm = sequence_logprob_mean(lp, mask)
     keep = torch.ones_like(partners)
     if thresholds is not None:
@@ -101,13 +101,14 @@ def _expected(rec, *, correct, rewards, lp, thresholds=None, tau=0.6):
                               partners=partners, tau=tau)
 
 
-def _check_capo(tr, *, thresholds=None, lp_key="lp", correct_fn=None):
+def _check_capo(tr, *, thresholds=None, lp_key="lp", correct_fn=None, scored_fn=None):
     nonzero = 0
     for rec in tr.records:
         b = rec["batch"]
         correct = b["correct"] if correct_fn is None else correct_fn(rec)
         exp = _expected(rec, correct=correct, rewards=b["rewards"], lp=rec[lp_key],
-                        thresholds=thresholds or b["mask_thresholds"])
+                        thresholds=thresholds or b["mask_thresholds"],
+                        scored=None if scored_fn is None else scored_fn(rec))
         got = rec["out"]["advantages"].double()
         assert torch.allclose(got, exp, atol=TOL, rtol=0), (got, exp)
         # TRL's completions table shows capo's advantages
@@ -190,6 +191,28 @@ def test_trl_own_old_logprobs(tiny_model_dir, tmp_path, extra):
     _check_capo(tr)
     logged = {k for h in tr.state.log_history for k in h}
     assert "time/capo_extra_forward_s" not in logged and "calib/auroc" in logged
+
+
+def test_unscored_rows_are_no_partners(tiny_model_dir, tmp_path):
+    """A reward function returning None (TRL: unscored) for confidence-0.5 answers: those rows get advantage 0 and
+    take part in no pair (before issue 13 they were partners with reward 0)."""
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    def unscored(texts):
+        return torch.tensor([bool(re.search(r"<confidence>\s*0\.5", t)) for t in texts])
+
+    def verifier(completions, **kw):
+        r = seven_reward(completions)
+        return [None if u else v for v, u in zip(r, unscored(completions).tolist())]
+
+    cfg = CapoAdvantageConfig(estimator="capo", noise_mask=False, verdict_reward="verifier")
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, reward=verifier, max_steps=3)
+    tr.train()
+    skipped = torch.cat([unscored(r["texts"]) for r in tr.records])
+    assert 0 < int(skipped.sum()) < skipped.numel(), "need both scored and unscored rows"
+    assert (torch.cat([r["out"]["advantages"] for r in tr.records])[skipped] == 0).all()
+    _check_capo(tr, correct_fn=lambda rec: torch.tensor(seven_reward(rec["texts"])) == 1,
+                scored_fn=lambda rec: ~unscored(rec["texts"]))
 
 
 def test_verdict_reward_must_be_binary(tiny_model_dir, tmp_path):
