@@ -63,7 +63,8 @@ def raw_token_logps(model, out, temperature=1.0):
     return torch.log_softmax(logits, -1).gather(-1, ids[:, -t:, None]).squeeze(-1)
 
 
-def _trainer(tiny_model_dir, tmp_path, cfg, reward=seven_reward, **args):
+def _trainer(tiny_model_dir, tmp_path, cfg, reward=seven_reward, trainer_kw=None, model=None, probe_ref=None,
+             **args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from capo.adapters.trl import CapoGRPOTrainer
@@ -83,9 +84,9 @@ def _trainer(tiny_model_dir, tmp_path, cfg, reward=seven_reward, **args):
             return out
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    Probe.probe_ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    return Probe(model=tiny_model_dir, reward_funcs=reward, args=_args(tmp_path, **args), train_dataset=_dataset(),
-                 processing_class=tok, capo=cfg)
+    Probe.probe_ref = probe_ref or AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    return Probe(model=model or tiny_model_dir, reward_funcs=reward, args=_args(tmp_path, **args), train_dataset=_dataset(),
+                 processing_class=tok, capo=cfg, **(trainer_kw or {}))
 
 
 def _expected(rec, *, correct, rewards, lp, thresholds=None, tau=0.6, scored=None):
@@ -263,3 +264,54 @@ def test_two_processes_equal_one(tiny_model_dir, tmp_path):
     assert torch.allclose(ranks[0]["all_adv"], exp, atol=TOL) and torch.allclose(ranks[1]["all_adv"], exp, atol=TOL)
     assert json.loads((out / "rank0.json").read_text())["world"] == 2
     del mask
+
+
+def test_peft_reference_is_the_base_model(tiny_model_dir, tmp_path):
+    """PEFT (LoRA via TRL's peft_config), beta = 0: the reference is TRL's convention -- the "ref" adapter if present,
+    else adapters disabled -- here the base model. After the first update the LoRA policy differs from the base, so
+    the second batch's mask tells base from policy."""
+    peft = pytest.importorskip("peft", reason="peft is not installed")
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    cfg = CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=2, learning_rate=5e-2,
+                  trainer_kw={"peft_config": lora})
+    assert tr._capo_ref is None  # no own reference model: the PEFT base serves
+    tr.train()
+    _check_capo(tr, thresholds=(1.3, 1.9))
+    last = tr.records[-1]
+    assert not torch.allclose(last["lp"], last["ref"], atol=1e-4), "the policy did not move: the test is vacuous"
+
+
+def test_peft_pretrained_adapter_reference_is_trls_ref_adapter(tiny_model_dir, tmp_path):
+    """A PEFT model with a pretrained (non-zero) adapter and beta != 0: TRL keeps a frozen copy of the adapter as
+    "ref". At temperature 0.7 with logprobs="raw", capo scores the reference itself at temperature 1 and must use
+    that "ref" adapter (base + initial adapter), not the bare base model (what disable_adapter() gives)."""
+    import copy
+
+    peft = pytest.importorskip("peft", reason="peft is not installed")
+    from transformers import AutoModelForCausalLM
+
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    pm = peft.get_peft_model(base, lora)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # a "pretrained" adapter: the policy is not the base model
+    ref = copy.deepcopy(pm).merge_and_unload().eval()
+    cfg = CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, model=pm, probe_ref=ref, max_steps=1, beta=0.04, temperature=0.7)
+    assert "ref" in tr.accelerator.unwrap_model(tr.model).peft_config
+    tr.train()
+    rec = tr.records[0]
+    plain = raw_token_logps(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), rec["out"])
+    m = rec["out"]["completion_mask"]
+    ppl_ref, ppl_base = (torch.exp(-sequence_logprob_mean(x, m)) for x in (rec["ref"], plain))
+    assert torch.allclose(rec["batch"]["ref_ppl"], ppl_ref, rtol=1e-5)  # raw temperature-1, "ref" adapter
+    assert not torch.allclose(rec["batch"]["ref_ppl"], ppl_base, rtol=1e-3)  # not the bare base model
+    _check_capo(tr, thresholds=(1.3, 1.9))

@@ -183,7 +183,8 @@ class CapoGRPOTrainer(GRPOTrainer):
         "ref" adapter if the model has one, else the base model with adapters disabled).
 
     Debug/test attribute: ``capo_last_batch`` holds the full gathered tensors of the latest generation batch
-    (rewards, correct, valid, scores, keep, advantages, trl_advantages_local, process_slice).
+    (rewards, correct, valid, scores, keep, ref_ppl, mask_thresholds, advantages, trl_advantages_local,
+    process_slice).
     """
 
     def __init__(self, model, reward_funcs=None, args=None, *pos, capo: CapoAdvantageConfig | None = None,
@@ -341,7 +342,7 @@ class CapoGRPOTrainer(GRPOTrainer):
         self.capo_last_batch = {
             "rewards": rewards, "correct": correct, "valid": res.valid, "scores": res.scores, "keep": res.keep,
             "advantages": res.advantages, "trl_advantages_local": trl_local, "process_slice": sl, "group_size": g,
-            "mask_thresholds": thresholds,
+            "mask_thresholds": thresholds, "ref_ppl": res.ref_ppl,
         }
         if thresholds is not None:
             timings["train/masked_frac"] = float((~res.keep[res.valid]).double().mean())
