@@ -314,15 +314,16 @@ class CapoGRPOTrainer(GRPOTrainer):
         cfg, acc = self.capo, self.accelerator
         bs = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         rpf = self._capo_rewards_per_func  # [N, F] gathered
-        scored = ~torch.isnan(rpf).all(dim=1)  # [N]: rows some reward function scored
-        rewards = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1).double()  # [N]
+        scored = ~torch.isnan(rpf).all(dim=1).cpu()  # [N]: rows some reward function scored
+        rewards = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1).double().cpu()  # [N]
         correct, conf = self._capo_verdicts(rpf)
         n_local = out["completion_ids"].size(0)
         sl = slice(acc.process_index * n_local, (acc.process_index + 1) * n_local)  # as TRL slices
         # truncated rows under mask_truncated_completions have an all-zero mask: the step drops them as partners
         mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
         timings: dict[str, float] = {}  # time/* and train/masked_frac
-        lp = self._capo_old_logps(out, bs, timings) if cfg.needs_scores() else torch.zeros(mask.shape)
+        lp = self._capo_old_logps(out, bs, timings) if cfg.needs_scores() else torch.zeros(mask.shape,
+                                                                                             device=mask.device)
         ref = None
         if cfg.uses_mask():
             t0 = time.perf_counter()
