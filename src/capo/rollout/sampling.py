@@ -46,7 +46,7 @@ class _RecordLogprobs:
         logits = output.logits if hasattr(output, "logits") else output[0]
         self.prev = torch.log_softmax(logits[:, -1].float(), dim=-1)
         if self.stats is not None:
-            st = token_statistics(self.prev)  # log_softmax is idempotent: the stats of the raw distribution
+            st = token_statistics(self.prev, normalized=True)  # the stats of the raw temperature-1 distribution
             for name in TOKEN_STATS:
                 self.stats[name].append(getattr(st, name))
 
