@@ -233,3 +233,17 @@ def test_registry_and_errors():
         compute_confidence("consistency", ConfidenceInputs(answer_ids=t([1], torch.int64)))
     with pytest.raises(TypeError, match="ConfidenceInputs"):
         compute_confidence("lpm", {"token_logp": LOGP})
+
+
+def test_token_statistics_from_log_probs_and_zero_probabilities():
+    """normalized=True (the sampler passes its log_softmax) gives the same statistics; a -inf logit (p = 0)
+    contributes 0 to the entropy, not NaN."""
+    rng = np.random.default_rng(1)
+    logits = torch.from_numpy(rng.normal(scale=2.0, size=(3, 30)))
+    a = token_statistics(logits, top_k=4)
+    b = token_statistics(torch.log_softmax(logits, -1), top_k=4, normalized=True)
+    for f in ("entropy", "kl_uniform", "topk_conf"):
+        torch.testing.assert_close(getattr(a, f), getattr(b, f), rtol=0, atol=1e-12)
+    masked = t([[math.log(3.0), 0.0, -math.inf]])
+    h = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    close(token_statistics(masked, top_k=1).entropy, [h])

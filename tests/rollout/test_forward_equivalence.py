@@ -138,3 +138,40 @@ def test_model_generation_defaults_do_not_change_the_policy(model_tok):
             gc.repetition_penalty, gc.top_k, gc.no_repeat_ngram_size = saved
     assert [[s.token_ids for s in r] for r in out[0]] == [[s.token_ids for s in r] for r in out[1]]
     assert gc.repetition_penalty == saved[0]  # the model's own config is restored
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_recorded_token_statistics_equal_the_oracle_distribution(model_tok, share):
+    """record_stats: entropy, KL(U || p) and the top-20 confidence recorded during generation equal those of the
+    oracle's full-logits distribution at each response position (computed here from the definitions), are 0 at
+    padding, and recording them changes no sampled token or log-prob."""
+    model, tok = model_tok
+    out = []
+    for stats in (False, True):
+        torch.manual_seed(3)
+        out.append(sample_rollout(model, tok, PROMPTS[:3], k=4, max_new_tokens=12, temperature=0.8, top_p=0.9,
+                                  share_prefix=share, record_stats=stats))
+    plain, ro = out
+    assert plain.token_stats is None
+    assert torch.equal(plain.response_ids, ro.response_ids) and torch.equal(plain.gen_logp, ro.gen_logp)
+    ids = torch.cat([ro.prompt_ids, ro.response_ids], 1)
+    attn = torch.cat([ro.prompt_mask, ro.response_mask], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn,
+                       position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).logits.double()
+    lp = torch.log_softmax(logits[:, ro.prompt_ids.shape[1] - 1:-1], -1)  # [N, T, V]
+    v = lp.shape[-1]
+    want = {"entropy": -(lp.exp() * lp).sum(-1),
+            "kl_uniform": (-(lp + torch.log(torch.tensor(float(v), dtype=torch.float64)))).mean(-1),
+            "topk_conf": -lp.topk(20, dim=-1).values.mean(-1)}
+    m = ro.response_mask.bool()
+    assert set(ro.token_stats) == set(want)
+    for name, w in want.items():
+        got = ro.token_stats[name]
+        assert got.shape == ro.gen_logp.shape
+        torch.testing.assert_close(got[m].double(), w[m], rtol=0, atol=2e-5, msg=name)
+        assert bool((got[~m] == 0).all())
+    samples = ro.samples(4)
+    first = samples[1][2]
+    n = first.n_tokens
+    assert first.token_stats["entropy"] == ro.token_stats["entropy"][6, :n].tolist()

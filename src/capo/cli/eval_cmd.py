@@ -56,6 +56,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--verify-workers", type=int, default=None, help="verifier processes (default: min(4, cpus))")
     p.add_argument("--n-bins", type=int, default=10, help="equal-width bins for ECE and reliability (default: 10)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates for intervals; 0 = none")
+    p.add_argument("--no-token-stats", dest="token_stats", action="store_false",
+                   help="do not write per-token log-probs / entropy / self-certainty / DeepConf confidence into "
+                   "generations.jsonl (smaller files; only lpm, verbal and consistency estimators then)")
+    p.add_argument("--conf-window", type=int, default=2048,
+                   help="sliding-window length in tokens of DeepConf's group confidences (default: 2048, DeepConf's)")
+    p.add_argument("--conf-fraction", type=float, default=0.1,
+                   help="bottom fraction of the windows averaged by the bottom_group estimator (default: 0.1)")
+    p.add_argument("--conf-tail", type=int, default=2048,
+                   help="number of last tokens averaged by the tail estimator (default: 2048, DeepConf's)")
+    p.add_argument("--keep-fraction", type=float, default=0.1,
+                   help="confidence-filtered vote: fraction of each prompt's responses kept (default: 0.1)")
     p.add_argument("--out", required=True, help="run directory (created; an existing one is resumed)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
     return p
@@ -74,7 +85,9 @@ def run(args) -> int:
         fallback_last_number=args.fallback_last_number, prompt_field=args.prompt_field,
         answer_field=args.answer_field, dataset_answer_format=args.dataset_answer_format, autocast=args.autocast,
         verify_timeout=args.verify_timeout, verify_workers=args.verify_workers, n_bins=args.n_bins,
-        n_boot=args.n_boot, generations=args.generations,
+        n_boot=args.n_boot, generations=args.generations, token_stats=args.token_stats,
+        conf_window=args.conf_window, conf_fraction=args.conf_fraction, conf_tail=args.conf_tail,
+        keep_fraction=args.keep_fraction,
     )
     validate_settings(s)  # before loading anything
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

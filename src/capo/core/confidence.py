@@ -55,7 +55,7 @@ class TokenStatistics:
     topk_conf: torch.Tensor
 
 
-def token_statistics(logits: torch.Tensor, top_k: int = 20) -> TokenStatistics:
+def token_statistics(logits: torch.Tensor, top_k: int = 20, *, normalized: bool = False) -> TokenStatistics:
     """Entropy, self-certainty and DeepConf token confidence of the temperature-1 distribution softmax(logits).
 
     With log p = log_softmax(logits) over the last dimension (V entries), in float32 or wider:
@@ -66,7 +66,8 @@ def token_statistics(logits: torch.Tensor, top_k: int = 20) -> TokenStatistics:
     DeepConf reads vLLM's top-k logprobs, which add the sampled token when it is outside the top k (k + 1 values);
     here it is exactly the top k. Cost: one log_softmax, one top-k and two reductions over V per token.
 
-    Args: logits [..., V] floating; top_k in [1, V]. Returns :class:`TokenStatistics` of shape [...] (float32 for
+    Args: logits [..., V] floating; top_k in [1, V]; ``normalized=True``: ``logits`` already are log-probs (a
+    log_softmax output, e.g. the sampler's), so the normalisation pass is skipped. Returns :class:`TokenStatistics` of shape [...] (float32 for
     half-precision logits, else the logits' dtype).
     """
     checks.tensor("logits", logits, floating=True)
@@ -75,9 +76,9 @@ def token_statistics(logits: torch.Tensor, top_k: int = 20) -> TokenStatistics:
     v = logits.shape[-1]
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= v:
         raise ValueError(f"top_k must be an int in [1, V={v}], got {top_k!r}")
-    logp = torch.log_softmax(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits, dim=-1)
-    p = logp.exp()
-    entropy = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
+    x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    logp = x if normalized else torch.log_softmax(x, dim=-1)
+    entropy = -(logp.exp() * logp).nansum(-1)  # p log p -> 0 where p = 0 (0 * -inf = NaN, dropped by nansum)
     kl = -math.log(v) - logp.mean(-1)
     topk = -logp.topk(top_k, dim=-1).values.mean(-1)
     return TokenStatistics(entropy=entropy, kl_uniform=kl, topk_conf=topk)

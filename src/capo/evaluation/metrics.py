@@ -13,6 +13,7 @@ import torch
 
 from capo.core import calibration as cal
 from capo.core import voting
+from capo.evaluation.estimators import estimator_table
 
 __all__ = ["compute_metrics", "pass_ks"]
 
@@ -165,12 +166,15 @@ def _curves(rows: list[dict], cols: _Columns, lpm_finite: torch.Tensor, n_bins: 
     return curves
 
 
-def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, seed: int = 0) -> dict:
+def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, seed: int = 0,
+                    keep_fraction: float = 0.1, conf_knobs: dict | None = None) -> dict:
     """Metrics of a complete set of generation rows.
 
     Each row needs ``prompt_id``, ``verdict``, ``mean_logprob`` (None only for an empty response, which is
     scored as -inf: confidence 0), ``answer_id`` (equivalence class within its prompt, -1 = none), ``text``;
-    optional ``confidence`` (verbal, None when absent). Returns ``{"metrics": {...flat floats...}, "curves":
+    optional ``confidence`` (verbal, None when absent) and per-token lists (``token_logprobs``, ``token_entropy``,
+    ``token_kl_uniform``, ``token_topk_conf``) for the confidence-estimator table ``curves["estimators"]``
+    (:func:`capo.evaluation.estimators.estimator_table`; ``keep_fraction`` and ``conf_knobs`` go to it). Returns ``{"metrics": {...flat floats...}, "curves":
     {...plot data...}}``; non-finite values are stored as None (JSON null).
     """
     if not rows:
@@ -185,4 +189,7 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
     m.update(_scaling_metrics(rows, cols, lpm_finite))
     m.update(_count_metrics(rows))
     curves = _curves(rows, cols, lpm_finite, n_bins)
+    curves["estimators"] = estimator_table(
+        rows, group_ids=cols.g, correct=cols.c, answer_ids=cols.aids, verbal=cols.verbal if cols.has_verbal else None,
+        knobs=conf_knobs, keep_fraction=keep_fraction, n_bins=n_bins, n_boot=n_boot, seed=seed)
     return {"metrics": {k: _finite(v) for k, v in m.items()}, "curves": curves}

@@ -201,6 +201,59 @@ def _eval_tables(evals: list[RunInfo]) -> str:
     ])
 
 
+# (key, label, higher is better) of the confidence-estimator tables (capo.evaluation.estimators)
+ESTIMATOR_COLUMNS = [("auroc", "AUROC", True), ("auc_mean", "AUC-mean", True), ("ece", "ECE", False),
+                     ("brier", "Brier", False), ("prr", "PRR", True), ("filtered_vote", "filtered vote", True),
+                     ("weighted_vote", "weighted vote", True)]
+
+
+def _est_cell(e: dict | None, key: str, best: bool) -> str:
+    v = None if e is None else e.get(key)
+    ci = None if e is None else e.get(f"{key}_ci")
+    txt = _fmt(v, "{:.3f}")
+    if ci and all(isinstance(x, (int, float)) and math.isfinite(x) for x in ci):
+        txt += f" <span class='muted'>[{ci[0]:.3f}, {ci[1]:.3f}]</span>"
+    return f"<td>{'<b>' + txt + '</b>' if best else txt}</td>"
+
+
+def _best(vals: list, higher: bool) -> float | None:
+    ok = [v for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
+    return (max(ok) if higher else min(ok)) if len(ok) > 1 else None
+
+
+def _estimators_section(evals: list[RunInfo]) -> str:
+    """Confidence estimators side by side: one table of every metric for a single run; for several runs one table
+    per metric (estimators x runs). The best value of each column (one run) or row (several) is bold."""
+    tabs = [r.curves.get("estimators") or {} for r in evals]
+    names = list(dict.fromkeys(n for t in tabs for n in t))
+    if not names:
+        return ""
+    parts = ["<h2>Confidence estimators</h2><p class='muted'>Which signal ranks right answers above wrong ones "
+             "(definitions: docs/metrics.md, 'Confidence estimators'; intervals: bootstrap over prompts).</p>"]
+    if len(evals) == 1:
+        t = tabs[0]
+        head = "".join(f"<th>{lab} {'&uarr;' if up else '&darr;'}</th>" for _, lab, up in ESTIMATOR_COLUMNS)
+        best = {k: _best([t[n].get(k) for n in names], up) for k, _, up in ESTIMATOR_COLUMNS}
+        body = [f"<tr><th class='l'>{html.escape(n)}</th>"
+                + "".join(_est_cell(t[n], k, best[k] is not None and t[n].get(k) == best[k])
+                          for k, _, _ in ESTIMATOR_COLUMNS) + "</tr>" for n in names]
+        parts.append(f"<table class='metrics estimators'><thead><tr><th class='l'>estimator</th>{head}</tr></thead>"
+                     f"<tbody>{''.join(body)}</tbody></table>")
+        return "".join(parts)
+    for key, lab, up in ESTIMATOR_COLUMNS:
+        head = "".join(f"<th>{html.escape(r.name)}</th>" for r in evals)
+        body = []
+        for n in names:
+            vals = [t.get(n, {}).get(key) for t in tabs]
+            b = _best(vals, up)
+            body.append(f"<tr><th class='l'>{html.escape(n)}</th>"
+                        + "".join(_est_cell(t.get(n), key, b is not None and v == b) for t, v in zip(tabs, vals))
+                        + "</tr>")
+        parts.append(f"<table class='metrics estimators'><thead><tr><th class='l'>{lab} "
+                     f"{'&uarr;' if up else '&darr;'}</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+    return "".join(parts)
+
+
 def _eval_plots(evals: list[RunInfo]) -> str:
     """Overlaid reliability / precision-coverage plots (lpm, and verbal when any run has it), one histogram per run."""
     parts = ["<h2>Plots</h2><div class='plots'>"]
@@ -267,6 +320,7 @@ def render_report(runs: list[RunInfo], title: str = "capo report") -> str:
     trains = [r for r in runs if r.kind == "train"]
     if evals:
         parts.append(_eval_tables(evals))
+        parts.append(_estimators_section(evals))
         parts.append(_eval_plots(evals))
     if trains:
         parts.append(_train_section(trains))

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from capo.errors import ConfigError, DataError
 from capo.evaluation import plots
+from capo.evaluation.estimators import ESTIMATOR_KNOBS, TOKEN_FIELDS
 from capo.evaluation.metrics import compute_metrics
 import torch
 
@@ -77,6 +78,11 @@ class EvalSettings:
     n_bins: int = 10
     n_boot: int = 1000
     n_examples: int = 8
+    token_stats: bool = True  # write per-token log-probs and statistics (the token-level confidence estimators)
+    conf_window: int = 2048  # DeepConf sliding-window length (bottom_group, lowest_group)
+    conf_fraction: float = 0.1  # DeepConf bottom fraction of the windows (bottom_group)
+    conf_tail: int = 2048  # DeepConf tail length in tokens (tail)
+    keep_fraction: float = 0.1  # confidence-filtered vote: fraction of each question's responses kept
     generations: str | None = None
     extra: dict = field(default_factory=dict)
 
@@ -116,6 +122,13 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--n-bins", f"must be an integer >= 1, got {s.n_bins!r}")
     if s.n_boot < 0:
         bad("--n-boot", f"must be >= 0, got {s.n_boot!r}")
+    for flag, v in (("--conf-window", s.conf_window), ("--conf-tail", s.conf_tail)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            bad(flag, f"must be an integer >= 1, got {v!r}")
+    if not (isinstance(s.conf_fraction, (int, float)) and 0 <= s.conf_fraction <= 1):
+        bad("--conf-fraction", f"must be in [0, 1], got {s.conf_fraction!r}")
+    if not (isinstance(s.keep_fraction, (int, float)) and 0 < s.keep_fraction <= 1):
+        bad("--keep-fraction", f"must be in (0, 1], got {s.keep_fraction!r}")
     if s.temperature == 0 and s.k > 1:
         print("capo eval: note: --temperature 0 is greedy decoding; the k samples will be identical", file=sys.stderr)
 
@@ -128,15 +141,25 @@ def _json_default(o):
 
 # ------------------------------------------------------------------------------------------------ rows
 def make_row(*, prompt_id: str, prompt_idx: int, sample_idx: int, prompt: str, gold: str, text: str, graded: Graded,
-             i: int, n_tokens: int, sum_logprob: float, mean_logprob: float | None, finish_reason: str | None) -> dict:
-    """One generations.jsonl row: response ``i`` of ``graded`` (schema: docs/generations-schema.md)."""
+             i: int, n_tokens: int, sum_logprob: float, mean_logprob: float | None, finish_reason: str | None,
+             token_fields: dict | None = None) -> dict:
+    """One generations.jsonl row: response ``i`` of ``graded`` (schema: docs/generations-schema.md).
+    ``token_fields``: the optional per-token lists (``token_logprobs``, ``token_entropy``, ...)."""
     rl = graded.parses[i]
     return {
         "prompt_id": prompt_id, "prompt_idx": prompt_idx, "sample_idx": sample_idx, "prompt": prompt, "gold": gold,
         "text": text, "answer": graded.answers[i], "verdict": graded.verdicts[i].value, "n_tokens": n_tokens,
         "mean_logprob": mean_logprob, "sum_logprob": sum_logprob, "confidence": rl.confidence,
-        "format_ok": rl.format_ok, "finish_reason": finish_reason,
+        "format_ok": rl.format_ok, "finish_reason": finish_reason, **(token_fields or {}),
     }
+
+
+def _token_fields(smp: Sample) -> dict:
+    """The per-token lists a sampled response contributes to its row (token_logprobs and, when recorded, the
+    statistics of :data:`capo.rollout.sampling.TOKEN_STATS` as ``token_<name>``)."""
+    out = {"token_logprobs": smp.token_logprobs}
+    out.update({f"token_{k}": v for k, v in (smp.token_stats or {}).items()})
+    return out
 
 
 def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, verifier: Verifier,
@@ -152,7 +175,8 @@ def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, veri
         for i, a in zip(idx, ids):
             rows[i]["answer_id"] = a
     timing["classes_s"] = time.perf_counter() - t0
-    res = compute_metrics(rows, n_bins=s.n_bins, n_boot=s.n_boot, seed=s.seed)
+    res = compute_metrics(rows, n_bins=s.n_bins, n_boot=s.n_boot, seed=s.seed, keep_fraction=s.keep_fraction,
+                          conf_knobs={k: getattr(s, k) for k in ESTIMATOR_KNOBS})
     pdir = out_dir / "plots"
     pdir.mkdir(exist_ok=True)
     one = {"run": res["curves"]}
@@ -247,7 +271,7 @@ def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress) 
 
     t_load = time.perf_counter()
     model, tok = load_model(s.model)
-    engine = HFEngine(model, tok, autocast=s.autocast)
+    engine = HFEngine(model, tok, autocast=s.autocast, record_stats=s.token_stats)
     timing["load_model_s"] = time.perf_counter() - t_load
     system = s.system_prompt if s.system_prompt is not None else default_system(s.answer_format)
     per_batch = max(1, s.batch_size // s.k)
@@ -274,7 +298,8 @@ def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress) 
                 row = make_row(prompt_id=batch[i].id, prompt_idx=b + i, sample_idx=j, prompt=batch[i].prompt,
                                gold=batch[i].answer, text=smp.text, graded=g, i=m, n_tokens=smp.n_tokens,
                                sum_logprob=smp.sum_logprob, mean_logprob=smp.mean_logprob,
-                               finish_reason=smp.finish_reason)
+                               finish_reason=smp.finish_reason,
+                               token_fields=_token_fields(smp) if s.token_stats else None)
                 lines.append(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
             _append_lines(f, lines)
             done.update((batch[i].id, j) for i, j in missing)
@@ -332,6 +357,25 @@ def _row_logprobs(r: dict, where: str, pid: str) -> tuple[float | None, float | 
                     "with 'n_tokens' (prompt_id " + repr(pid) + ")")
 
 
+def _row_token_stats(r: dict, where: str, n_tokens: int | None) -> dict:
+    """The optional per-token fields of a --generations row (token_logprobs, token_entropy, token_kl_uniform,
+    token_topk_conf), checked: lists of finite numbers (log-probs <= 0, the statistics >= 0), one per token."""
+    out = {}
+    for f in TOKEN_FIELDS:
+        v = r.get(f)
+        if v is None:
+            continue
+        ok = _num if f == "token_logprobs" else (lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                 and math.isfinite(x) and x >= 0)
+        if not isinstance(v, list) or not all(ok(x) for x in v):
+            kind = "numbers <= 0" if f == "token_logprobs" else "finite numbers >= 0"
+            raise DataError(f"{where}: {f!r} must be a list of {kind}")
+        if n_tokens is not None and len(v) != n_tokens:
+            raise DataError(f"{where}: {f!r} has {len(v)} entries but the response has {n_tokens} tokens")
+        out[f] = [float(x) for x in v]
+    return out
+
+
 def _read_generations(path: Path) -> list[dict]:
     """Validated rows of a --generations file (schema: docs/generations-schema.md); DataError naming the line."""
     from capo.tasks.datasets import iter_jsonl
@@ -365,7 +409,7 @@ def _read_generations(path: Path) -> list[dict]:
         if conf is not None and not (isinstance(conf, (int, float)) and 0 <= conf <= 1):
             raise DataError(f"{where}: 'confidence' must be a number in [0, 1] or null, got {conf!r}")
         norm.append({"lineno": lineno, "pid": pid, "idx": int(idx), "r": r, "sum": sum_lp, "mean": mean_lp,
-                     "n": n_tokens, "conf": conf})
+                     "n": n_tokens, "conf": conf, "tokens": _row_token_stats(r, where, n_tokens)})
     if not norm:
         raise DataError(f"generations file {path} has no rows")
     return norm
@@ -376,7 +420,8 @@ def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
     path, out_dir = Path(path), Path(out_dir)
     norm = _read_generations(path)
     config = {"generations": str(path), "answer_format": s.answer_format, "n_bins": s.n_bins, "n_boot": s.n_boot,
-              "seed": s.seed, "logprob_definition": "as provided in the generations file"}
+              "seed": s.seed, "logprob_definition": "as provided in the generations file",
+              **{k: getattr(s, k) for k in (*ESTIMATOR_KNOBS, "keep_fraction")}}
     with run_lock(out_dir, "eval"):
         atomic_write_text(out_dir / "config.json", json.dumps(config, indent=1))
         with Verifier(workers=s.verify_workers, timeout_s=s.verify_timeout) as verifier:
@@ -391,7 +436,7 @@ def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
                 row = make_row(prompt_id=x["pid"], prompt_idx=order[x["pid"]], sample_idx=x["idx"],
                                prompt=r.get("prompt", ""), gold=str(r["gold"]), text=r["text"], graded=g, i=i,
                                n_tokens=x["n"], sum_logprob=x["sum"], mean_logprob=x["mean"],
-                               finish_reason=r.get("finish_reason"))
+                               finish_reason=r.get("finish_reason"), token_fields=x["tokens"])
                 if x["conf"] is not None:
                     row["confidence"] = float(x["conf"])
                 rows.append(row)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from capo.core.confidence import token_statistics
 from capo.rollout.models import autocast_context, eos_token_ids
 from capo.rollout.prefix import shared_prefix
 from capo.rollout.types import Rollout
@@ -23,14 +24,20 @@ from capo.tasks.prompts import check_context
 __all__ = ["HFEngine", "sample_rollout"]
 
 
+TOKEN_STATS = ("entropy", "kl_uniform", "topk_conf")  # what ``record_stats`` adds (capo.core.confidence)
+
+
 class _RecordLogprobs:
     """Forward hook on the causal LM: at every decoding step it sees the raw next-token logits (before any
     temperature/top-p/penalty processing), keeps their log-softmax, and at the next step gathers the log-prob of the
-    token that was sampled (the next forward's last input id)."""
+    token that was sampled (the next forward's last input id). With ``stats`` it also keeps, for every step, the
+    entropy / self-certainty / DeepConf confidence of that step's distribution
+    (:func:`capo.core.confidence.token_statistics`): the step-t distribution is the one y_t was drawn from."""
 
-    def __init__(self):
+    def __init__(self, stats: bool = False):
         self.prev: torch.Tensor | None = None  # [N, V] log-softmax of the previous step
         self.out: list[torch.Tensor] = []
+        self.stats: dict[str, list[torch.Tensor]] | None = {k: [] for k in TOKEN_STATS} if stats else None
 
     def __call__(self, module, args, kwargs, output):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -38,6 +45,10 @@ class _RecordLogprobs:
             self.out.append(self.prev.gather(-1, ids[:, -1:]).squeeze(-1))
         logits = output.logits if hasattr(output, "logits") else output[0]
         self.prev = torch.log_softmax(logits[:, -1].float(), dim=-1)
+        if self.stats is not None:
+            st = token_statistics(self.prev, normalized=True)  # the stats of the raw temperature-1 distribution
+            for name in TOKEN_STATS:
+                self.stats[name].append(getattr(st, name))
 
     def finish(self, sequences: torch.Tensor, n_new: int) -> torch.Tensor:
         if self.prev is not None and len(self.out) < n_new:
@@ -45,6 +56,12 @@ class _RecordLogprobs:
         if not self.out:
             return torch.zeros(sequences.shape[0], 0)
         return torch.stack(self.out, dim=1)
+
+    def finish_stats(self, n: int, n_new: int) -> dict[str, torch.Tensor] | None:
+        """The per-token statistics [N, n_new] (one entry per generated token), None when not recorded."""
+        if self.stats is None:
+            return None
+        return {k: torch.stack(v[:n_new], dim=1) if n_new else torch.zeros(n, 0) for k, v in self.stats.items()}
 
 
 def _prefix_cache(model, ids: torch.Tensor, am: torch.Tensor, k: int):
@@ -59,7 +76,7 @@ def _prefix_cache(model, ids: torch.Tensor, am: torch.Tensor, k: int):
 
 @torch.no_grad()
 def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_tokens: int, temperature: float = 1.0,
-                   top_p: float = 1.0, share_prefix: bool = True) -> Rollout:
+                   top_p: float = 1.0, share_prefix: bool = True, record_stats: bool = False) -> Rollout:
     """Sample ``k`` responses per prompt string with ``model.generate``; the one sampler of trainer and evaluation.
 
     The per-token log-probs are the policy's own (raw logits, log-softmax at temperature 1, no top-p/top-k or
@@ -67,7 +84,9 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     ``temperature``/``top_p`` (a fresh generation config: the model's own defaults, e.g. a repetition penalty, are
     not applied); ``temperature == 0`` is greedy decoding. ``share_prefix``: each prompt's prefix is run once and its
     KV cache copied to its k rows instead of k times (the knob ``rollout.share_prefix`` / eval's
-    ``share_prefix``; exact up to floating-point summation order). Draws from torch's global RNG.
+    ``share_prefix``; exact up to floating-point summation order). ``record_stats``: also record each token's
+    entropy, self-certainty and DeepConf confidence (:data:`TOKEN_STATS`, into ``Rollout.token_stats``) for the
+    confidence estimators of :mod:`capo.core.confidence`. Draws from torch's global RNG.
     """
     from transformers import GenerationConfig
 
@@ -84,7 +103,7 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     cache = None
     if share_prefix and k > 1 and enc["input_ids"].shape[1] > 1 and max_new_tokens > 0:
         cache = _prefix_cache(model, enc["input_ids"], enc["attention_mask"], k)
-    recorder = _RecordLogprobs()
+    recorder = _RecordLogprobs(stats=record_stats)
     handle = model.register_forward_hook(recorder, with_kwargs=True)
     # generate() fills every field left unset in a passed config from model.generation_config (a checkpoint's
     # repetition penalty, top-k, min length, ...): swap in our own config so nothing but temperature/top_p shapes
@@ -105,7 +124,10 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     texts = tokenizer.batch_decode([r[:n].tolist() for r, n in zip(resp, n_text)], skip_special_tokens=True)
     resp = resp.masked_fill(~mask, pad)
     logp = torch.where(mask, logp, torch.zeros_like(logp))
-    return Rollout(ids, am, resp, mask.long(), logp, texts, truncated)
+    stats = recorder.finish_stats(resp.shape[0], resp.shape[1])
+    if stats is not None:
+        stats = {k: torch.where(mask, v.to(resp.device), torch.zeros_like(logp)) for k, v in stats.items()}
+    return Rollout(ids, am, resp, mask.long(), logp, texts, truncated, token_stats=stats)
 
 
 
@@ -118,8 +140,10 @@ class HFEngine:
 
     name = "hf"
 
-    def __init__(self, model, tokenizer, *, autocast: str = "off", share_prefix: bool = True):
+    def __init__(self, model, tokenizer, *, autocast: str = "off", share_prefix: bool = True,
+                 record_stats: bool = False):
         self.model, self.tokenizer, self.autocast, self.share_prefix = model, tokenizer, autocast, share_prefix
+        self.record_stats = record_stats  # per-token entropy / self-certainty / DeepConf confidence (eval)
 
     def sample(self, prompts: list[str], *, k: int, max_new_tokens: int, temperature: float = 1.0,
                top_p: float = 1.0, seed: int | None = None) -> Rollout:
@@ -131,7 +155,8 @@ class HFEngine:
         n_params = sum(p.numel() for p in self.model.parameters())
         with autocast_context(self.autocast, device, n_params):
             return sample_rollout(self.model, self.tokenizer, prompts, k=k, max_new_tokens=max_new_tokens,
-                                  temperature=temperature, top_p=top_p, share_prefix=self.share_prefix)
+                                  temperature=temperature, top_p=top_p, share_prefix=self.share_prefix,
+                                  record_stats=self.record_stats)
 
     def sync_weights(self, model) -> None:
         """Nothing to copy: the engine samples with the training model. Pass the unwrapped model being trained."""

@@ -18,6 +18,7 @@ class Sample:
     token_ids: list[int]
     token_logprobs: list[float]
     finish_reason: str  # "stop" (EOS generated) or "length" (hit max_new_tokens)
+    token_stats: dict[str, list[float]] | None = None  # per-token entropy / kl_uniform / topk_conf, when recorded
 
     @property
     def n_tokens(self) -> int:
@@ -38,7 +39,9 @@ class Rollout:
 
     Shapes: prompt_ids/prompt_mask [N, P] (left-padded), response_ids/response_mask [N, T] (right-padded; the EOS
     token is a real, counted token), gen_logp [N, T] float32 (0 at padding), truncated [N] bool (hit
-    max_new_tokens without EOS). ``texts``: the decoded responses without the EOS token."""
+    max_new_tokens without EOS). ``texts``: the decoded responses without the EOS token. ``token_stats``: when the
+    engine recorded them, per-token statistics of each step's distribution, name -> [N, T] float32 (0 at padding;
+    names in :data:`capo.rollout.sampling.TOKEN_STATS`), else None."""
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
@@ -47,18 +50,22 @@ class Rollout:
     gen_logp: torch.Tensor
     texts: list[str]
     truncated: torch.Tensor
+    token_stats: dict[str, torch.Tensor] | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
         return self.response_mask.sum(-1)
 
     def select(self, idx: torch.Tensor) -> Rollout:
+        stats = None if self.token_stats is None else {k: v[idx] for k, v in self.token_stats.items()}
         return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.response_ids[idx], self.response_mask[idx],
-                       self.gen_logp[idx], [self.texts[i] for i in idx.tolist()], self.truncated[idx])
+                       self.gen_logp[idx], [self.texts[i] for i in idx.tolist()], self.truncated[idx], stats)
 
     def samples(self, k: int) -> list[list[Sample]]:
         """The responses as ``[B][k]`` :class:`Sample` lists (what ``capo eval`` writes), B = N // k."""
         lens, toks, lps = self.lengths.tolist(), self.response_ids.tolist(), self.gen_logp.cpu().tolist()
+        stats = {n: v.cpu().tolist() for n, v in (self.token_stats or {}).items()}
         return [[Sample(text=self.texts[s], token_ids=toks[s][:lens[s]], token_logprobs=lps[s][:lens[s]],
-                        finish_reason="length" if bool(self.truncated[s]) else "stop")
+                        finish_reason="length" if bool(self.truncated[s]) else "stop",
+                        token_stats={n: v[s][:lens[s]] for n, v in stats.items()} or None)
                  for s in range(b * k, (b + 1) * k)] for b in range(len(self.texts) // k)]

@@ -1,0 +1,152 @@
+"""The confidence-estimator table of `capo eval`: hand-computed entries, agreement with the eval's own metrics and
+the core's, the registry as the one list, `--generations` round trip and bad per-token fields."""
+
+import json
+import math
+
+import pytest
+import torch
+from eval_cli_helpers import eval_argv
+
+from capo.cli import main
+from capo.core import calibration as cal
+from capo.core import voting
+from capo.core.registry import CONFIDENCES
+from capo.evaluation.estimators import ESTIMATORS, estimator_table
+from capo.evaluation.metrics import compute_metrics
+from capo.evaluation.run import read_rows
+
+# 2 prompts x 3 responses: (verdict, answer_id, per-token log-probs, per-token entropy, verbal confidence)
+SPEC = [
+    ("p", [("correct", 0, [-0.1, -0.2], [0.5, 0.7], 0.9), ("incorrect", 1, [-1.0, -0.4, -0.1], [1.5, 0.2, 0.1], 0.3),
+           ("correct", 0, [-0.3], [0.4], None)]),
+    ("q", [("incorrect", 0, [-0.05, -0.05], [0.1, 0.2], 0.8), ("correct", 1, [-0.5, -0.6], [0.9, 1.1], 0.6),
+           ("incorrect", 0, [], [], 0.2)]),
+]
+
+
+def rows_fixture():
+    rows = []
+    for pid, samples in SPEC:
+        for j, (v, aid, lp, ent, q) in enumerate(samples):
+            rows.append({"prompt_id": pid, "sample_idx": j, "text": f"{pid}{j}", "answer": str(aid), "verdict": v,
+                         "mean_logprob": sum(lp) / len(lp) if lp else None, "n_tokens": len(lp), "answer_id": aid,
+                         "confidence": q, "finish_reason": "stop", "token_logprobs": lp, "token_entropy": ent,
+                         "token_kl_uniform": [1.0] * len(lp), "token_topk_conf": [2.0 - x for x in ent]})
+    return rows
+
+
+def test_every_registered_estimator_has_a_table_entry():
+    assert set(ESTIMATORS) == set(CONFIDENCES.names())
+
+
+def test_hand_computed_entries_and_agreement_with_eval_metrics():
+    rows = rows_fixture()
+    res = compute_metrics(rows, n_boot=0, keep_fraction=1.0)
+    t, m = res["curves"]["estimators"], res["metrics"]
+    assert set(t) == set(ESTIMATORS)  # every field present: every estimator
+    # lpm row == the eval's own perplexity metrics (empty response ranked lowest, probability 0)
+    assert t["lpm"]["auroc"] == pytest.approx(m["auroc"], abs=1e-12)
+    assert t["lpm"]["auc_mean"] == pytest.approx(m["auc_mean"], abs=1e-12)
+    assert t["lpm"]["ece"] == pytest.approx(m["ece"], abs=1e-12)
+    assert t["lpm"]["brier"] == pytest.approx(m["brier"], abs=1e-12)
+    # hand: prompt p lpm: correct {-0.15, -0.3} vs incorrect {-0.5}: AUC 1; prompt q: correct {-0.55} vs incorrect
+    # {-0.05, empty=-inf}: 1/2 -> AUC-mean 0.75
+    assert t["lpm"]["auc_mean"] == pytest.approx(0.75)
+    # neg_entropy: p: correct {-0.6, -0.4} vs incorrect {-0.6}: (0.5 + 1)/2; q: correct {-1.0} vs {-0.15, -inf}: 1/2
+    assert t["neg_entropy"]["auc_mean"] == pytest.approx((0.75 + 0.5) / 2)
+    # self_certainty is 1 for every non-empty response: all ties except the empty one (ranked lowest)
+    assert t["self_certainty"]["auc_mean"] == pytest.approx((0.5 + 0.75) / 2)
+    # min_token_prob is a probability: ECE / Brier defined; sum_logprob is not
+    assert t["min_token_prob"]["brier"] is not None and t["sum_logprob"]["ece"] is None
+    # verbal: the missing confidence is left out, as the verbal_* metrics do
+    assert t["verbal"]["n"] == 5 and t["verbal"]["auroc"] == pytest.approx(m["verbal_auroc"], abs=1e-12)
+    # consistency: p answers (0, 1, 0) -> 2/3, 1/3, 2/3; q (0, 1, 0) the same
+    c = torch.tensor([r["verdict"] == "correct" for r in rows])
+    cons = torch.tensor([2 / 3, 1 / 3, 2 / 3] * 2, dtype=torch.float64)
+    assert t["consistency"]["brier"] == pytest.approx(cal.brier(cons, c))
+    # keep_fraction = 1 keeps every response: the filtered vote is the majority vote
+    assert t["lpm"]["filtered_vote"] == pytest.approx(m["majority_vote"])
+
+
+def test_filtered_and_weighted_votes_by_hand():
+    rows = rows_fixture()
+    t = compute_metrics(rows, n_boot=0, keep_fraction=0.1)["curves"]["estimators"]
+    # keep the top 10% -> the single most confident response of each question (max-confidence selection)
+    # lpm: p -> row 0 (-0.15, answer 0 correct); q -> row 3 (-0.05, answer 0 incorrect): 1/2
+    assert t["lpm"]["filtered_vote"] == pytest.approx(0.5)
+    # weighted vote with exp(lpm - max): p: answer 0: e^0 + e^-0.15, answer 1: e^-0.35 -> 0 (correct);
+    # q: answer 0: e^0 + 0 (empty), answer 1: e^-0.5 -> 0 (incorrect) -> 1/2
+    assert t["lpm"]["weighted_vote"] == pytest.approx(0.5)
+    # verbal (scores >= 0, weights = q): p: answer 0: 0.9 (missing q weighs 0) vs 0.3 -> correct; q: answer 0:
+    # 0.8 + 0.2 = 1.0 vs 0.6 -> incorrect
+    assert t["verbal"]["weighted_vote"] == pytest.approx(0.5)
+    a = torch.tensor([r["answer_id"] for r in rows])
+    c = torch.tensor([r["verdict"] == "correct" for r in rows])
+    g = torch.tensor([0, 0, 0, 1, 1, 1])
+    q = torch.tensor([r["confidence"] if r["confidence"] is not None else math.nan for r in rows], dtype=torch.float64)
+    assert t["verbal"]["weighted_vote"] == voting.weighted_vote(a, c, g, q).accuracy
+
+
+def test_knobs_reach_the_estimators():
+    rows = rows_fixture()
+    t1 = estimator_table(rows, group_ids=torch.tensor([0, 0, 0, 1, 1, 1]),
+                         correct=torch.tensor([r["verdict"] == "correct" for r in rows]),
+                         answer_ids=torch.tensor([r["answer_id"] for r in rows]), verbal=None,
+                         knobs={"conf_tail": 1}, n_boot=0)
+    # tail over the last token of topk_conf (2 - entropy): p: correct {1.3, 1.6} vs incorrect {1.9} -> 0;
+    # q: correct {0.9} vs incorrect {1.8, empty} -> 1/2
+    assert t1["tail"]["auc_mean"] == pytest.approx(0.25)
+    assert "verbal" not in t1
+
+
+def test_eval_writes_token_fields_and_the_table_round_trips(tiny_model_dir, tiny_dataset, tmp_path):
+    out = tmp_path / "run"
+    assert main(eval_argv(tiny_model_dir, tiny_dataset, out, "--limit", "3", "--conf-window", "2")) == 0
+    rows = read_rows(out / "generations.jsonl")
+    for r in rows:
+        for f in ("token_logprobs", "token_entropy", "token_kl_uniform", "token_topk_conf"):
+            assert len(r[f]) == r["n_tokens"], f
+        assert sum(r["token_logprobs"]) == pytest.approx(r["sum_logprob"], abs=1e-9)
+    m = json.loads((out / "metrics.json").read_text())
+    table = m["curves"]["estimators"]
+    assert {"lpm", "neg_entropy", "self_certainty", "tail", "bottom_group", "consistency"} <= set(table)
+    assert table["lpm"]["auroc"] == m["metrics"]["auroc"] or (table["lpm"]["auroc"] is None
+                                                              and m["metrics"]["auroc"] is None)
+    html = (out / "report.html").read_text()
+    assert "Confidence estimators" in html and "self_certainty" in html
+    # fed back as --generations: the same table
+    back = tmp_path / "back"
+    assert main(["eval", "--generations", str(out / "generations.jsonl"), "--out", str(back), "--verify-workers", "1",
+                 "--n-boot", "20", "--conf-window", "2"]) == 0
+    assert json.loads((back / "metrics.json").read_text())["curves"]["estimators"] == table
+    # without token statistics only the log-prob and per-response estimators remain
+    lean = tmp_path / "lean"
+    assert main(eval_argv(tiny_model_dir, tiny_dataset, lean, "--limit", "3", "--no-token-stats")) == 0
+    assert "token_entropy" not in read_rows(lean / "generations.jsonl")[0]
+    assert "neg_entropy" not in json.loads((lean / "metrics.json").read_text())["curves"]["estimators"]
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("token_entropy", [0.1, -1.0], r"'token_entropy' must be a list of finite numbers >= 0"),
+    ("token_topk_conf", [0.1], r"'token_topk_conf' has 1 entries but the response has 2 tokens"),
+])
+def test_bad_token_fields_are_refused(tmp_path, capsys, field, value, match):
+    import re
+
+    row = {"prompt_id": "q", "text": "x", "gold": "1", "token_logprobs": [-0.1, -0.2], field: value}
+    gen = tmp_path / "g.jsonl"
+    gen.write_text(json.dumps(row) + "\n")
+    out = tmp_path / "run"
+    assert main(["eval", "--generations", str(gen), "--out", str(out), "--verify-workers", "1"]) == 2
+    assert re.search(match, capsys.readouterr().err)
+    assert not (out / "metrics.json").exists()
+
+
+def test_bad_estimator_settings_exit_2(tmp_path, capsys):
+    gen = tmp_path / "g.jsonl"
+    gen.write_text(json.dumps({"prompt_id": "q", "text": "x", "gold": "1", "mean_logprob": -1}) + "\n")
+    for flag, v, msg in (("--conf-window", "0", "--conf-window: must be an integer >= 1"),
+                         ("--keep-fraction", "0", "--keep-fraction: must be in (0, 1]")):
+        assert main(["eval", "--generations", str(gen), "--out", str(tmp_path / "r"), flag, v]) == 2
+        assert msg in capsys.readouterr().err
