@@ -32,6 +32,7 @@ from capo.core import (
     compute_advantages,
     informative_groups,
     kl_penalty,
+    logprob_advantage_covariance,
     overlong_penalty,
     policy_loss,
     ppl_quantile_thresholds,
@@ -208,6 +209,7 @@ class Trainer:
         adv = compute_advantages(a.advantage, rewards, G, scores=scores, keep=keep & active, **extra,
                                  **a.advantage_kwargs)
         stats["policy/adv_abs_mean"] = self._mean(adv.abs())
+        stats["policy/logp_adv_cov"] = float(logprob_advantage_covariance(lp, adv, ro.response_mask & active[:, None]))
         return adv, active, stats
 
     def _method_inputs(self, ro, g, rewards, lp, ref_logp) -> dict:
