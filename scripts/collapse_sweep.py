@@ -7,6 +7,8 @@ steps, 128 held-out prompts x 8 samples, fixed sampling seed). The base model is
 
     python scripts/collapse_sweep.py run   --out runs/collapse --settings preset,lr1e-3 --algos grpo --seeds 0
     python scripts/collapse_sweep.py table --out runs/collapse [--metrics eval/auc_mean,eval/accuracy]
+    python scripts/collapse_sweep.py plots --out runs/collapse --settings preset --plots-dir docs/figures/collapse
+    python scripts/collapse_sweep.py split --out runs/demo-collapse     # a `capo demo --task collapse` folder
 
 Finished runs (a final ``step`` line in metrics.jsonl) are skipped, so the command can be re-run to extend a sweep.
 """
@@ -121,9 +123,62 @@ def table(args) -> None:
                 print(f"| {sdir.name} | {algo} | {s} | {len(rs)} | " + " | ".join(vals) + " |")
 
 
+def plots(args) -> None:
+    """One PNG per metric and setting: the metric against the step, one line per algorithm with a min-max band over
+    seeds, the base model's mean as a dashed line (eval metrics)."""
+    from capo.evaluation.plots import plot_bands
+
+    dest = args.plots_dir or args.out
+    dest.mkdir(parents=True, exist_ok=True)
+    for sdir in sorted(p for p in args.out.iterdir() if p.is_dir() and p.name in args.settings):
+        bases = [json.loads(p.read_text()) for p in sorted(sdir.glob("base-seed*.json"))]
+        runs = sorted(p for p in sdir.iterdir() if (p / "metrics.jsonl").exists())
+        algos = sorted({p.name.rsplit("-seed", 1)[0] for p in runs})
+        for k in args.metrics:
+            series = {}
+            for algo in algos:
+                curves = []
+                for p in runs:
+                    if p.name.rsplit("-seed", 1)[0] == algo:
+                        rs = [r for r in _rows(p) if r.get(k) is not None]
+                        curves.append(([r["step"] for r in rs], [r[k] for r in rs]))
+                series[algo] = curves
+            ref = st.mean(b[k] for b in bases) if bases and k in bases[0] else None
+            out = dest / f"{sdir.name}-{k.replace('/', '_')}.png"
+            plot_bands(series, out, title=f"{k} ({sdir.name})", xlabel="step", ylabel=k, reference=ref)
+            print(out)
+
+
+def split(args) -> None:
+    """For a `capo demo --task collapse` folder (--out): accuracy, AUC-mean and the paired per-prompt AUC-mean
+    difference vs base (95% bootstrap interval) on all held-out prompts, on the coin prompts and on the others."""
+    import torch
+
+    from capo.core.calibration import auc_mean, paired_difference
+
+    def load(d: Path, subset: str):
+        rows = [json.loads(ln) for ln in (d / "generations.jsonl").read_text().splitlines() if ln.strip()]
+        rows = [r for r in rows if subset == "all" or (("?" in r["prompt"]) == (subset == "coin"))]
+        ids = {p: i for i, p in enumerate(sorted({str(r["prompt_id"]) for r in rows}))}
+        lpm = [r["mean_logprob"] if r["mean_logprob"] is not None else float("-inf") for r in rows]
+        return (torch.tensor(lpm, dtype=torch.float64), torch.tensor([r["verdict"] == "correct" for r in rows]),
+                torch.tensor([ids[str(r["prompt_id"])] for r in rows]))
+
+    ev = args.out / "eval"
+    print("| model | prompts | accuracy | AUC-mean | paired AUC-mean diff vs base [95% CI] (prompts) |")
+    print("|---|---|---|---|---|")
+    for subset in ("all", "coin", "no coin"):
+        base = load(ev / "base", subset)
+        for d in sorted(ev.iterdir(), key=lambda p: (p.name != "base", p.name)):
+            x = load(d, subset)
+            pd = paired_difference(*x, *base, n_boot=1000, seed=0) if d.name != "base" else None
+            diff = "-" if pd is None else f"{pd.value:+.3f} [{pd.low:+.3f}, {pd.high:+.3f}] ({pd.n_groups_used})"
+            print(f"| {d.name} | {subset} | {float(x[1].double().mean()):.3f} | {auc_mean(*x).value:.3f} | {diff} |")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("cmd", choices=("run", "table"))
+    p.add_argument("cmd", choices=("run", "table", "plots", "split"))
     p.add_argument("--out", type=Path, default=Path("runs/collapse"))
     p.add_argument("--settings", default="preset", help="comma-separated names: " + ", ".join(SETTINGS))
     p.add_argument("--algos", default="grpo")
@@ -131,6 +186,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--metrics", default=",".join(EVAL_KEYS + TRAIN_KEYS))
+    p.add_argument("--plots-dir", type=Path, default=None, help="where `plots` writes its PNGs (default: --out)")
     a = p.parse_args(argv)
     a.settings = [s for s in a.settings.split(",") if s]
     unknown = [s for s in a.settings if s not in SETTINGS]
@@ -139,7 +195,7 @@ def main(argv=None) -> None:
     a.algos = [x for x in a.algos.split(",") if x]
     a.seeds = [int(x) for x in a.seeds.split(",") if x]
     a.metrics = [m for m in a.metrics.split(",") if m]
-    run(a) if a.cmd == "run" else table(a)
+    {"run": run, "table": table, "plots": plots, "split": split}[a.cmd](a)
 
 
 if __name__ == "__main__":

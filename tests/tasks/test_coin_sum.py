@@ -137,3 +137,19 @@ def test_two_step_run_on_the_collapse_preset(tmp_path):
     for k in ("policy/logp_adv_cov", "policy/entropy", "eval/accuracy", "eval/auc_mean", "eval/ece"):
         assert k in last
     assert math.isfinite(last["policy/logp_adv_cov"]) and last["policy/entropy"] > 0
+
+
+def test_demo_refuses_task_options_its_final_evaluation_would_not_use(tmp_path):
+    from capo.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--task", "collapse", "--out", str(out), "--set", "data.task_options={p_one: 0.9}"]) == 2
+    assert not out.exists()
+
+
+def test_plot_bands_writes_a_png(tmp_path):
+    from capo.evaluation.plots import plot_bands
+
+    data = plot_bands({"grpo": [([20, 40], [0.6, 0.5]), ([20, 40], [0.7, 0.55])], "capo": [([20, 40], [0.6, 0.7])]},
+                      tmp_path / "x.png", title="t", xlabel="step", ylabel="auc", reference=0.65)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "x.png").read_bytes() == data
