@@ -119,7 +119,8 @@ def table(args) -> None:
                         vals.append(_ms([next((r.get(k) for r in x if r["step"] == s and k in r), None) for x in rs]))
                     else:  # a training diagnostic: its mean over the window ending at this evaluation
                         prev = max([t for t in steps if t < s], default=0)
-                        vals.append(_ms([st.mean(r[k] for r in x if prev < r["step"] <= s and k in r) for x in rs]))
+                        win = [[r[k] for r in x if prev < r["step"] <= s and r.get(k) is not None] for x in rs]
+                        vals.append(_ms([st.mean(w) if w else None for w in win]))
                 print(f"| {sdir.name} | {algo} | {s} | {len(rs)} | " + " | ".join(vals) + " |")
 
 
