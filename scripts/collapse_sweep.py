@@ -181,7 +181,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cmd", choices=("run", "table", "plots", "split"))
     p.add_argument("--out", type=Path, default=Path("runs/collapse"))
-    p.add_argument("--settings", default="preset", help="comma-separated names: " + ", ".join(SETTINGS))
+    p.add_argument("--settings", default="preset", help="comma-separated names (run: one of " + ", ".join(SETTINGS)
+                   + "; plots: any setting folder under --out)")
     p.add_argument("--algos", default="grpo")
     p.add_argument("--seeds", default="0")
     p.add_argument("--steps", type=int, default=100)
@@ -191,7 +192,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     a.settings = [s for s in a.settings.split(",") if s]
     unknown = [s for s in a.settings if s not in SETTINGS]
-    if unknown:
+    if unknown and a.cmd == "run":  # table/plots read any folder names
         p.error(f"unknown setting(s) {unknown}; known: {', '.join(SETTINGS)}")
     a.algos = [x for x in a.algos.split(",") if x]
     a.seeds = [int(x) for x in a.seeds.split(",") if x]
