@@ -36,8 +36,8 @@ def knob(default, help: str, **kw):
 
 @dataclass
 class ModelConfig:
-    path: str = knob("default", "policy to train: 'default' (the embedded tiny model), a Hugging Face folder, a "
-                     "Hub id, or DIR/FILE.gguf")
+    path: str = knob("default", "policy to train: 'default' (the embedded tiny model), 'coin_sum' (its "
+                     "calibration-collapse testbed fine-tune), a Hugging Face folder, a Hub id, or DIR/FILE.gguf")
     ref_path: str | None = knob(None, "frozen reference model for the KL term and CAPO's noise mask; None = a frozen "
                                 "copy of the initial policy")
     dtype: str = knob("float32", "parameter dtype: float32 or bfloat16")
