@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capo.core import POLICY_LOSSES, aggregate, policy_loss
-from capo.core.loss_variants import c2gspg_loss, clip_cov_loss, kl_cov_loss, token_covariance
+from capo.core.loss_variants import (
+    c2gspg_loss, clip_cov_loss, kl_cov_loss, logprob_advantage_covariance, token_covariance,
+)
 from capo.core.losses import gspo_loss, ppo_clip_loss
 
 f64 = dict(dtype=torch.float64)
@@ -35,6 +37,18 @@ def test_new_losses_are_registered():
 
 def test_token_covariance_hand_computed():
     torch.testing.assert_close(token_covariance(leaf(LOGP), ADV, MASK), torch.tensor(COV, **f64), **EXACT)
+
+
+def test_logprob_advantage_covariance_hand_computed():
+    # the sum of COV over the 5 real tokens: 0.976 - 0.544 + 0.576 + 2.016 - 0.504 = 2.52; / 5 = 0.504
+    got = logprob_advantage_covariance(leaf(LOGP), ADV, MASK)
+    torch.testing.assert_close(got, torch.tensor(0.504, **f64), **EXACT)
+    assert not got.requires_grad
+    # = the population covariance of the (logp, A) pairs of the real tokens
+    lp = torch.tensor([-0.1, -2.0, -0.6, -3.0, -0.9], **f64)
+    a = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0], **f64)
+    torch.testing.assert_close(got, ((lp - lp.mean()) * (a - a.mean())).mean(), **EXACT)
+    assert float(logprob_advantage_covariance(leaf(LOGP), ADV, torch.zeros(2, 3))) == 0.0
 
 
 # ------------------------------------------------------------------------------------------------- Clip-Cov

@@ -7,6 +7,8 @@ import json
 import sys
 import time
 
+BUILD_TASKS = ("default", "coin_sum")
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -19,6 +21,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "count. The folder loads with transformers' AutoModelForCausalLM / AutoTokenizer."
         ),
     )
+    p.add_argument("--task", default="default", choices=BUILD_TASKS,
+                   help="which task model: 'default' (chain_sum, from scratch) or 'coin_sum' (the default fine-tuned "
+                        "on chain sums with a hidden coin; the calibration-collapse testbed)")
     p.add_argument("--out", required=True, help="output folder (created; existing model files are overwritten)")
     p.add_argument("--seed", type=int, default=0, help="seed for initialisation, data order and confidences (default 0)")
     p.add_argument("--steps", type=int, default=None, help="warm-up steps (default: the shipped model's)")
@@ -53,26 +58,29 @@ def run(args) -> int:
     t0 = time.perf_counter()
     print(f"building the default model into {args.out} (seed {args.seed}, {torch.get_num_threads()} threads)",
           file=sys.stderr)
-    stats = build_and_measure(args.out, args.seed, args.eval_prompts, **kwargs)
+    stats = build_and_measure(args.out, args.seed, args.eval_prompts, task=args.task, **kwargs)
     print(json.dumps(stats, indent=2))
     print(f"done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
 
 
-def build_and_measure(out: str, seed: int, eval_prompts: int, **kwargs) -> dict:
-    """Build the default model into ``out``, then (``eval_prompts`` > 0) measure it on held-out problems, 8 samples
+def build_and_measure(out: str, seed: int, eval_prompts: int, task: str = "default", **kwargs) -> dict:
+    """Build the ``task`` model into ``out``, then (``eval_prompts`` > 0) measure it on held-out problems, 8 samples
     each, and add the measurement to ``out/capo_default.json``."""
     import time
     from pathlib import Path
 
     from capo.evaluation.default_task import evaluate_default
+    from capo.tasks import coin_sum
     from capo.tasks.default import build_default_model, default_problems, load_default
 
     t0 = time.perf_counter()
-    stats = build_default_model(out, seed=seed, log=lambda s: print(s, file=sys.stderr, flush=True), **kwargs)
+    build, problems = ((coin_sum.build_coin_model, coin_sum.coin_problems) if task == "coin_sum"
+                       else (build_default_model, default_problems))
+    stats = build(out, seed=seed, log=lambda s: print(s, file=sys.stderr, flush=True), **kwargs)
     if eval_prompts > 0:
         model, tok = load_default(model_dir=out)
-        ev = evaluate_default(model, tok, default_problems("eval", eval_prompts, seed=0), group_size=8, seed=seed)
+        ev = evaluate_default(model, tok, problems("eval", eval_prompts, seed=0), group_size=8, seed=seed)
         stats["eval"] = {k: v for k, v in ev.items() if k != "samples"}
         stats["total_seconds"] = round(time.perf_counter() - t0, 1)
         (Path(out) / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")

@@ -12,6 +12,7 @@ from capo.errors import ConfigError
 # Measured on the 2-core reference machine (docs/results.md); only used for the up-front estimate.
 SECONDS_PER_STEP_ESTIMATE = 2.0
 SECONDS_PER_EVAL_ESTIMATE = 30.0
+DEMO_TASKS = ("default", "collapse")  # preset names; the preset names the base model and the task
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -24,6 +25,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "curves. Needs no download.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    p.add_argument("--task", default="default", choices=DEMO_TASKS,
+                   help="which preset/task: 'default' (chain sums) or 'collapse' (coin_sum, the calibration-collapse "
+                        "testbed: half of the problems end in a hidden fair coin)")
     p.add_argument("--out", default="runs/demo", help="output folder (one run folder per algorithm and seed)")
     p.add_argument("--algos", default="grpo,capo,rlcr", help="comma-separated algorithm presets to compare")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the preset's)")
@@ -66,7 +70,7 @@ def run(args) -> int:
 
     algos, seeds, extra = _parse(args)
     out = Path(args.out)
-    cfgs = _configs(algos, seeds, extra, out, args.steps)
+    cfgs = _configs(algos, seeds, extra, out, args.steps, getattr(args, "task", "default"))
     with run_lock(out, "demo"):
         t0 = time.perf_counter()
         _train_all(cfgs, algos, seeds, args)
@@ -75,7 +79,7 @@ def run(args) -> int:
     return 0
 
 
-def _configs(algos, seeds, extra, out: Path, steps) -> dict:
+def _configs(algos, seeds, extra, out: Path, steps, preset: str = "default") -> dict:
     """(algo, seed) -> resolved config; validates everything before any work starts."""
     from capo.trainer.config import load_config
 
@@ -85,7 +89,14 @@ def _configs(algos, seeds, extra, out: Path, steps) -> dict:
             ov = {"algo.name": algo, "run.seed": seed, "run.out_dir": str(out / f"{algo}-seed{seed}"), **extra}
             if steps is not None:
                 ov["run.steps"] = steps
-            cfgs[(algo, seed)] = load_config("default", ov)
+            cfgs[(algo, seed)] = load_config(preset, ov)
+    opts = next(iter(cfgs.values())).data.task_options
+    if opts:
+        from capo.tasks.coin_sum import check_options
+
+        if check_options(opts) != check_options(None):
+            raise ConfigError("--set data.task_options: the final held-out evaluation uses the task's default "
+                              f"options {check_options(None)}; train with them, or use scripts/collapse_sweep.py")
     return cfgs
 
 
@@ -116,12 +127,12 @@ def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
 
     print("\n== held-out evaluation", flush=True)
     first = next(iter(cfgs.values()))
-    models = {"base": "default"}
+    models = {"base": first.model.path}
     for (algo, seed), cfg in cfgs.items():
         models[f"{algo}-seed{seed}"] = str(Path(cfg.run.out_dir) / "checkpoints" / f"step-{cfg.run.steps:06d}")
     results = {}
     for name, model in models.items():
-        s = EvalSettings(model=model, dataset="default", split="test", limit=args.eval_problems, k=args.eval_k,
+        s = EvalSettings(model=model, dataset=first.data.dataset, split="test", limit=args.eval_problems, k=args.eval_k,
                          temperature=first.rollout.temperature, max_new_tokens=first.rollout.max_new_tokens,
                          batch_size=64, seed=0, chat_template=False, system_prompt="", answer_format="rlcr",
                          n_boot=200)
@@ -135,7 +146,8 @@ def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) 
 
     runs = [load_run(out / "eval" / n, name=n) for n in models]
     runs += [load_run(Path(c.run.out_dir), name=f"{a}-seed{s} (training)") for (a, s), c in cfgs.items()]
-    report = write_report(runs, out / "report.html", title="capo demo: GRPO vs CAPO vs RLCR on the embedded default")
+    task = next(iter(cfgs.values())).data.dataset
+    report = write_report(runs, out / "report.html", title=f"capo demo: {' vs '.join(algos)} on {task}")
     keys = ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece", "verbal_brier")
     summary = {n: {k: _flat(r).get(k) for k in keys} for n, r in results.items()}
     by_algo = {"base": [summary["base"]]} | {a: [summary[f"{a}-seed{s}"] for s in seeds] for a in algos}

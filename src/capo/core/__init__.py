@@ -9,7 +9,9 @@ from capo.core.advantage_variants import (
     ace_advantage, gdpo_advantage, ngrpo_advantage, seed_grpo_advantage, semantic_entropy, unlikeliness_advantage,
 )
 from capo.core.dapo import informative_groups, overlong_penalty
-from capo.core.loss_variants import c2gspg_loss, clip_cov_loss, kl_cov_loss, token_covariance
+from capo.core.loss_variants import (
+    c2gspg_loss, clip_cov_loss, kl_cov_loss, logprob_advantage_covariance, token_covariance,
+)
 from capo.core.losses import AGGREGATIONS, aggregate, kl_penalty, policy_loss
 from capo.core.confidence import ConfidenceInputs, TokenStatistics, compute_confidence, token_statistics
 from capo.core.masks import MASK_HIGH, MASK_LOW, capo_noise_mask, ppl_quantile_thresholds
@@ -25,7 +27,8 @@ __all__ = [
     "grpo_advantage", "informative_groups", "kl_penalty", "overlong_penalty", "policy_loss",
     "ppl_quantile_thresholds", "rloo_advantage", "sequence_logprob_mean", "sequence_logprob_sum",
     "sequence_perplexity", "StepResult", "advantage_step", "calibration_metrics",
-    "ace_advantage", "c2gspg_loss", "clip_cov_loss", "gdpo_advantage", "kl_cov_loss", "ngrpo_advantage",
+    "ace_advantage", "c2gspg_loss", "clip_cov_loss", "gdpo_advantage", "kl_cov_loss", "logprob_advantage_covariance",
+    "ngrpo_advantage",
     "ppo_c_reward", "rlcr_components", "seed_grpo_advantage", "semantic_entropy", "token_covariance",
     "unlikeliness_advantage",
 ]

@@ -28,6 +28,15 @@ def token_covariance(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.T
     return _zero_pad((a - a_bar) * (lp - lp_bar), m)
 
 
+def logprob_advantage_covariance(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Batch covariance between a token's log-prob and its response's advantage, over the real tokens (token-weighted):
+    Cov = (1/n) sum_{i,t} m_{i,t} (A_i - mean A)(logp_{i,t} - mean logp), n = sum m (arXiv 2505.22617, eq. 10, the
+    quantity whose sign drives the entropy change under a policy-gradient step). logp [N, T], advantages [N], mask
+    [N, T] -> scalar tensor (detached); 0 for an empty mask."""
+    m = mask.to(logp.dtype)
+    return token_covariance(logp, advantages, m).sum() / m.sum().clamp(min=1)
+
+
 def _ratio(logp, old_logp):
     return torch.exp((logp - old_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
 

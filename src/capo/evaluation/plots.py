@@ -6,7 +6,7 @@ import io
 import os
 from pathlib import Path
 
-__all__ = ["plot_hist", "plot_reliability", "plot_selective", "png_bytes"]
+__all__ = ["plot_bands", "plot_hist", "plot_reliability", "plot_selective", "png_bytes"]
 
 
 def _plt():
@@ -116,4 +116,29 @@ def plot_lines(series: dict[str, tuple[list[float], list[float]]], path: Path | 
     ax.set_title(title, fontsize=10)
     if series:
         ax.legend(fontsize=8)
+    return _save(png_bytes(fig), path)
+
+
+def plot_bands(runs: dict[str, list[tuple[list[float], list[float]]]], path: Path | None, title: str, xlabel: str,
+               ylabel: str, reference: float | None = None, reference_label: str = "base") -> bytes:
+    """One line per name (the mean over its runs at each x every run has) with a band from the min to the max over
+    the runs (seeds); ``reference`` draws a dashed horizontal line (e.g. the base model's value)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for k, (name, curves) in enumerate(runs.items()):
+        common = sorted(set.intersection(*(set(xs) for xs, _ in curves))) if curves else []
+        if not common:
+            continue
+        at = [dict(zip(xs, ys)) for xs, ys in curves]
+        vals = [[c[x] for c in at] for x in common]
+        ax.plot(common, [sum(v) / len(v) for v in vals], "-o", lw=1.5, markersize=3, color=f"C{k}",
+                label=f"{name} (n={len(curves)})")
+        if len(curves) > 1:
+            ax.fill_between(common, [min(v) for v in vals], [max(v) for v in vals], color=f"C{k}", alpha=0.2)
+    if reference is not None:
+        ax.axhline(reference, ls="--", color="grey", lw=1, label=reference_label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
     return _save(png_bytes(fig), path)

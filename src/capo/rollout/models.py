@@ -18,11 +18,19 @@ from capo.errors import ConfigError
 __all__ = ["AUTOCAST_MODES", "autocast_context", "check_model_spec", "eos_token_ids", "load_model", "merge_eos_ids"]
 
 AUTOCAST_MODES = ("auto", "on", "off")  # the one list of bf16 autocast policies (`capo eval --autocast`)
+BUILTIN_MODELS = ("default", "coin_sum")  # model specs naming a model shipped in capo/assets
+
+
+def _builtin_model_dir(spec: str) -> Path:
+    from capo.tasks.coin_sum import COIN_MODEL_DIR
+    from capo.tasks.default import DEFAULT_MODEL_DIR
+
+    return {"default": DEFAULT_MODEL_DIR, "coin_sum": COIN_MODEL_DIR}[spec]
 
 
 def check_model_spec(spec: str) -> None:
     """Fail fast on a local-looking model path that does not exist (before anything heavy is loaded)."""
-    if spec == "default":
+    if spec in BUILTIN_MODELS:
         return
     p = Path(spec).expanduser()
     looks_local = spec.startswith((".", "/", "~")) or p.suffix == ".gguf" or p.exists() or spec.count("/") != 1
@@ -46,10 +54,10 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_model_spec(spec)
-    if spec == "default":
+    if spec in BUILTIN_MODELS:
         from capo.tasks.default import load_default
 
-        model, tok = load_default(dtype=dtype)
+        model, tok = load_default(dtype=dtype, model_dir=_builtin_model_dir(spec))
     else:
         p = Path(spec).expanduser()
         kw = {}

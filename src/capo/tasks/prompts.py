@@ -34,9 +34,11 @@ def render_prompt(tokenizer, prompt: str, *, chat_template: bool = True, system:
 
 def render_problem(tokenizer, problem: Problem, *, dataset: str, chat_template: bool = True,
                    system: str | None = SYSTEM_BOXED) -> str:
-    """The prompt for ``problem`` of ``dataset``: the embedded default task uses its own raw format (it was trained
+    """The prompt for ``problem`` of ``dataset``: the embedded default task (and ``coin_sum``) uses its own raw format (it was trained
     on it: ``"7-1-3="``, no system text, no template); every other dataset goes through :func:`render_prompt`."""
-    if dataset == "default":
+    from capo.tasks.datasets import GENERATED_TASKS
+
+    if dataset in GENERATED_TASKS:
         from capo.tasks.default import format_prompt
 
         return _bos(tokenizer) + format_prompt(problem)

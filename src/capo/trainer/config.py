@@ -36,8 +36,8 @@ def knob(default, help: str, **kw):
 
 @dataclass
 class ModelConfig:
-    path: str = knob("default", "policy to train: 'default' (the embedded tiny model), a Hugging Face folder, a "
-                     "Hub id, or DIR/FILE.gguf")
+    path: str = knob("default", "policy to train: 'default' (the embedded tiny model), 'coin_sum' (its "
+                     "calibration-collapse testbed fine-tune), a Hugging Face folder, a Hub id, or DIR/FILE.gguf")
     ref_path: str | None = knob(None, "frozen reference model for the KL term and CAPO's noise mask; None = a frozen "
                                 "copy of the initial policy")
     dtype: str = knob("float32", "parameter dtype: float32 or bfloat16")
@@ -58,6 +58,8 @@ class DataConfig:
                               choices=ANSWER_FORMATS)
     system_prompt: str | None = knob(None, "system message for chat-template models (None = the built-in one "
                                      "asking for the answer in the RLCR or \\boxed{} format)")
+    task_options: dict = knob({}, "options of a task generated in code, e.g. coin_sum: {p_one: 0.5, coin_frac: 0.5} "
+                              "(P(hidden coin = 1), fraction of problems with a coin)")
     n_train: int = knob(20000, "number of training problems drawn")
     n_eval: int = knob(128, "number of held-out problems for periodic evaluation")
 
@@ -200,6 +202,12 @@ class TrainConfig:
         if d.dataset not in DATASET_NAMES and not Path(d.dataset).is_file():
             raise ConfigError(f"data.dataset={d.dataset!r} is neither a built-in dataset ({', '.join(DATASET_NAMES)})"
                               " nor an existing JSONL/parquet file")
+        if d.task_options:
+            if d.dataset != "coin_sum":
+                raise ConfigError(f"data.task_options is only for dataset 'coin_sum', not {d.dataset!r}")
+            from capo.tasks.coin_sum import check_options
+
+            check_options(d.task_options)
         _choice("data.answer_format", d.answer_format, ANSWER_FORMATS)
         _choice("data.gold_format", d.gold_format, FILE_ANSWER_FORMATS)
         _at_least("data.n_train", d.n_train, 1)

@@ -12,6 +12,12 @@ def load_problems(data, seed: int) -> tuple[list[Problem], list[Problem]]:
         from capo.tasks.default import default_problems
 
         return default_problems("train", data.n_train, seed=seed), default_problems("eval", data.n_eval, seed=0)
+    if data.dataset == "coin_sum":
+        from capo.tasks.coin_sum import coin_problems
+
+        opts = data.task_options
+        return (coin_problems("train", data.n_train, seed=seed, options=opts),
+                coin_problems("eval", data.n_eval, seed=0, options=opts))
     from capo.tasks import datasets
 
     kw = dict(prompt_field=data.prompt_field, answer_field=data.answer_field)

@@ -32,6 +32,7 @@ from capo.core import (
     calibration_metrics,
     informative_groups,
     kl_penalty,
+    logprob_advantage_covariance,
     overlong_penalty,
     policy_loss,
     ppl_quantile_thresholds,
@@ -206,6 +207,8 @@ class Trainer:
         if a.noise_mask != "off":
             stats["train/masked_frac"] = self._mean(1.0 - res.keep.float())
         stats["policy/adv_abs_mean"] = self._mean(res.advantages.abs())
+        stats["policy/logp_adv_cov"] = float(logprob_advantage_covariance(lp, res.advantages,
+                                                                          ro.response_mask & active[:, None]))
         return res.advantages, active, stats
 
     def _method_inputs(self, ro, g, rewards, lp, ref_logp) -> dict:
