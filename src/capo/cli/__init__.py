@@ -33,8 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         p = mod.add_parser(sub)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _parser=p)
     return parser
+
+
+def _reject_unknown(parser: argparse.ArgumentParser, args, extra: list[str]) -> None:
+    """argparse's "unrecognized arguments" error, with the closest known flag suggested (``--algo.nmae`` ->
+    ``--algo.name``); exits 2 like argparse."""
+    from capo.core.checks import did_you_mean
+
+    p = getattr(args, "_parser", parser)
+    flags = [o for a in p._actions for o in a.option_strings]
+    first = next((e.split("=", 1)[0] for e in extra if e.startswith("-")), extra[0])
+    p.error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(first, flags)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv  # accepted anywhere on the line, also after the subcommand
     argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _reject_unknown(parser, args, extra)
     args.debug = debug
     if not getattr(args, "_run", None):
         parser.print_help()

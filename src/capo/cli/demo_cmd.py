@@ -36,12 +36,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _parse(args):
+    from capo.core.checks import did_you_mean
     from capo.core.presets import ALGORITHMS
 
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     for a in algos:
         if a not in ALGORITHMS:
-            raise ConfigError(f"--algos: {a!r} is not an algorithm; allowed: {', '.join(ALGORITHMS)}")
+            raise ConfigError(f"--algos: {a!r} is not an algorithm{did_you_mean(a, ALGORITHMS)}; allowed: {', '.join(ALGORITHMS)}")
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
