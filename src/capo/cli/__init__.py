@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from capo.errors import CapoError
@@ -48,8 +49,18 @@ def _reject_unknown(parser: argparse.ArgumentParser, args, extra: list[str]) -> 
     p.error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(first, flags)}")
 
 
+def _quiet_hf_progress_bars() -> None:
+    """Silence the Hugging Face progress bars capo does not own ("Loading weights", "Writing model shards",
+    download and dataset bars): capo prints its own progress. A user's explicit setting of the variables wins."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # huggingface_hub, and transformers follows it
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _quiet_hf_progress_bars()
     debug = "--debug" in argv  # accepted anywhere on the line, also after the subcommand
     argv = [a for a in argv if a != "--debug"]
     parser = build_parser()

@@ -93,13 +93,19 @@ def _load_seed(run_dir: Path) -> _Seed | None:
     gen = Path(run_dir) / "generations.jsonl"
     if not gen.is_file():
         return None
-    rows = [json.loads(ln) for ln in gen.read_text().splitlines() if ln.strip()]
-    if not rows:
+    try:
+        rows = [json.loads(ln) for ln in gen.read_text().splitlines() if ln.strip()]
+        for r in rows:
+            r.setdefault("answer_id", -1)  # not used here; older or foreign files may lack it
+        cols = columns(rows) if rows else None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None  # no intervals for this run rather than no report
+    if cols is None:
         return None
     idx: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         idx.setdefault(str(r["prompt_id"]), []).append(i)
-    return _Seed(columns(rows), {p: torch.tensor(v) for p, v in idx.items()})
+    return _Seed(cols, {p: torch.tensor(v) for p, v in idx.items()})
 
 
 def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:
@@ -127,10 +133,10 @@ def compare(evals: list, n_boot: int = 200, seed: int = 0) -> Comparison:
     """Group eval runs (RunInfo) into models and bootstrap every measure over the prompts they share."""
     models: dict[str, Model] = {}
     for r in evals:
-        m = models.setdefault(model_name(r.name), Model(model_name(r.name)))
-        m.runs.append(r)
-        m.seeds.append(_load_seed(r.path))
+        models.setdefault(model_name(r.name), Model(model_name(r.name))).runs.append(r)
     ms = list(models.values())
+    for m in ms:
+        m.seeds = [_load_seed(r.path) if len(ms) > 1 else None for r in m.runs]  # one model: nothing to compare
     ref = "base" if "base" in models else ms[0].name
     usable = [m for m in ms if all(s is not None for s in m.seeds)]
     common = sorted(set.intersection(*[set(s.rows_of) for m in usable for s in m.seeds])) if usable else []
