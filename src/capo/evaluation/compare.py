@@ -36,8 +36,9 @@ MEASURES = [
 
 
 def model_name(run_name: str) -> str:
-    """``"capo-seed0"`` -> ``"capo"``; other names are their own model."""
-    return re.sub(r"-seed\d+$", "", run_name)
+    """``"capo-seed0"``, ``"capo-seed1 (training)"``, ``"capo-seed0 (2)"`` -> ``"capo"``; other names are their own
+    model."""
+    return re.sub(r"(-seed\d+)?( \(.*\))?$", "", run_name) or run_name
 
 
 @dataclass

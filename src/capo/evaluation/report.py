@@ -304,13 +304,16 @@ def _train_section(trains: list[RunInfo]) -> str:
     parts = ["<h2>Training</h2><div class='plots'>"]
     groups: dict[str, list[RunInfo]] = {}
     for r in trains:
-        groups.setdefault(compare.model_name(r.name.replace(" (training)", "")), []).append(r)
+        groups.setdefault(compare.model_name(r.name), []).append(r)
     for key in [k for k in TRAIN_CURVES if any(k in r.train_series for r in trains)]:
         series = {name: [r.train_series[key] for r in rs if key in r.train_series] for name, rs in groups.items()}
         parts.append(_img(plots.plot_training({n: s for n, s in series.items() if s}, key), f"training curve {key}"))
     parts.append("</div><h3>Last logged step</h3>")
     keys = sorted({k for r in trains for k in r.metrics if k.startswith(("eval/", "calib/", "train/"))})
-    parts.append(_table(trains, [("step", "step", "{:.0f}")] + [(k, k) for k in keys], "metric"))
+    integral = {k for k in keys if all(isinstance(r.metrics.get(k), int) or (isinstance(r.metrics.get(k), float)
+                                           and r.metrics[k].is_integer()) for r in trains if k in r.metrics)}
+    rows = [(k, k, "{:.0f}" if k in integral else "{:.3f}") for k in keys]
+    parts.append(_table(trains, [("step", "step", "{:.0f}")] + rows, "metric"))
     return "".join(parts)
 
 
