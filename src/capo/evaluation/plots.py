@@ -124,7 +124,8 @@ def plot_acc_vs_auc(points: dict[str, dict], path: Path | None = None) -> bytes:
     ax.set_xlabel("accuracy (higher is better)")
     ax.set_ylabel("AUC-mean, lpm (higher is better)")
     ax.set_title("Accuracy vs calibration (95% bootstrap intervals; small dots: seeds)", fontsize=9)
-    ax.legend(fontsize=8, loc="best")
+    if points:
+        ax.legend(fontsize=8, loc="best")
     return _save(png_bytes(fig), path)
 
 
