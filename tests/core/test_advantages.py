@@ -279,7 +279,7 @@ def test_errors_name_the_problem():
         grpo_advantage(r, 2, scale="global")
     with pytest.raises(ValueError, match="rewards must have 1 dimension"):
         grpo_advantage(r.view(2, 2), 2)
-    with pytest.raises(UnknownNameError, match="unknown advantage estimator 'grpoo'; allowed values: ace, capo, dr_grpo"):
+    with pytest.raises(UnknownNameError, match=r"unknown advantage estimator 'grpoo' \(did you mean 'grpo'\?\); allowed values: ace, capo, dr_grpo"):
         compute_advantages("grpoo", r, 2)
     with pytest.raises(TypeError, match="advantage estimator 'grpo'.*tau"):
         compute_advantages("grpo", r, 2, tau=0.5)

@@ -1,6 +1,7 @@
 """`capo report` comparing runs, rendered in headless Chromium (Debian package `chromium`)."""
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -50,14 +51,29 @@ def report(tmp_path):
     return out
 
 
-def test_report_content(report):
+FIGURES = ("accuracy vs AUC-mean", "precision-coverage curve", "reliability diagrams")
+
+
+def test_report_content(report, tmp_path):
     html = report.read_text()
-    assert html.count("data:image/png;base64,") >= 6  # 2 overlays + 2 histograms + 2 training curves
+    assert html.count("data:image/png;base64,") >= 4  # the three figures + a training curve
+    for alt in FIGURES:
+        assert f'alt="{alt}"' in html, alt
     assert html.count("<table") >= 5
     assert "<script>" not in html  # model text is escaped
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     for name in ("base", "capo", "train"):
         assert f"<th>{name}</th>" in html
+    # the headline comes first and is computed from the numbers
+    assert html.index("id='headline'") < html.index("<img") < html.index("<table")
+    acc = {n: json.loads((tmp_path / n / "metrics.json").read_text())["metrics"]["accuracy"] for n in ("base", "capo")}
+    best, other = sorted(acc, key=lambda n: -acc[n])
+    head = re.sub(r"<[^>]+>", "", html[html.index("id='headline'"):html.index("</p>", html.index("id='headline'"))])
+    assert f"{best} has the highest accuracy ({acc[best]:.3f}), {acc[best] - acc[other]:+.3f} vs {other}" in head
+    assert "95% interval [" in head and ("excludes 0" in head or "includes 0" in head)
+    assert "Paired per-prompt differences against base" in html
+    assert "&uarr;" in html and "&darr;" in html and 'class="best"' in html
+    assert "<td>48</td>" in html and "48.0" not in html  # counts as integers (12 prompts x 4 responses)
 
 
 def test_report_errors(tmp_path, capsys):
@@ -78,16 +94,20 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     dom = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
-    assert html.count("<img") >= 6 and "data:image/png;base64," in html
+    assert html.count("<img") >= 4 and "data:image/png;base64," in html
     assert html.count("<table") >= 5
     console = [ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
     assert console == [], console
-    shot = tmp_path / "shot.png"
-    r = subprocess.run(base + [f"--screenshot={shot}", "--window-size=1280,2000", url], capture_output=True,
+    assert "id=\"headline\"" in html or "id='headline'" in html
+    for alt in FIGURES:
+        assert f'alt="{alt}"' in html, alt
+    shot = tmp_path / "report.png"  # left in the test's temporary folder for a developer to open
+    r = subprocess.run(base + [f"--screenshot={shot}", "--window-size=1280,2400", url], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and shot.exists() and shot.stat().st_size > 20_000, r.stderr[-2000:]
+    print(f"screenshot: {shot}")
     # the screenshot is not blank: many distinct colours (plots rendered)
     from PIL import Image
 
-    im = Image.open(shot).convert("RGB").resize((320, 500))
+    im = Image.open(shot).convert("RGB").resize((320, 600))
     assert len(im.getcolors(maxcolors=1_000_000)) > 50

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from capo.errors import CapoError
@@ -33,16 +34,39 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         p = mod.add_parser(sub)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _parser=p)
     return parser
+
+
+def _reject_unknown(parser: argparse.ArgumentParser, args, extra: list[str]) -> None:
+    """argparse's "unrecognized arguments" error, with the closest known flag suggested (``--algo.nmae`` ->
+    ``--algo.name``); exits 2 like argparse."""
+    from capo.core.checks import did_you_mean
+
+    p = getattr(args, "_parser", parser)
+    flags = [o for a in p._actions for o in a.option_strings]
+    first = next((e.split("=", 1)[0] for e in extra if e.startswith("-")), extra[0])
+    p.error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(first, flags)}")
+
+
+def _quiet_hf_progress_bars() -> None:
+    """Silence the Hugging Face progress bars capo does not own ("Loading weights", "Writing model shards",
+    download and dataset bars): capo prints its own progress. A user's explicit setting of the variables wins."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # huggingface_hub, and transformers follows it
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _quiet_hf_progress_bars()
     debug = "--debug" in argv  # accepted anywhere on the line, also after the subcommand
     argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _reject_unknown(parser, args, extra)
     args.debug = debug
     if not getattr(args, "_run", None):
         parser.print_help()

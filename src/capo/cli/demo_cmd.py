@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import time
 from pathlib import Path
 
@@ -40,12 +41,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _parse(args):
+    from capo.core.checks import did_you_mean
     from capo.core.presets import ALGORITHMS
 
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     for a in algos:
         if a not in ALGORITHMS:
-            raise ConfigError(f"--algos: {a!r} is not an algorithm; allowed: {', '.join(ALGORITHMS)}")
+            raise ConfigError(f"--algos: {a!r} is not an algorithm{did_you_mean(a, ALGORITHMS)}; allowed: {', '.join(ALGORITHMS)}")
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
@@ -117,8 +119,14 @@ def _train_all(cfgs: dict, algos, seeds, args) -> None:
         Trainer(cfg).train()
         done = list(cfgs).index((algo, seed)) + 1
         el = time.perf_counter() - t0
-        print(f"   {done}/{len(cfgs)} runs in {el / 60:.1f} min; about {el / done * (len(cfgs) - done) / 60:.1f} min "
-              "of training left", flush=True)
+        if done == 1:  # re-estimate the whole demo from this machine's measured speed
+            ratio = el / (steps * SECONDS_PER_STEP_ESTIMATE)
+            left = el * (len(cfgs) - 1) + n_evals * SECONDS_PER_EVAL_ESTIMATE * ratio
+            print(f"   measured {el / steps:.1f} s/step here ({ratio:.1f}x the estimate's speed constant): about "
+                  f"{left / 60:.0f} min left in all (training and evaluation)", flush=True)
+        else:
+            print(f"   {done}/{len(cfgs)} runs in {el / 60:.1f} min; about {el / done * (len(cfgs) - done) / 60:.1f} "
+                  "min of training left", flush=True)
 
 
 def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
@@ -142,12 +150,15 @@ def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
 
 def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) -> None:
     """The comparison report, summary.json and the terminal table."""
+    from capo.evaluation.compare import compare, headline
     from capo.evaluation.report import load_run, write_report
 
     runs = [load_run(out / "eval" / n, name=n) for n in models]
+    cmp = compare(runs)
     runs += [load_run(Path(c.run.out_dir), name=f"{a}-seed{s} (training)") for (a, s), c in cfgs.items()]
     task = next(iter(cfgs.values())).data.dataset
-    report = write_report(runs, out / "report.html", title=f"capo demo: {' vs '.join(algos)} on {task}")
+    report = write_report(runs, out / "report.html", title=f"capo demo: {' vs '.join(algos)} on {task}",
+                          comparison=cmp)
     keys = ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece", "verbal_brier")
     summary = {n: {k: _flat(r).get(k) for k in keys} for n, r in results.items()}
     by_algo = {"base": [summary["base"]]} | {a: [summary[f"{a}-seed{s}"] for s in seeds] for a in algos}
@@ -164,6 +175,8 @@ def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) 
         print(f"  {n:<14} {_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  "
               f"over {d['n_prompts']} prompts")
     print(f"\nreport: {report}   ({(time.perf_counter() - t0) / 60:.1f} min in all)")
+    print("\nconclusion (computed from the numbers above; the report opens with the same paragraph):")
+    print(textwrap.fill(headline(cmp)[0], width=110))
 
 
 def _paired_vs_base(base_dir: Path, run_dir: Path) -> dict:

@@ -16,16 +16,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
         f"preset: {', '.join(preset_names()) or 'none'}; or a YAML file with the same sections), then the "
         "--SECTION.FIELD flags below. Multi-process: `accelerate launch --num_processes 2 -m capo.cli train ...`.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        usage="capo train [-h] [--config PRESET_OR_YAML] [--print-config] [--SECTION.FIELD VALUE ...]",
     )
     p.add_argument("--config", help="built-in preset name or YAML file")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     sections: dict[str, argparse._ArgumentGroup] = {}
-    for name, help_text, default in fields_help():
+    for name, help_text, default, tname in fields_help():
         sec = name.split(".")[0]
         grp = sections.setdefault(sec, p.add_argument_group(f"{sec} settings"))
-        shown = json.dumps(default) if isinstance(default, (dict, list)) else default
-        grp.add_argument(f"--{name}", dest=f"cfg:{name}", metavar="V", default=argparse.SUPPRESS,
-                         help=f"{help_text} (default: {shown})")
+        shown = json.dumps(default)
+        grp.add_argument(f"--{name}", dest=f"cfg:{name}", metavar=tname.upper(), default=argparse.SUPPRESS,
+                         help=f"[{tname}, default {shown}] {help_text}".replace("%", "%%"))
     return p
 
 

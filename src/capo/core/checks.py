@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 
 import numpy as np
@@ -53,10 +54,18 @@ def non_negative(name: str, v: float) -> float:
     return float(v)
 
 
+def did_you_mean(v, allowed: Iterable) -> str:
+    """`` (did you mean 'grpo'?)`` for the allowed name closest to ``v`` (difflib, similarity >= 0.6), else ``""``:
+    the one suggestion helper behind every "unknown name" error (algorithm, estimator, config key, dataset)."""
+    close = difflib.get_close_matches(str(v), [str(a) for a in allowed], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def choice(name: str, v, allowed: Iterable) -> object:
     allowed = list(allowed)
     if v not in allowed:
-        raise ValueError(f"{name}={v!r} is not allowed; allowed values: {', '.join(map(repr, allowed))}")
+        raise ValueError(f"{name}={v!r} is not allowed{did_you_mean(v, allowed)}; allowed values: "
+                         f"{', '.join(map(repr, allowed))}")
     return v
 
 

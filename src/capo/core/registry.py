@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from capo.core.checks import did_you_mean
+
 F = TypeVar("F", bound=Callable)
 
 
@@ -34,7 +36,8 @@ class Registry(Generic[F]):
             return self._fns[name]
         except KeyError:
             raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; allowed values: {', '.join(sorted(self._fns))}"
+                f"unknown {self.kind} {name!r}{did_you_mean(name, self._fns)}; allowed values: "
+                f"{', '.join(sorted(self._fns))}"
             ) from None
 
     def names(self) -> list[str]:

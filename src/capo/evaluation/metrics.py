@@ -15,7 +15,7 @@ from capo.core import calibration as cal
 from capo.core import voting
 from capo.evaluation.estimators import estimator_table
 
-__all__ = ["compute_metrics", "pass_ks"]
+__all__ = ["columns", "compute_metrics", "pass_ks"]
 
 
 def pass_ks(k: int) -> list[int]:
@@ -66,6 +66,9 @@ def _columns(rows: list[dict]) -> _Columns:
     verbal = torch.tensor([math.nan if q is None else float(q) for q in conf_raw], dtype=torch.float64)
     aids = torch.tensor([int(r["answer_id"]) for r in rows], dtype=torch.int64)
     return _Columns(len(pids), g, c, lpm, verbal, has_verbal, aids)
+
+
+columns = _columns  # public: the per-row tensors of generation rows (capo.evaluation.compare resamples them)
 
 
 def _bootstrap_metrics(cols: _Columns, n_boot: int, seed: int) -> dict:

@@ -6,7 +6,8 @@ import io
 import os
 from pathlib import Path
 
-__all__ = ["plot_bands", "plot_hist", "plot_reliability", "plot_selective", "png_bytes"]
+__all__ = ["plot_acc_vs_auc", "plot_bands", "plot_hist", "plot_reliability", "plot_reliability_panels",
+           "plot_selective", "plot_training", "png_bytes"]
 
 
 def _plt():
@@ -104,18 +105,114 @@ def plot_hist(curves: dict, path: Path | None = None, title: str = "Confidence e
     return _save(png_bytes(fig), path)
 
 
-def plot_lines(series: dict[str, tuple[list[float], list[float]]], path: Path | None, title: str, xlabel: str,
-               ylabel: str) -> bytes:
-    """Generic overlaid line plot (training curves in comparison reports)."""
+def plot_acc_vs_auc(points: dict[str, dict], path: Path | None = None) -> bytes:
+    """Accuracy (x) against AUC-mean (y), one point per model (mean over seeds) with its 95% interval bars, and
+    each seed as a small point. ``points[name]``: acc, auc, acc_lo, acc_hi, auc_lo, auc_hi (None = no bar) and
+    seeds [(acc, auc), ...]."""
     plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    for i, (name, p) in enumerate(points.items()):
+        col = f"C{i}"
+        xerr = [[p["acc"] - p["acc_lo"]], [p["acc_hi"] - p["acc"]]] if p.get("acc_lo") is not None else None
+        yerr = [[p["auc"] - p["auc_lo"]], [p["auc_hi"] - p["auc"]]] if p.get("auc_lo") is not None else None
+        ax.errorbar([p["acc"]], [p["auc"]], xerr=xerr, yerr=yerr, fmt="o", color=col, ms=8, capsize=3, label=name)
+        if len(p.get("seeds", [])) > 1:
+            xs, ys = zip(*p["seeds"])
+            ax.scatter(xs, ys, s=12, color=col, alpha=0.5)
+        ax.annotate(name, (p["acc"], p["auc"]), textcoords="offset points", xytext=(6, 6), fontsize=8, color=col)
+    ax.axhline(0.5, ls=":", color="grey", lw=1)
+    ax.set_xlabel("accuracy (higher is better)")
+    ax.set_ylabel("AUC-mean, lpm (higher is better)")
+    ax.set_title("Accuracy vs calibration (95% bootstrap intervals; small dots: seeds)", fontsize=9)
+    if points:
+        ax.legend(fontsize=8, loc="best")
+    return _save(png_bytes(fig), path)
+
+
+def _wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson 95% interval of a proportion k/n."""
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / den
+    return mid - half, mid + half
+
+
+def plot_reliability_panels(runs: dict[str, dict], path: Path | None = None, key: str = "reliability",
+                            title: str = "confidence exp(lpm)") -> bytes:
+    """One reliability panel per run: accuracy per confidence bin (bars at the bin's mean confidence) with a Wilson
+    95% interval and the bin's response count printed above; the diagonal is perfect calibration."""
+    plt = _plt()
+    names = [n for n, c in runs.items() if c.get(key)]
+    cols = min(4, max(1, len(names)))
+    rows = max(1, -(-len(names) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.1 * rows), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    for i, (ax, name) in enumerate(zip(axes.flat, names)):
+        rel = runs[name][key]
+        edges = rel["bin_edges"]
+        ax.plot([0, 1], [0, 1], "--", color="grey", lw=1)
+        for lo_e, hi_e, conf, acc, n in zip(edges[:-1], edges[1:], rel["confidence"], rel["accuracy"], rel["count"]):
+            if not n or acc is None:
+                continue
+            lo, hi = _wilson(acc * n, n)
+            ax.bar((lo_e + hi_e) / 2, acc, width=(hi_e - lo_e) * 0.9, color=f"C{i}", alpha=0.55)
+            ax.errorbar([(lo_e + hi_e) / 2], [acc], yerr=[[acc - lo], [hi - acc]], color="k", lw=0.8, capsize=2)
+            ax.text((lo_e + hi_e) / 2, min(hi + 0.02, 0.97), str(n), ha="center", fontsize=6)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(title, fontsize=8)
+        ax.set_ylabel("accuracy", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle("Reliability: accuracy per bin, Wilson 95% interval, responses per bin", fontsize=9)
+    fig.tight_layout()
+    return _save(png_bytes(fig), path)
+
+
+def _smooth(ys: list[float], window: int) -> list[float]:
+    """Trailing moving average over up to ``window`` points."""
+    out, acc = [], []
+    for y in ys:
+        acc.append(y)
+        acc = acc[-window:]
+        out.append(sum(acc) / len(acc))
+    return out
+
+
+def plot_training(series: dict[str, list[tuple[list, list]]], key: str, path: Path | None = None) -> bytes:
+    """Training curve of ``key``, one colour per model: each seed's raw values faint, the mean over seeds smoothed
+    (trailing moving average over ~10% of the steps) as a line, and a band from the lowest to the highest seed
+    (smoothed) where there are several seeds. Steps are integers. Held-out eval keys (few points) are drawn as
+    markers joined by lines, unsmoothed."""
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for name, (xs, ys) in series.items():
-        ax.plot(xs, ys, "-", lw=1.5, label=name)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    sparse = all(len(xs) <= 6 for runs in series.values() for xs, _ in runs)
+    for i, (name, runs) in enumerate(series.items()):
+        col = f"C{i}"
+        steps = sorted(set.intersection(*[set(xs) for xs, _ in runs]))
+        by_seed = [dict(zip(xs, ys)) for xs, ys in runs]
+        mean = [sum(s[x] for s in by_seed) / len(by_seed) for x in steps]
+        if sparse:
+            ax.plot(steps, mean, "-o", color=col, lw=1.5, ms=4, label=name)
+            continue
+        w = max(1, len(steps) // 10)
+        for xs, ys in runs:
+            ax.plot(xs, ys, "-", color=col, lw=0.7, alpha=0.25)
+        ax.plot(steps, _smooth(mean, w), "-", color=col, lw=2, label=f"{name} ({len(runs)} seed{'s' * (len(runs) > 1)})")
+        if len(runs) > 1:
+            lo = _smooth([min(s[x] for s in by_seed) for x in steps], w)
+            hi = _smooth([max(s[x] for s in by_seed) for x in steps], w)
+            ax.fill_between(steps, lo, hi, color=col, alpha=0.15, lw=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.set_title(f"{key}" + ("" if sparse else " (line: smoothed mean over seeds; faint: raw)"), fontsize=9)
     if series:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     return _save(png_bytes(fig), path)
 
 

@@ -13,8 +13,10 @@ import math
 import os
 from pathlib import Path
 
+import torch
+
 from capo.errors import DataError
-from capo.evaluation import plots
+from capo.evaluation import compare, plots
 
 __all__ = ["RunInfo", "load_run", "render_report", "write_report"]
 
@@ -22,19 +24,19 @@ __all__ = ["RunInfo", "load_run", "render_report", "write_report"]
 SUMMARY_KEYS = [
     ("n", "responses", "{:.0f}"),
     ("n_groups", "prompts", "{:.0f}"),
-    ("accuracy", "accuracy (pooled)", "{:.4f}"),
-    ("mean_at_k", "mean@k", "{:.4f}"),
-    ("auc_mean", "AUC-mean (lpm)", "{:.4f}"),
+    ("accuracy", "accuracy (pooled)", "{:.3f}"),
+    ("mean_at_k", "mean@k", "{:.3f}"),
+    ("auc_mean", "AUC-mean (lpm)", "{:.3f}"),
     ("auc_mean_groups", "prompts in AUC-mean", "{:.0f}"),
-    ("auroc", "AUROC pooled (lpm)", "{:.4f}"),
-    ("ece", "ECE exp(lpm)", "{:.4f}"),
-    ("brier", "Brier exp(lpm)", "{:.4f}"),
-    ("aurc", "AURC (lpm)", "{:.4f}"),
-    ("mean_confidence", "mean exp(lpm)", "{:.4f}"),
-    ("verbal_ece", "ECE verbal", "{:.4f}"),
-    ("verbal_brier", "Brier verbal", "{:.4f}"),
-    ("verbal_auroc", "AUROC verbal", "{:.4f}"),
-    ("verbal_auc_mean", "AUC-mean verbal", "{:.4f}"),
+    ("auroc", "AUROC pooled (lpm)", "{:.3f}"),
+    ("ece", "ECE exp(lpm)", "{:.3f}"),
+    ("brier", "Brier exp(lpm)", "{:.3f}"),
+    ("aurc", "AURC (lpm)", "{:.3f}"),
+    ("mean_confidence", "mean exp(lpm)", "{:.3f}"),
+    ("verbal_ece", "ECE verbal", "{:.3f}"),
+    ("verbal_brier", "Brier verbal", "{:.3f}"),
+    ("verbal_auroc", "AUROC verbal", "{:.3f}"),
+    ("verbal_auc_mean", "AUC-mean verbal", "{:.3f}"),
     ("verbal_missing", "verbal confidence missing", "{:.0f}"),
 ]
 SCALING_KEYS = [
@@ -44,21 +46,19 @@ SCALING_KEYS = [
     ("confidence_weighted_vote", "confidence-weighted vote (verbal)"),
     ("max_confidence_verbal", "max confidence (verbal)"),
 ]
-CI_KEYS = [
-    ("auc_mean_ci_low", "AUC-mean 95% CI low"),
-    ("auc_mean_ci_high", "AUC-mean 95% CI high"),
-    ("accuracy_ci_low", "accuracy 95% CI low"),
-    ("accuracy_ci_high", "accuracy 95% CI high"),
-]
 COUNT_KEYS = [
-    ("verdict_correct", "correct"),
-    ("verdict_incorrect", "incorrect"),
-    ("verdict_unparsable", "unparsable"),
-    ("verdict_timeout", "timeout"),
-    ("empty_responses", "empty responses"),
-    ("finish_length_frac", "hit max tokens (frac)"),
-    ("mean_tokens", "mean tokens"),
+    ("verdict_correct", "correct", "{:.0f}"),
+    ("verdict_incorrect", "incorrect", "{:.0f}"),
+    ("verdict_unparsable", "unparsable", "{:.0f}"),
+    ("verdict_timeout", "timeout", "{:.0f}"),
+    ("empty_responses", "empty responses", "{:.0f}"),
+    ("finish_length_frac", "hit max tokens (fraction)", "{:.3f}"),
+    ("mean_tokens", "mean tokens", "{:.1f}"),
 ]
+# +1: higher is better, -1: lower is better (the arrow in each row label; the best value per row is marked)
+BETTER = {"accuracy": 1, "mean_at_k": 1, "auc_mean": 1, "auroc": 1, "ece": -1, "brier": -1, "aurc": -1,
+          "verbal_ece": -1, "verbal_brier": -1, "verbal_auroc": 1, "verbal_auc_mean": 1,
+          **{k: 1 for k, _ in SCALING_KEYS}}
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1200px}
@@ -67,10 +67,12 @@ table{border-collapse:collapse;margin:8px 0;font-size:13px}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:right;vertical-align:top}
 th{background:#f3f3f3}td.l,th.l{text-align:left}
 .plots{display:flex;flex-wrap:wrap;gap:12px}.plots figure{margin:0}
-.plots img{max-width:480px;border:1px solid #eee}
+.plots img{max-width:520px;border:1px solid #eee}.plots.wide img{max-width:1100px}
 pre{white-space:pre-wrap;word-break:break-word;max-height:220px;overflow:auto;background:#fafafa;margin:0;
 font-size:12px}
 .muted{color:#777;font-size:12px}
+.headline{font-size:15px;line-height:1.5;background:#f5f8ff;border-left:4px solid #3b6fd8;padding:10px 14px;margin:12px 0}
+td.best{font-weight:bold;background:#eef7ee}.ci{color:#666;font-size:11px}td.sig{font-weight:bold}
 """
 
 
@@ -140,7 +142,7 @@ def load_run(run_dir: Path, name: str | None = None, n_examples: int = 0) -> Run
     )
 
 
-def _fmt(v, fmt: str = "{:.4f}") -> str:
+def _fmt(v, fmt: str = "{:.3f}") -> str:
     if v is None or (isinstance(v, float) and (math.isnan(v) or math.isinf(v))):
         return "&ndash;"
     try:
@@ -154,16 +156,39 @@ def _img(data: bytes, alt: str) -> str:
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}"></figure>'
 
 
-def _table(runs: list[RunInfo], keys, caption: str, with_fmt: bool = True) -> str:
+def _cell(r: RunInfo, key: str, fmt: str, best: bool) -> str:
+    """One value, with its 95% bootstrap interval in the same cell when the run has one."""
+    v = r.metrics.get(key)
+    lo, hi = r.metrics.get(f"{key}_ci_low"), r.metrics.get(f"{key}_ci_high")
+    ci = f" <span class='ci'>[{_fmt(lo, fmt)}, {_fmt(hi, fmt)}]</span>" if lo is not None and hi is not None else ""
+    cls = ' class="best"' if best else ""
+    return f"<td{cls}>{_fmt(v, fmt)}{ci}</td>"
+
+
+def _best_index(vals: list, sign: int | None) -> int | None:
+    """Index of the best finite value of a row (None: no direction, fewer than 2 values, or a tie)."""
+    ok = [(v, i) for i, v in enumerate(vals) if isinstance(v, (int, float)) and math.isfinite(v)]
+    if sign is None or len(ok) < 2:
+        return None
+    ok.sort(key=lambda t: -sign * t[0])
+    return None if ok[0][0] == ok[1][0] else ok[0][1]
+
+
+def _table(runs: list[RunInfo], keys, caption: str) -> str:
+    """Rows = metrics (readable name, raw key on hover, arrow = better direction), columns = runs; the best value
+    per row is marked."""
     rows = []
     for item in keys:
         key, label = item[0], item[1]
-        fmt = item[2] if with_fmt and len(item) > 2 else "{:.4f}"
+        fmt = item[2] if len(item) > 2 else "{:.3f}"
         vals = [r.metrics.get(key) for r in runs]
         if all(v is None for v in vals):
             continue
-        cells = "".join(f"<td>{_fmt(v, fmt)}</td>" for v in vals)
-        rows.append(f'<tr><th class="l" title="{html.escape(key)}">{html.escape(label)}</th>{cells}</tr>')
+        sign = BETTER.get(key)
+        best = _best_index(vals, sign)
+        arrow = {1: " &uarr;", -1: " &darr;"}.get(sign, "")
+        cells = "".join(_cell(r, key, fmt, i == best) for i, r in enumerate(runs))
+        rows.append(f'<tr><th class="l" title="{html.escape(key)}">{html.escape(label)}{arrow}</th>{cells}</tr>')
     if not rows:
         return ""
     head = "".join(f"<th>{html.escape(r.name)}</th>" for r in runs)
@@ -187,17 +212,18 @@ def _runs_table(runs: list[RunInfo]) -> str:
     return "".join(parts)
 
 
-def _eval_tables(evals: list[RunInfo]) -> str:
-    """Calibration, bootstrap intervals, test-time scaling and response counts of the eval runs."""
+def _eval_tables(evals: list[RunInfo], cmp) -> str:
+    """Calibration (values with intervals), paired differences, test-time scaling and response counts."""
     ks = sorted({int(k.split("_")[-1]) for r in evals for k in r.metrics if k.startswith("pass_at_")})
     return "".join([
-        "<h2>Calibration</h2>",
+        "<h2>Calibration and accuracy</h2><p class='muted'>&uarr; higher is better, &darr; lower is better; the best "
+        "value per row is shaded; [..] 95% bootstrap interval over prompts. Hover a name for its metrics key.</p>",
         _table(evals, SUMMARY_KEYS, "metric"),
-        _table(evals, CI_KEYS, "bootstrap over prompts", with_fmt=False),
+        _paired_table(cmp),
         "<h2>Test-time scaling</h2>",
-        _table(evals, [(f"pass_at_{k}", f"pass@{k}") for k in ks] + SCALING_KEYS, "accuracy", with_fmt=False),
+        _table(evals, [(f"pass_at_{k}", f"pass@{k}") for k in ks] + SCALING_KEYS, "accuracy"),
         "<h2>Responses</h2>",
-        _table(evals, COUNT_KEYS, "count", with_fmt=False),
+        _table(evals, COUNT_KEYS, "count"),
     ])
 
 
@@ -254,37 +280,93 @@ def _estimators_section(evals: list[RunInfo]) -> str:
     return "".join(parts)
 
 
-def _eval_plots(evals: list[RunInfo]) -> str:
-    """Overlaid reliability / precision-coverage plots (lpm, and verbal when any run has it), one histogram per run."""
-    parts = ["<h2>Plots</h2><div class='plots'>"]
+def _paired_table(cmp) -> str:
+    """Each model minus the reference model, paired over the same prompts: value [95% interval]; bold where the
+    interval excludes 0."""
+    others = [m for m in cmp.models if m.name != cmp.reference]
+    if not others or not cmp.draws:
+        return ""
+    head = "".join(f"<th>{html.escape(m.name)} &minus; {html.escape(cmp.reference)}</th>" for m in others)
+    rows = []
+    for key, label, sign in compare.MEASURES:
+        if all(cmp.diff(m.name, cmp.reference, key) is None for m in others):
+            continue
+        cells = []
+        for m in others:
+            d = cmp.diff(m.name, cmp.reference, key)
+            if d is None:
+                cells.append("<td>&ndash;</td>")
+                continue
+            sig = not math.isnan(d[1]) and (d[1] > 0 or d[2] < 0)
+            cls = ' class="sig"' if sig else ""
+            cells.append(f"<td{cls}>{d[0]:+.3f} <span class='ci'>[{d[1]:+.3f}, "
+                         f"{d[2]:+.3f}]</span></td>")
+        arrow = " &uarr;" if sign > 0 else " &darr;"
+        rows.append(f'<tr><th class="l" title="{key}">{html.escape(label)}{arrow}</th>{"".join(cells)}</tr>')
+    return (f"<h2>Paired per-prompt differences against {html.escape(cmp.reference)}</h2><p class='muted'>The same "
+            f"{cmp.prompts} prompts resampled for both models ({cmp.n_boot} draws, mean over seeds); bold: the 95% "
+            "interval excludes 0.</p><table class='metrics paired'><thead><tr><th class='l'>difference</th>"
+            f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _acc_auc_points(cmp) -> dict:
+    pts = {}
+    for m in cmp.models:
+        acc, auc = m.mean("accuracy"), m.mean("auc_mean")
+        if acc is None or auc is None:
+            continue
+        p = {"acc": acc, "auc": auc, "seeds": [(r.metrics["accuracy"], r.metrics["auc_mean"]) for r in m.runs]}
+        dr = cmp.draws.get(m.name)
+        if dr is not None:
+            for key, short in (("accuracy", "acc"), ("auc_mean", "auc")):
+                x = dr[key][~dr[key].isnan()]
+                if x.numel() >= 10:
+                    p[f"{short}_lo"], p[f"{short}_hi"] = (float(v) for v in x.quantile(torch.tensor([0.025, 0.975],
+                                                                                                  dtype=x.dtype)))
+        pts[m.name] = p
+    return pts
+
+
+def _eval_plots(evals: list[RunInfo], cmp) -> str:
+    """The three figures a comparison is read from: accuracy vs AUC-mean per model, precision-coverage of every
+    model on one plot, reliability panels with counts and intervals (verbal too when present)."""
     curves = {r.name: r.curves for r in evals}
-    parts.append(_img(plots.plot_reliability(curves), "reliability diagram"))
-    parts.append(_img(plots.plot_selective(curves), "precision-coverage curve"))
-    if any("reliability_verbal" in c for c in curves.values()):
-        parts.append(_img(plots.plot_reliability(curves, key="reliability_verbal",
-                                                 title="Reliability diagram (verbal confidence)"),
-                          "reliability diagram verbal"))
+    parts = ["<h2>Figures</h2><div class='plots'>",
+             _img(plots.plot_acc_vs_auc(_acc_auc_points(cmp)), "accuracy vs AUC-mean"),
+             _img(plots.plot_selective(curves), "precision-coverage curve")]
+    if any("selective_verbal" in c for c in curves.values()):
         parts.append(_img(plots.plot_selective(curves, key="selective_verbal",
                                                title="Precision-coverage (verbal confidence)"),
                           "precision-coverage curve verbal"))
-    for r in evals:
-        parts.append(_img(plots.plot_hist(r.curves, title=f"{r.name}: exp(lpm), correct vs incorrect"),
-                          f"confidence histogram {r.name}"))
+    parts.append("</div><div class='plots wide'>")
+    parts.append(_img(plots.plot_reliability_panels(curves), "reliability diagrams"))
+    if any("reliability_verbal" in c for c in curves.values()):
+        parts.append(_img(plots.plot_reliability_panels(curves, key="reliability_verbal", title="verbal confidence"),
+                          "reliability diagrams verbal"))
     parts.append("</div>")
     return "".join(parts)
 
 
+TRAIN_CURVES = ("eval/accuracy", "eval/auc_mean", "calib/auc_mean", "train/accuracy", "train/reward_mean",
+                "calib/verbal_ece")
+
+
 def _train_section(trains: list[RunInfo]) -> str:
-    """The last logged step's metrics of the training runs, and their main training curves."""
-    parts = ["<h2>Training runs (last logged step)</h2>"]
+    """Training curves (smoothed mean over seeds over the faint raw values, band over seeds), then the last logged
+    step's metrics."""
+    parts = ["<h2>Training</h2><div class='plots'>"]
+    groups: dict[str, list[RunInfo]] = {}
+    for r in trains:
+        groups.setdefault(compare.model_name(r.name), []).append(r)
+    for key in [k for k in TRAIN_CURVES if any(k in r.train_series for r in trains)]:
+        series = {name: [r.train_series[key] for r in rs if key in r.train_series] for name, rs in groups.items()}
+        parts.append(_img(plots.plot_training({n: s for n, s in series.items() if s}, key), f"training curve {key}"))
+    parts.append("</div><h3>Last logged step</h3>")
     keys = sorted({k for r in trains for k in r.metrics if k.startswith(("eval/", "calib/", "train/"))})
-    parts.append(_table(trains, [("step", "step", "{:.0f}")] + [(k, k) for k in keys], "metric", with_fmt=True))
-    parts.append("<div class='plots'>")
-    for key in [k for k in ("calib/auc_mean", "eval/accuracy", "train/accuracy", "train/reward") if
-                any(k in r.train_series for r in trains)]:
-        series = {r.name: r.train_series[key] for r in trains if key in r.train_series}
-        parts.append(_img(plots.plot_lines(series, None, key, "step", key), f"training curve {key}"))
-    parts.append("</div>")
+    integral = {k for k in keys if all(isinstance(r.metrics.get(k), int) or (isinstance(r.metrics.get(k), float)
+                                           and r.metrics[k].is_integer()) for r in trains if k in r.metrics)}
+    rows = [(k, k, "{:.0f}" if k in integral else "{:.3f}") for k in keys]
+    parts.append(_table(trains, [("step", "step", "{:.0f}")] + rows, "metric"))
     return "".join(parts)
 
 
@@ -311,19 +393,23 @@ def _examples_section(ex_runs: list[RunInfo]) -> str:
     return "".join(parts)
 
 
-def render_report(runs: list[RunInfo], title: str = "capo report") -> str:
-    """The HTML page for one or more runs."""
+def render_report(runs: list[RunInfo], title: str = "capo report", comparison=None) -> str:
+    """The HTML page for one or more runs: the generated conclusion first, then the figures, then the tables.
+    ``comparison``: a :func:`capo.evaluation.compare.compare` of the eval runs, if already computed."""
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
-    parts.append(_runs_table(runs))
     evals = [r for r in runs if r.kind == "eval"]
     trains = [r for r in runs if r.kind == "train"]
     if evals:
-        parts.append(_eval_tables(evals))
+        cmp = comparison or compare.compare(evals)
+        if len(cmp.models) > 1:
+            parts.append(f"<p class='headline' id='headline'>{compare.headline(cmp)[1]}</p>")
+        parts.append(_eval_plots(evals, cmp))
+        parts.append(_eval_tables(evals, cmp))
         parts.append(_estimators_section(evals))
-        parts.append(_eval_plots(evals))
     if trains:
         parts.append(_train_section(trains))
+    parts.append("<h2>Runs</h2>" + _runs_table(runs))
     ex_runs = [r for r in evals if r.examples]
     if ex_runs:
         parts.append(_examples_section(ex_runs))
@@ -332,11 +418,11 @@ def render_report(runs: list[RunInfo], title: str = "capo report") -> str:
     return "".join(parts)
 
 
-def write_report(runs: list[RunInfo], out: Path, title: str = "capo report") -> Path:
+def write_report(runs: list[RunInfo], out: Path, title: str = "capo report", comparison=None) -> Path:
     """Render and write atomically (temp file + os.replace)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(render_report(runs, title), encoding="utf-8")
+    tmp.write_text(render_report(runs, title, comparison), encoding="utf-8")
     os.replace(tmp, out)
     return out

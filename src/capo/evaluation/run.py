@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from capo.core.checks import did_you_mean
 from capo.errors import ConfigError, DataError
 from capo.evaluation import plots
 from capo.evaluation.estimators import ESTIMATOR_KNOBS, TOKEN_FIELDS
@@ -108,12 +109,12 @@ def validate_settings(s: EvalSettings) -> None:
     if not isinstance(s.batch_size, int) or s.batch_size < 1:
         bad("--batch-size", f"must be an integer >= 1, got {s.batch_size!r}")
     if s.answer_format not in ANSWER_FORMATS:
-        bad("--answer-format", f"{s.answer_format!r} is not allowed; allowed values: {', '.join(ANSWER_FORMATS)}")
+        bad("--answer-format", f"{s.answer_format!r} is not allowed{did_you_mean(s.answer_format, ANSWER_FORMATS)}; allowed values: {', '.join(ANSWER_FORMATS)}")
     if s.dataset_answer_format not in FILE_ANSWER_FORMATS:
         bad("--dataset-answer-format", f"{s.dataset_answer_format!r} is not allowed; allowed values: "
             f"{', '.join(FILE_ANSWER_FORMATS)}")
     if s.autocast not in AUTOCAST_MODES:
-        bad("--autocast", f"{s.autocast!r} is not allowed; allowed values: {', '.join(AUTOCAST_MODES)}")
+        bad("--autocast", f"{s.autocast!r} is not allowed{did_you_mean(s.autocast, AUTOCAST_MODES)}; allowed values: {', '.join(AUTOCAST_MODES)}")
     if not (s.verify_timeout > 0):
         bad("--verify-timeout", f"must be > 0, got {s.verify_timeout!r}")
     if s.verify_workers is not None and s.verify_workers < 1:

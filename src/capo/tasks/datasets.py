@@ -23,6 +23,7 @@ import json
 import os
 from pathlib import Path
 
+from capo.core.checks import did_you_mean
 from capo.errors import DataError
 from capo.tasks.problem import Problem
 from capo.verify.extract import extract_boxed, extract_gsm8k
@@ -248,7 +249,7 @@ def load_problems(
     looks_like_path = path.suffix in (".jsonl", ".json", ".ndjson", ".parquet") or os.sep in dataset
     if not looks_like_path and not path.exists():
         raise DataError(
-            f"unknown dataset {dataset!r}; allowed names: {', '.join(DATASET_NAMES)}, or a path to a "
+            f"unknown dataset {dataset!r}{did_you_mean(dataset, DATASET_NAMES)}; allowed names: {', '.join(DATASET_NAMES)}, or a path to a "
             ".jsonl/.json/.parquet file"
         )
     return _load_file(path, prompt_field=prompt_field, answer_field=answer_field, answer_format=answer_format,

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from capo.core import ADVANTAGES, AGGREGATIONS, MASK_HIGH, MASK_LOW, POLICY_LOSSES, REWARDS
+from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
@@ -154,14 +155,14 @@ class TrainConfig:
             raise ConfigError(f"{source}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(d).__name__}")
         for sec_name, values in d.items():
             if sec_name not in SECTIONS:
-                raise ConfigError(f"{source}: unknown section {sec_name!r}; allowed sections: {', '.join(SECTIONS)}")
+                raise ConfigError(f"{source}: unknown section {sec_name!r}{did_you_mean(sec_name, SECTIONS)}; allowed sections: {', '.join(SECTIONS)}")
             if not isinstance(values, dict):
                 raise ConfigError(f"{source}: section {sec_name!r} must be a mapping, got {type(values).__name__}")
             sec = getattr(self, sec_name)
             hints = typing.get_type_hints(type(sec))
             for key, val in values.items():
                 if key not in hints:
-                    raise ConfigError(f"{source}: unknown key {sec_name}.{key}; allowed keys in {sec_name}: "
+                    raise ConfigError(f"{source}: unknown key {sec_name}.{key}{did_you_mean(key, hints)}; allowed keys in {sec_name}: "
                                       f"{', '.join(hints)}")
                 setattr(sec, key, coerce(f"{sec_name}.{key}", val, hints[key]))
 
@@ -173,7 +174,7 @@ class TrainConfig:
         c = TrainConfig.from_dict(self.to_dict())
         preset = ALGORITHMS.get(c.algo.name)
         if preset is None:
-            raise ConfigError(f"algo.name={c.algo.name!r} is not known; allowed: {', '.join(ALGORITHMS)}")
+            raise ConfigError(f"algo.name={c.algo.name!r} is not known{did_you_mean(c.algo.name, ALGORITHMS)}; allowed: {', '.join(ALGORITHMS)}")
         for key, val in preset.items():
             cur = getattr(c.algo, key)
             if key.endswith("_kwargs"):
@@ -201,7 +202,7 @@ class TrainConfig:
                 _check_model(f"model.{key}", getattr(m, key))
         if d.dataset not in DATASET_NAMES and not Path(d.dataset).is_file():
             raise ConfigError(f"data.dataset={d.dataset!r} is neither a built-in dataset ({', '.join(DATASET_NAMES)})"
-                              " nor an existing JSONL/parquet file")
+                              f" nor an existing JSONL/parquet file{did_you_mean(d.dataset, DATASET_NAMES)}")
         if d.task_options:
             if d.dataset != "coin_sum":
                 raise ConfigError(f"data.task_options is only for dataset 'coin_sum', not {d.dataset!r}")
@@ -298,7 +299,7 @@ def _check_model(key: str, spec: str) -> None:
 
 def _choice(key, v, allowed):
     if v not in allowed:
-        raise ConfigError(f"{key}={v!r} is not allowed; allowed values: {', '.join(map(str, allowed))}")
+        raise ConfigError(f"{key}={v!r} is not allowed{did_you_mean(v, allowed)}; allowed values: {', '.join(map(str, allowed))}")
 
 
 def _at_least(key, v, lo, why=""):
@@ -387,13 +388,23 @@ def load_config(config: str | None = None, overrides: dict | None = None) -> Tra
     return cfg.resolved()
 
 
-def fields_help() -> list[tuple[str, str, Any]]:
-    """(dotted name, help, default) for every field: the source of ``capo train --help``."""
+def type_name(typ: Any) -> str:
+    """A field type as ``capo train --help`` shows it: ``int``, ``float``, ``bool``, ``str``, ``dict`` (YAML
+    mapping), ``list``; ``int|none`` where None is allowed."""
+    args = typing.get_args(typ)
+    if isinstance(typ, types.UnionType) or typing.get_origin(typ) is typing.Union:
+        return "|".join("none" if t is type(None) else type_name(t) for t in args)
+    return getattr(typ, "__name__", str(typ))
+
+
+def fields_help() -> list[tuple[str, str, Any, str]]:
+    """(dotted name, help, default, type name) for every field: the source of ``capo train --help``."""
     out = []
     for sec in dataclasses.fields(TrainConfig):
+        hints = typing.get_type_hints(sec.default_factory)
         for f in dataclasses.fields(sec.default_factory):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            out.append((f"{sec.name}.{f.name}", f.metadata["help"], default))
+            out.append((f"{sec.name}.{f.name}", f.metadata["help"], default, type_name(hints[f.name])))
     return out
 
 

@@ -48,7 +48,7 @@ from capo.trainer.config import TrainConfig, dump_yaml
 from capo.trainer.data import load_problems, render_prompts
 from capo.trainer.logging import MetricsLogger, progress_info
 from capo.trainer.user_reward import load_user_reward, user_rewards
-from capo.verify import Verifier
+from capo.verify import Verdict, Verifier
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -327,6 +327,8 @@ class Trainer:
             "train/response_len": float(lengths.mean()), "train/truncated_frac": float(trunc.mean()),
             "train/format_ok_frac": float(fmt.float().mean()),
             "train/reward_errors": self.acc.reduce(torch.tensor(g.reward_errors, device=self.acc.device), "sum").item(),
+            "train/verify_timeouts": self.acc.reduce(torch.tensor(sum(v == Verdict.TIMEOUT for v in g.verdicts),
+                                                                  device=self.acc.device), "sum").item(),
             "train/verbal_conf_mean": float(torch.nanmean(conf)) if torch.isfinite(conf).any() else float("nan"),
             **calib,
         }

@@ -9,7 +9,10 @@ returns to the interpreter). Here every judgement runs in a worker process:
   per slot, so the wall-clock time of each item is known exactly.
 * Inside the worker a soft ``setitimer`` alarm stops Python-level work at ``timeout_s - grace``; if the worker is
   stuck in C code the parent kills the process at ``timeout_s`` and starts a fresh slot. Either way the verdict is
-  ``TIMEOUT``. A worker that dies (address-space limit, segfault) also gives ``TIMEOUT`` and is replaced.
+  ``TIMEOUT``. A worker that dies (address-space limit, segfault) also gives ``TIMEOUT`` and is replaced. Both
+  limits are wall-clock, so a judgement near the limit can time out on a loaded machine and not on an idle one:
+  the one way the machine's load can change a verdict. The trainer counts TIMEOUT verdicts per step
+  (``train/verify_timeouts``) so a run where it happened is visible (docs/papers.md, "Determinism").
 * The parent only waits on futures with a timeout, so the hard limit holds when called from any thread. Calls on
   one Verifier are serialised by a lock.
 * Model text is never evaluated: answers longer than ``max_answer_chars`` or that look like code are judged

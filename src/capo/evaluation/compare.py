@@ -1,0 +1,190 @@
+"""Comparing evaluated models: means over seeds, paired per-prompt bootstrap differences, and the generated headline.
+
+A *model* is the set of eval runs whose names differ only in a ``-seedN`` suffix (``capo-seed0``, ``capo-seed1``).
+Differences between two models are *paired*: each bootstrap draw resamples the held-out prompts both models
+answered (with replacement), recomputes every measure of both models on the drawn prompts (mean over seeds) with
+the one metric function :func:`capo.core.calibration.summarize`, and takes the difference; the interval is the
+2.5-97.5 percentile of the draws. The headline sentence is written from these numbers only.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from capo.core import calibration as cal
+from capo.evaluation.metrics import columns
+
+__all__ = ["MEASURES", "Model", "Comparison", "compare", "headline", "model_name"]
+
+# (metrics key, readable name, +1 = higher is better / -1 = lower is better): the measures the headline covers
+MEASURES = [
+    ("accuracy", "accuracy", 1),
+    ("auc_mean", "AUC-mean", 1),
+    ("auroc", "AUROC", 1),
+    ("ece", "ECE of exp(lpm)", -1),
+    ("brier", "Brier of exp(lpm)", -1),
+    ("verbal_ece", "ECE of verbal confidence", -1),
+    ("verbal_brier", "Brier of verbal confidence", -1),
+]
+
+
+def model_name(run_name: str) -> str:
+    """``"capo-seed0"``, ``"capo-seed1 (training)"``, ``"capo-seed0 (2)"`` -> ``"capo"``; other names are their own
+    model."""
+    return re.sub(r"(-seed\d+)?( \(.*\))?$", "", run_name) or run_name
+
+
+@dataclass
+class _Seed:
+    """One eval run's generation rows as tensors, with each prompt's row indices (for resampling prompts)."""
+
+    cols: object
+    rows_of: dict[str, torch.Tensor]
+
+
+@dataclass
+class Model:
+    name: str
+    runs: list = field(default_factory=list)  # RunInfo of each seed
+    seeds: list[_Seed] = field(default_factory=list)
+
+    def mean(self, key: str) -> float | None:
+        vals = [r.metrics.get(key) for r in self.runs]
+        vals = [v for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
+        return sum(vals) / len(vals) if len(vals) == len(self.runs) and vals else None
+
+
+@dataclass
+class Comparison:
+    models: list[Model]
+    reference: str  # the model differences are reported against ("base" when there is one)
+    prompts: int  # prompts common to every model (the bootstrap resamples these)
+    n_boot: int
+    draws: dict[str, dict[str, torch.Tensor]]  # model -> measure -> [n_boot] values on the resampled prompts
+
+    def diff(self, a: str, b: str, key: str) -> tuple[float, float, float] | None:
+        """(value, low, high) of model a minus model b on ``key``: value from the full data (means over seeds),
+        interval from the paired bootstrap. None when either lacks the measure."""
+        ma, mb = self._model(a), self._model(b)
+        va, vb = ma.mean(key), mb.mean(key)
+        if va is None or vb is None:
+            return None
+        d = self.draws.get(a, {}).get(key), self.draws.get(b, {}).get(key)
+        if d[0] is None or d[1] is None:
+            return va - vb, math.nan, math.nan
+        diffs = d[0] - d[1]
+        diffs = diffs[~torch.isnan(diffs)]
+        if diffs.numel() < 10:
+            return va - vb, math.nan, math.nan
+        lo, hi = torch.quantile(diffs, torch.tensor([0.025, 0.975], dtype=diffs.dtype)).tolist()
+        return va - vb, lo, hi
+
+    def _model(self, name: str) -> Model:
+        return next(m for m in self.models if m.name == name)
+
+
+def _load_seed(run_dir: Path) -> _Seed | None:
+    gen = Path(run_dir) / "generations.jsonl"
+    if not gen.is_file():
+        return None
+    try:
+        rows = [json.loads(ln) for ln in gen.read_text().splitlines() if ln.strip()]
+        for r in rows:
+            r.setdefault("answer_id", -1)  # not used here; older or foreign files may lack it
+        cols = columns(rows) if rows else None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None  # no intervals for this run rather than no report
+    if cols is None:
+        return None
+    idx: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        idx.setdefault(str(r["prompt_id"]), []).append(i)
+    return _Seed(cols, {p: torch.tensor(v) for p, v in idx.items()})
+
+
+def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:
+    """Every measure of one run on the drawn prompts (a prompt drawn twice counts as two prompts)."""
+    ix = torch.cat([seed.rows_of[p] for p in drawn])
+    g = torch.cat([torch.full((len(seed.rows_of[p]),), j) for j, p in enumerate(drawn)])
+    c = seed.cols
+    s = cal.summarize(c.lpm[ix], c.c[ix], g, verbal_conf=c.verbal[ix] if c.has_verbal else None)
+    return {k: s.get(k, math.nan) for k, _, _ in MEASURES}
+
+
+def _bootstrap(models: list[Model], prompts: list[str], n_boot: int, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    out = {m.name: {k: torch.empty(n_boot, dtype=torch.float64) for k, _, _ in MEASURES} for m in models}
+    for b in range(n_boot):
+        drawn = [prompts[i] for i in torch.randint(len(prompts), (len(prompts),), generator=gen).tolist()]
+        for m in models:
+            per_seed = [_measures_on(s, drawn) for s in m.seeds]
+            for k, _, _ in MEASURES:
+                out[m.name][k][b] = sum(p[k] for p in per_seed) / len(per_seed)
+    return out
+
+
+def compare(evals: list, n_boot: int = 200, seed: int = 0) -> Comparison:
+    """Group eval runs (RunInfo) into models and bootstrap every measure over the prompts they share."""
+    models: dict[str, Model] = {}
+    for r in evals:
+        models.setdefault(model_name(r.name), Model(model_name(r.name))).runs.append(r)
+    ms = list(models.values())
+    for m in ms:
+        m.seeds = [_load_seed(r.path) if len(ms) > 1 else None for r in m.runs]  # one model: nothing to compare
+    ref = "base" if "base" in models else ms[0].name
+    usable = [m for m in ms if all(s is not None for s in m.seeds)]
+    common = sorted(set.intersection(*[set(s.rows_of) for m in usable for s in m.seeds])) if usable else []
+    draws = _bootstrap(usable, common, n_boot, seed) if len(common) > 1 and n_boot > 0 else {}
+    return Comparison(ms, ref, len(common), n_boot, draws)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:+.3f}"
+
+
+def _interval(lo: float, hi: float) -> tuple[str, bool]:
+    if math.isnan(lo):
+        return "no interval", False
+    excl = lo > 0 or hi < 0
+    return f"95% interval [{lo:+.3f}, {hi:+.3f}], {'excludes' if excl else 'includes'} 0", excl
+
+
+def _best_sentence(cmp: Comparison, key: str, label: str, sign: int) -> tuple[str, str] | None:
+    """(plain, html) sentence: which model is best on ``key``, by how much over the runner-up, with the interval."""
+    vals = [(m.mean(key), m.name) for m in cmp.models if m.mean(key) is not None]
+    if len(vals) < 2:
+        return None
+    vals.sort(key=lambda t: -sign * t[0])
+    (best_v, best), (second_v, second) = vals[0], vals[1]
+    d = cmp.diff(best, second, key)
+    word = "highest" if sign > 0 else "lowest"
+    iv, excl = _interval(d[1], d[2])
+    plain = f"{best} has the {word} {label} ({best_v:.3f}), {_fmt(d[0])} vs {second} ({second_v:.3f}; {iv})."
+    strong = "<strong>" if excl else ""
+    esc = html.escape
+    htm = (f"<b>{esc(best)}</b> has the {word} {esc(label)} ({best_v:.3f}), {strong}{_fmt(d[0])}"
+           f"{'</strong>' if excl else ''} vs {esc(second)} ({second_v:.3f}; {esc(iv)}).")
+    return plain, htm
+
+
+def headline(cmp: Comparison) -> tuple[str, str]:
+    """The conclusion paragraph as (plain text, HTML), written from the numbers: per measure, the best model, its
+    margin over the runner-up and whether the paired interval excludes 0."""
+    n_seeds = max((len(m.runs) for m in cmp.models), default=0)
+    intro = (f"{len(cmp.models)} models on {cmp.prompts} shared held-out prompts"
+             f"{f', mean over up to {n_seeds} seeds' if n_seeds > 1 else ''}; differences are paired over prompts "
+             f"({cmp.n_boot} bootstrap draws).")
+    plain, htm = [intro], [html.escape(intro)]
+    for key, label, sign in MEASURES:
+        s = _best_sentence(cmp, key, label, sign)
+        if s:
+            plain.append(s[0])
+            htm.append(s[1])
+    return " ".join(plain), " ".join(htm)
