@@ -26,7 +26,10 @@ def fake_eval_run(d, shift: float, seed: int):
             rows.append({"prompt_id": f"p{p}", "sample_idx": j, "text": f"<b>t{p}{j}</b><script>alert(1)</script>",
                          "prompt": "What is 1 < 2 & 3?", "gold": "1", "answer": "1" if ok else "2",
                          "verdict": "correct" if ok else "incorrect", "mean_logprob": lp, "n_tokens": 9,
-                         "answer_id": 0 if ok else 1, "confidence": None, "finish_reason": "stop"})
+                         "answer_id": 0 if ok else 1, "confidence": None, "finish_reason": "stop",
+                         "token_logprobs": [lp] * 9, "token_entropy": [rng.random() for _ in range(9)],
+                         "token_kl_uniform": [rng.random() for _ in range(9)],
+                         "token_topk_conf": [rng.random() for _ in range(9)]})
     res = compute_metrics(rows, n_boot=20)
     d.mkdir(parents=True)
     atomic_write_text(d / "metrics.json", json.dumps({"config": {"model": "m", "k": 4}, **res}))
@@ -101,6 +104,11 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     assert "id=\"headline\"" in html or "id='headline'" in html
     for alt in FIGURES:
         assert f'alt="{alt}"' in html, alt
+    # the confidence-estimator tables (one per metric across the two models), every estimator the rows allow
+    assert "<h2>Confidence estimators</h2>" in html and html.count("class=\"metrics estimators\"") == 7
+    for name in ("lpm", "sum_logprob", "min_token_prob", "neg_entropy", "self_certainty", "tail", "bottom_group",
+                 "lowest_group", "consistency"):
+        assert f"<th class=\"l\">{name}</th>" in html, name
     shot = tmp_path / "report.png"  # left in the test's temporary folder for a developer to open
     r = subprocess.run(base + [f"--screenshot={shot}", "--window-size=1280,2400", url], capture_output=True,
                        text=True, timeout=120)
