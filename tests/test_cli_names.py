@@ -30,7 +30,8 @@ def test_unknown_value_suggests_the_closest_name(argv, hint, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, hint", [("--algo.nmae", "'--algo.name'"), ("--rolout.group_size", "'--rollout.group_size'"),
-                                        ("--run.stpes", "'--run.steps'")])
+                                        ("--run.stpes", "'--run.steps'"),
+                                        ("--run.step", "'--run.steps'")])  # a prefix is not an abbreviation
 def test_unknown_config_flag_suggests_the_closest_flag(flag, hint, capsys):
     with pytest.raises(SystemExit) as e:
         main(["train", flag, "4"])

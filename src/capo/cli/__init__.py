@@ -21,7 +21,7 @@ SUBCOMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="capo",
+        prog="capo", allow_abbrev=False,
         description="Calibration-aware RL from verifiable rewards (CAPO, RLCR, GRPO family) and calibration metrics.",
     )
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         p = mod.add_parser(sub)
+        p.allow_abbrev = False  # a prefix such as --run.step must not silently mean --run.steps
         p.set_defaults(_run=mod.run, _parser=p)
     return parser
 
