@@ -87,7 +87,7 @@ def max_logprob_gap(model, ro: Rollout) -> float:
 def test_logprobs_match_full_hf_forward(any_engine, hf):
     ro = any_engine.sample(PROMPTS, k=4, max_new_tokens=16, temperature=1.0, seed=1)
     gap = max_logprob_gap(hf[0], ro)
-    print(f"max |logp_vllm - logp_hf| at T=1: {gap:.2e}")
+    print(f"max |logp_{any_engine.name} - logp_full_forward| at T=1: {gap:.2e}")
     assert gap < TOL
     assert int(ro.response_mask.sum()) > 100  # enough tokens were compared
 

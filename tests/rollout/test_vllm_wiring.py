@@ -23,13 +23,17 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: run `make test-v
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+REWARDS = str(Path(__file__).parents[1] / "trainer")  # reward_fns.length_reward: a reward a random model varies
+sys.path.insert(0, REWARDS)
 from tiny_vllm_model import build_tiny_qwen2  # noqa: E402
 
 pytestmark = pytest.mark.timeout(1200)
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+       "PYTHONPATH": os.pathsep.join([REWARDS, *filter(None, [os.environ.get("PYTHONPATH")])])}
 N_PROMPTS, K = 40, 2
 TRAIN = {"rollout.prompts_per_step": 2, "rollout.group_size": 4, "rollout.max_new_tokens": 12, "data.n_train": 32,
-         "data.n_eval": 4, "run.eval_samples": 2, "run.progress": False, "optim.lr": 1e-3, "algo.name": "capo",
+         "data.n_eval": 4, "run.eval_samples": 2, "run.progress": False, "optim.lr": 1e-2, "algo.name": "grpo",
+         "algo.reward": "reward_fns:length_reward",
          "run.seed": 3, "run.save_every": 2, "rollout.engine": "vllm"}
 
 
@@ -117,9 +121,11 @@ def test_train_cli_two_steps_then_exact_resume(engine, model_dir, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     two = _rows(part)
     assert [r["step"] for r in two] == [1, 2]
+    print("vLLM engine vs trainer, |log-prob diff| mean / max per step:",
+          [(f"{r['rollout/logprob_diff_mean']:.2e}", f"{r['rollout/logprob_diff_max']:.2e}") for r in two])
     for r in two:  # the engine's log-probs are the trainer's up to fp32 numerics
         assert 0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] < 1e-3
-        assert r["policy/updates"] == 1
+        assert r["policy/updates"] == 1 and r["policy/grad_norm"] > 0
 
     full = tmp_path / "full"
     engine.seed(TRAIN["run.seed"])  # what a fresh engine of a fresh run starts from (seed + rank 0)

@@ -396,10 +396,11 @@ class Trainer:
             return a.mask_low, a.mask_high
         n = max(1, a.mask_calib_prompts // self.world)
         probs = [self.train_set[i % len(self.train_set)] for i in range(self.rank * n, (self.rank + 1) * n)]
+        ref_engine = HFEngine(self.ref, self.tok, autocast="on" if self.cfg.model.autocast_bf16 else "off",
+                              share_prefix=self.cfg.rollout.share_prefix)  # whatever rollout.engine: HF here
         with torch.random.fork_rng():
             torch.manual_seed(self.cfg.run.seed + 20_011 + self.rank)
-            ro = self.rollout(probs, self.cfg.rollout.group_size, engine=HFEngine(
-                self.ref, self.tok, autocast=self.engine.autocast, share_prefix=self.cfg.rollout.share_prefix))
+            ro = self.rollout(probs, self.cfg.rollout.group_size, engine=ref_engine)
         ppl = torch.exp(-sequence_logprob_mean(self.logprobs(self.ref, ro), ro.response_mask))
         low, high = ppl_quantile_thresholds(self.acc.gather(ppl.to(self.acc.device)).cpu(), a.mask_q_low,
                                             a.mask_q_high)
