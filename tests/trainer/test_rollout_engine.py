@@ -115,3 +115,22 @@ def test_help_shows_the_engines():
     assert "{hf,vllm}" in _cli("eval", "--help").stdout
     out = _cli("train", "--help").stdout
     assert "--rollout.engine" in out and "--rollout.tis_cap" in out and "vllm_sleep_mode" in out
+
+
+def test_eval_resume_refuses_another_engine_and_takes_older_runs_as_hf(tiny_model, tmp_path, capsys):
+    import json
+
+    from capo.cli import main
+
+    out = tmp_path / "r"
+    argv = ["eval", "--model", tiny_model, "--dataset", "default", "--limit", "2", "-k", "2", "--max-new-tokens", "4",
+            "--n-boot", "0", "--verify-workers", "1", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["engine"] == "hf"
+    (out / "config.json").write_text(json.dumps({**cfg, "engine": "vllm"}))
+    assert main(argv) == 2
+    assert "engine: 'vllm' -> 'hf'" in capsys.readouterr().err
+    del cfg["engine"]  # a run directory written before --engine existed was sampled by the HF engine
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert main(argv) == 0

@@ -14,7 +14,12 @@ Resume: rerunning the same command continues where it stopped. Prompts are split
 (``batch_size // k`` prompts each, in dataset order) and batch b is sampled with seed ``seed * 1_000_003 + b``;
 a batch whose rows are all present is skipped, a partially written batch is sampled again and only its missing
 rows are appended, and a torn last line (a crash mid-write) is cut off first. So no row is lost or duplicated,
-and on CPU a resumed run's rows equal an uninterrupted run's.
+and on CPU a resumed run's rows equal an uninterrupted run's (with ``--engine vllm`` too: its sampler is reseeded
+per batch; tested by killing the eval, whose process is the colocated engine's).
+
+Engines (``--engine``, :data:`capo.rollout.engine.ENGINES`): ``hf`` loads the model with transformers; ``vllm``
+starts a colocated vLLM engine on the model folder (checked before anything is written: vLLM installed, not the
+embedded default or a GGUF file). The engine is a generation setting: a run cannot be resumed with the other one.
 """
 
 from __future__ import annotations
