@@ -127,27 +127,25 @@ def main():
           f"({min(lens)}-{max(lens)} tokens) x {a.k}, torch threads {torch.get_num_threads()}", flush=True)
     hf = HFEngine(model, tok, autocast="off")
     hf.sample(prompts, k=a.k, max_new_tokens=2, seed=0)  # HF needs no warm-up beyond a first short call
-    res = {}
-    for t in a.new_tokens:
-        res[("hf", t)] = timed(lambda s, t=t: hf.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps, False)
-        print(f"{time.strftime('%H:%M:%S')} HF   {a.prompts}x{a.k}x{t}: {res[('hf', t)][0]:.2f} s, "
-              f"{res[('hf', t)][1]} tokens, {res[('hf', t)][2]:.1f} tok/s", flush=True)
-    t0 = time.perf_counter()
-    eng = VLLMEngine(str(path), tokenizer=tok, dtype="float32", seed=0)
-    print(f"vLLM engine start (incl. 1-token probe): {time.perf_counter() - t0:.1f} s", flush=True)
-    t0 = time.perf_counter()
-    eng.sample(prompts, k=a.k, max_new_tokens=a.new_tokens[0], seed=0)
-    print(f"vLLM first call ({a.prompts}x{a.k}x{a.new_tokens[0]}): {time.perf_counter() - t0:.1f} s", flush=True)
-    for t in a.new_tokens:
-        v = res[("vllm", t)] = timed(lambda s, t=t: eng.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps,
-                                     False)  # the first call above was the warm-up
+    eng = None
+    for t in a.new_tokens:  # interleaved, so that each length's ratio is complete before the next length starts
+        h = timed(lambda s, t=t: hf.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps, False)
+        print(f"{time.strftime('%H:%M:%S')} HF   {a.prompts}x{a.k}x{t}: {h[0]:.2f} s, {h[1]} tokens, {h[2]:.1f} "
+              "tok/s", flush=True)
+        if eng is None:
+            t0 = time.perf_counter()
+            eng = VLLMEngine(str(path), tokenizer=tok, dtype="float32", seed=0)
+            print(f"vLLM engine start (incl. 1-token probe): {time.perf_counter() - t0:.1f} s", flush=True)
+            t0 = time.perf_counter()
+            eng.sample(prompts, k=a.k, max_new_tokens=t, seed=0)
+            print(f"vLLM first call ({a.prompts}x{a.k}x{t}, warm-up): {time.perf_counter() - t0:.1f} s", flush=True)
+        v = timed(lambda s, t=t: eng.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps, False)
         print(f"{time.strftime('%H:%M:%S')} vLLM {a.prompts}x{a.k}x{t}: {v[0]:.2f} s, {v[1]} tokens, {v[2]:.1f} "
-              f"tok/s | vLLM/HF tok/s: {v[2] / res[('hf', t)][2]:.2f}x", flush=True)
+              f"tok/s | vLLM/HF tok/s: {v[2] / h[2]:.2f}x", flush=True)
         if a.hf_after:
-            h = timed(lambda s, t=t: hf.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps, False)
-            print(f"HF after the engine started {a.prompts}x{a.k}x{t}: {h[0]:.2f} s, {h[1]} tokens, {h[2]:.1f} "
-                  f"tok/s | vLLM/HF: {v[2] / h[2]:.2f}x", flush=True)
-
+            h2 = timed(lambda s, t=t: hf.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps, False)
+            print(f"HF after the engine started {a.prompts}x{a.k}x{t}: {h2[0]:.2f} s, {h2[1]} tokens, {h2[2]:.1f} "
+                  f"tok/s | vLLM/HF: {v[2] / h2[2]:.2f}x", flush=True)
 
 if __name__ == "__main__":
     main()
