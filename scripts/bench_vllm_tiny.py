@@ -62,7 +62,7 @@ def main():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from capo.evaluation.sampling import sample_rollout
+    from capo.rollout.sampling import sample_rollout
     from capo.rollout.vllm_engine import VLLMEngine
 
     path = build(tmp / "m", a.hidden, a.layers, a.head_dim)

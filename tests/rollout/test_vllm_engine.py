@@ -1,4 +1,5 @@
 """The vLLM engine against an independent full-logits HF forward of the same fp32 model, and the Rollout contract.
+The sampling-contract tests (log-probs, raw-not-tempered, greedy, conventions) run for both engines (`any_engine`).
 
 Runs in .venv-vllm (`make test-vllm`); skipped where vLLM is not installed. One engine serves the module (each start
 costs 10-80 s on a 2-core machine)."""
@@ -49,6 +50,16 @@ def engine(model_dir):
     return VLLMEngine(str(model_dir), dtype="float32", seed=0)
 
 
+@pytest.fixture(params=["hf", "vllm"])
+def any_engine(request, hf):
+    """Each engine in turn: the sampling contract is the same for both."""
+    if request.param == "vllm":
+        return request.getfixturevalue("engine")
+    from capo.rollout import HFEngine
+
+    return HFEngine(hf[0], hf[1], autocast="off")
+
+
 def eos_ids(hf):
     _, tok = hf
     return [tok.eos_token_id, tok.convert_tokens_to_ids(SECOND_EOS)]
@@ -73,19 +84,19 @@ def max_logprob_gap(model, ro: Rollout) -> float:
     return gap
 
 
-def test_logprobs_match_full_hf_forward(engine, hf):
-    ro = engine.sample(PROMPTS, k=4, max_new_tokens=16, temperature=1.0, seed=1)
+def test_logprobs_match_full_hf_forward(any_engine, hf):
+    ro = any_engine.sample(PROMPTS, k=4, max_new_tokens=16, temperature=1.0, seed=1)
     gap = max_logprob_gap(hf[0], ro)
-    print(f"max |logp_vllm - logp_hf| at T=1: {gap:.2e}")
+    print(f"max |logp_{any_engine.name} - logp_full_forward| at T=1: {gap:.2e}")
     assert gap < TOL
     assert int(ro.response_mask.sum()) > 100  # enough tokens were compared
 
 
-def test_recorded_logprobs_are_raw_not_tempered(engine, hf):
+def test_recorded_logprobs_are_raw_not_tempered(any_engine, hf):
     """Under temperature 0.7 / top-p 0.8 the recorded log-prob is still the raw T=1 one, and every sampled token lies
     in the top-p nucleus of the tempered distribution (which excludes most of the vocabulary)."""
     model = hf[0]
-    ro = engine.sample(PROMPTS, k=4, max_new_tokens=16, temperature=0.7, top_p=0.8, seed=2)
+    ro = any_engine.sample(PROMPTS, k=4, max_new_tokens=16, temperature=0.7, top_p=0.8, seed=2)
     assert max_logprob_gap(model, ro) < TOL
     tempered_gap, outside, nucleus_sizes = 0.0, 0, []
     for i in range(len(ro.texts)):
@@ -103,20 +114,20 @@ def test_recorded_logprobs_are_raw_not_tempered(engine, hf):
     assert max(nucleus_sizes) < 0.5 * model.config.vocab_size
 
 
-def test_greedy_is_the_hf_argmax(engine, hf):
-    ro = engine.sample(PROMPTS[:2], k=2, max_new_tokens=12, temperature=0.0)
+def test_greedy_is_the_hf_argmax(any_engine, hf):
+    ro = any_engine.sample(PROMPTS[:2], k=2, max_new_tokens=12, temperature=0.0)
     assert torch.equal(ro.response_ids[0], ro.response_ids[1])
     for i in range(len(ro.texts)):
         logits, resp = hf_logits(hf[0], ro, i)
         assert torch.equal(logits.argmax(-1), resp)
 
 
-def test_rollout_conventions(engine, hf):
+def test_rollout_conventions(any_engine, hf):
     from capo.rollout.sampling import sample_rollout
 
     model, tok = hf
     k, t_max = 3, 16
-    ro = engine.sample(PROMPTS, k=k, max_new_tokens=t_max, seed=3)
+    ro = any_engine.sample(PROMPTS, k=k, max_new_tokens=t_max, seed=3)
     n = len(PROMPTS) * k
     enc = tok(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
     assert torch.equal(ro.prompt_ids, enc["input_ids"].repeat_interleave(k, 0))  # left-padded, k contiguous rows

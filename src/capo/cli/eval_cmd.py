@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from capo.errors import ConfigError
+from capo.rollout.engine import ENGINES
 from capo.rollout.models import AUTOCAST_MODES
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
 from capo.verify import ANSWER_FORMATS
@@ -23,6 +24,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "metrics.json, plots and report.html to --out. Rerun the same command to resume an interrupted eval.",
     )
     p.add_argument("--model", help="HF model folder, DIR/FILE.gguf, 'default', or a Hub id")
+    p.add_argument("--engine", default="hf", choices=ENGINES,
+                   help="generation engine: hf (Hugging Face generate, every causal LM) or vllm (needs vLLM: "
+                   "`sh scripts/vllm-env.sh` on CPU, `pip install 'capo[vllm]'` on a GPU; a model folder or Hub id "
+                   "whose architecture vLLM supports) (default: hf)")
     p.add_argument("--generations", metavar="FILE.jsonl",
                    help="compute everything from responses + log-probs produced elsewhere "
                    "(schema: docs/generations-schema.md); no model is loaded")
@@ -78,7 +83,7 @@ def run(args) -> int:
     if args.model and args.generations:
         raise ConfigError("--model and --generations are mutually exclusive: give one")
     s = EvalSettings(
-        model=args.model, dataset=args.dataset, split=args.split, limit=args.limit, k=args.k,
+        model=args.model, engine=args.engine, dataset=args.dataset, split=args.split, limit=args.limit, k=args.k,
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size, seed=args.seed, chat_template=args.chat_template,
         system_prompt=args.system_prompt, answer_format=args.answer_format,

@@ -17,6 +17,7 @@ from capo.core.confidence import ConfidenceInputs, TokenStatistics, compute_conf
 from capo.core.masks import MASK_HIGH, MASK_LOW, capo_noise_mask, ppl_quantile_thresholds
 from capo.core.registry import ADVANTAGES, CONFIDENCES, POLICY_LOSSES, REWARDS, Registry, UnknownNameError
 from capo.core.rewards import ppo_c_reward, rlcr_components
+from capo.core.rollout_correction import logprob_mismatch, truncated_is_weights
 from capo.core.scores import sequence_logprob_mean, sequence_logprob_sum, sequence_perplexity
 from capo.core.step import StepResult, advantage_step, calibration_metrics
 
@@ -30,5 +31,5 @@ __all__ = [
     "ace_advantage", "c2gspg_loss", "clip_cov_loss", "gdpo_advantage", "kl_cov_loss", "logprob_advantage_covariance",
     "ngrpo_advantage",
     "ppo_c_reward", "rlcr_components", "seed_grpo_advantage", "semantic_entropy", "token_covariance",
-    "unlikeliness_advantage",
+    "unlikeliness_advantage", "logprob_mismatch", "truncated_is_weights",
 ]

@@ -14,7 +14,12 @@ Resume: rerunning the same command continues where it stopped. Prompts are split
 (``batch_size // k`` prompts each, in dataset order) and batch b is sampled with seed ``seed * 1_000_003 + b``;
 a batch whose rows are all present is skipped, a partially written batch is sampled again and only its missing
 rows are appended, and a torn last line (a crash mid-write) is cut off first. So no row is lost or duplicated,
-and on CPU a resumed run's rows equal an uninterrupted run's.
+and on CPU a resumed run's rows equal an uninterrupted run's (with ``--engine vllm`` too: its sampler is reseeded
+per batch; tested by killing the eval, whose process is the colocated engine's).
+
+Engines (``--engine``, :data:`capo.rollout.engine.ENGINES`): ``hf`` loads the model with transformers; ``vllm``
+starts a colocated vLLM engine on the model folder (checked before anything is written: vLLM installed, not the
+embedded default or a GGUF file). The engine is a generation setting: a run cannot be resumed with the other one.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from capo.evaluation.metrics import compute_metrics
 import torch
 
 from capo.evaluation.report import RunInfo, render_report
+from capo.rollout.engine import check_engine
 from capo.rollout.grading import Graded, grade
 from capo.rollout.models import AUTOCAST_MODES
 from capo.rollout.types import Sample
@@ -49,7 +55,9 @@ read_rows = read_jsonl_rows  # a run's generations.jsonl rows (torn last line dr
 # settings that change what is generated: a resumed run must match them exactly
 GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "top_p", "max_new_tokens", "batch_size",
                    "seed", "chat_template", "system_prompt", "prompt_field", "answer_field", "dataset_answer_format",
-                   "answer_format", "fallback_last_number")  # the last two: rows store their extracted answers
+                   "answer_format", "fallback_last_number",  # these two: rows store their extracted answers
+                   "engine")
+OLD_DEFAULTS = {"engine": "hf"}  # settings added later: what a run directory written before them used
 
 
 @dataclass
@@ -57,6 +65,7 @@ class EvalSettings:
     """Everything ``capo eval`` needs; the CLI flags map 1:1 onto these fields."""
 
     model: str | None = None
+    engine: str = "hf"
     dataset: str = "gsm8k"
     split: str = "test"
     limit: int | None = None
@@ -96,6 +105,8 @@ def validate_settings(s: EvalSettings) -> None:
 
     if s.generations is None and not s.model:
         bad("--model", "required (or give --generations FILE.jsonl)")
+    if s.generations is None:
+        check_engine(s.engine, s.model)
     if isinstance(s.k, bool) or not isinstance(s.k, int) or s.k < 1:
         bad("-k", f"must be an integer >= 1, got {s.k!r}")
     if s.limit is not None and (not isinstance(s.limit, int) or s.limit < 1):
@@ -220,7 +231,7 @@ def _check_config(out_dir: Path, config: dict) -> None:
         except json.JSONDecodeError:
             old = None
         if old is not None:
-            diff = [k for k in GENERATION_KEYS if old.get(k) != config.get(k)]
+            diff = [k for k in GENERATION_KEYS if old.get(k, OLD_DEFAULTS.get(k)) != config.get(k)]
             if diff:
                 details = ", ".join(f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in diff)
                 raise ConfigError(
@@ -230,8 +241,9 @@ def _check_config(out_dir: Path, config: dict) -> None:
     atomic_write_text(p, json.dumps(config, indent=1))
 
 
-def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True) -> dict:
-    """Run (or resume) an evaluation into ``out_dir``; returns the metrics dict."""
+def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=None) -> dict:
+    """Run (or resume) an evaluation into ``out_dir``; returns the metrics dict. ``engine``: an already started
+    engine of kind ``s.engine`` for ``s.model`` (default: started here when there is something to generate)."""
     validate_settings(s)
     if s.generations is not None:
         return run_from_generations(Path(s.generations), out_dir, s)
@@ -255,7 +267,7 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True) -> dict:
         timing = _load_timing(out_dir)
         with Verifier(workers=s.verify_workers, timeout_s=s.verify_timeout) as verifier:
             if len(done) < total:
-                _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress)
+                _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, engine)
             rows = read_rows(gen_path)
             keys = [(str(r["prompt_id"]), int(r["sample_idx"])) for r in rows]
             if len(set(keys)) != len(keys) or len(keys) != total:
@@ -265,14 +277,28 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True) -> dict:
             return _finish(out_dir, rows, s, config, verifier, timing)
 
 
-def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress) -> None:
+def _make_engine(s: EvalSettings):
+    """The ``s.engine`` engine for ``s.model``. vLLM's weights dtype follows ``--autocast``: bfloat16 for 'on',
+    float32 for 'off' and for 'auto' on a CPU (as the HF engine), the checkpoint's own dtype for 'auto' on a GPU."""
+    if s.engine == "vllm":
+        from capo.rollout.vllm_engine import VLLMEngine
+
+        gpu_auto = s.autocast == "auto" and torch.cuda.is_available()
+        return VLLMEngine(s.model, dtype="bfloat16" if s.autocast == "on" else "auto" if gpu_auto else "float32",
+                          seed=s.seed)
     from capo.rollout.models import load_model
     from capo.rollout.sampling import HFEngine
+
+    model, tok = load_model(s.model)
+    return HFEngine(model, tok, autocast=s.autocast, record_stats=s.token_stats)
+
+
+def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, engine=None) -> None:
     from capo.tasks.prompts import default_system, render_problem
 
     t_load = time.perf_counter()
-    model, tok = load_model(s.model)
-    engine = HFEngine(model, tok, autocast=s.autocast, record_stats=s.token_stats)
+    engine = engine if engine is not None else _make_engine(s)
+    tok = engine.tokenizer
     timing["load_model_s"] = time.perf_counter() - t_load
     system = s.system_prompt if s.system_prompt is not None else default_system(s.answer_format)
     per_batch = max(1, s.batch_size // s.k)
@@ -306,7 +332,7 @@ def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress) 
             done.update((batch[i].id, j) for i, j in missing)
             atomic_write_text(out_dir / "timing.json", json.dumps(timing))
             prog.advance(len(missing))
-    del model, engine
+    del engine
 
 
 def _sample(engine, texts: list[str], s: EvalSettings, *, seed: int) -> list[list[Sample]]:

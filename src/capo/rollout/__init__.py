@@ -2,7 +2,7 @@
 
 - :mod:`capo.rollout.models`: ``load_model``, ``check_model_spec``, the bf16 autocast policy, EOS ids;
 - :mod:`capo.rollout.types`: ``Rollout`` (tensors) and ``Sample`` (one response as lists);
-- :mod:`capo.rollout.engine`: the ``Engine`` interface and the list of engines; :func:`make_engine`;
+- :mod:`capo.rollout.engine`: the ``Engine`` interface, the list of engines ``ENGINES`` and ``check_engine``;
 - :mod:`capo.rollout.sampling`: the ``hf`` engine (``generate`` with per-token raw log-probs);
 - :mod:`capo.rollout.vllm_engine`: the ``vllm`` engine (its own environment);
 - :mod:`capo.rollout.prefix`: the shared-prompt-prefix helper of generation and training forwards;

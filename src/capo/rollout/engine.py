@@ -9,11 +9,14 @@ AUC and the noise mask mean the same thing whichever engine sampled. Engines: ``
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Protocol
 
+from capo.errors import ConfigError
 from capo.rollout.types import Rollout
 
-__all__ = ["ENGINES", "Engine"]
+__all__ = ["ENGINES", "Engine", "check_engine"]
 
 ENGINES = ("hf", "vllm")  # the one list of generation engines (config validation and `capo eval --engine`)
 
@@ -33,3 +36,42 @@ class Engine(Protocol):
         """Make the engine sample from ``model``'s current weights (after an optimizer step). A no-op for an engine
         that samples with the training model itself."""
         ...
+
+    def sleep(self) -> None:
+        """Free the engine's accelerator memory until the next :meth:`sample` / :meth:`sync_weights` (a no-op where
+        there is nothing to free)."""
+        ...
+
+    def rng_state(self) -> dict | None:
+        """The engine's own RNG stream for a checkpoint; None for an engine that draws from torch's global RNG
+        (which the trainer checkpoints itself)."""
+        ...
+
+    def set_rng_state(self, state: dict | None) -> None:
+        """Restore what :meth:`rng_state` returned."""
+        ...
+
+
+def check_engine(name: str, model: str | None, *, flag: str = "--engine") -> None:
+    """Fail before anything is loaded or written: an unknown engine, or ``vllm`` with a model spec it cannot load
+    (the embedded default, a GGUF file) or without vLLM installed. ConfigError naming ``flag`` and the way out."""
+    if name not in ENGINES:
+        raise ConfigError(f"{flag}={name!r} is not allowed; allowed values: {', '.join(ENGINES)}")
+    if name != "vllm":
+        return
+    if model == "default":
+        raise ConfigError(f"{flag}=vllm cannot run the embedded default model: its head_dim is 24, which vLLM's CPU "
+                          "attention rejects, and it is built in memory, not a model folder. Use --engine hf "
+                          "(rollout.engine=hf), or give a Hugging Face model folder or Hub id")
+    if model is not None and Path(model).suffix == ".gguf":
+        raise ConfigError(f"{flag}=vllm needs a Hugging Face model folder or Hub id, not a GGUF file ({model}): "
+                          "save it as a folder first (load it with capo.rollout.load_model and save_pretrained) "
+                          "or use --engine hf")
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError, AttributeError):  # a broken or deliberately hidden install
+        found = False
+    if not found:
+        from capo.rollout.vllm_engine import INSTALL_HINT
+
+        raise ConfigError(INSTALL_HINT)

@@ -161,3 +161,13 @@ class HFEngine:
     def sync_weights(self, model) -> None:
         """Nothing to copy: the engine samples with the training model. Pass the unwrapped model being trained."""
         self.model = model
+
+    def sleep(self) -> None:
+        """Nothing to free: the weights are the training model's."""
+
+    def rng_state(self) -> None:
+        """None: this engine draws from torch's global RNG, which the trainer checkpoints itself."""
+        return None
+
+    def set_rng_state(self, state: None) -> None:
+        """Nothing to restore (see :meth:`rng_state`)."""

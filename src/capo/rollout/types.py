@@ -61,6 +61,13 @@ class Rollout:
         return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.response_ids[idx], self.response_mask[idx],
                        self.gen_logp[idx], [self.texts[i] for i in idx.tolist()], self.truncated[idx], stats)
 
+    def to(self, device) -> Rollout:
+        """The same rollout with its tensors on ``device`` (the tensors themselves where they are there already)."""
+        stats = None if self.token_stats is None else {k: v.to(device) for k, v in self.token_stats.items()}
+        return Rollout(self.prompt_ids.to(device), self.prompt_mask.to(device), self.response_ids.to(device),
+                       self.response_mask.to(device), self.gen_logp.to(device), self.texts, self.truncated.to(device),
+                       stats)
+
     def samples(self, k: int) -> list[list[Sample]]:
         """The responses as ``[B][k]`` :class:`Sample` lists (what ``capo eval`` writes), B = N // k."""
         lens, toks, lps = self.lengths.tolist(), self.response_ids.tolist(), self.gen_logp.cpu().tolist()

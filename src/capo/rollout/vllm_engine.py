@@ -206,7 +206,16 @@ class VLLMEngine:
         return {key: v.clone() if isinstance(v, torch.Tensor) else [s.clone() for s in v]
                 for key, v in self._rng.items()}
 
-    def set_rng_state(self, state: dict) -> None:
+    def seed(self, seed: int) -> None:
+        """Restart the engine's RNG stream from ``seed`` (as at construction), leaving the caller's RNGs alone."""
+        with _forked_rng():
+            torch.manual_seed(seed)
+            self._rng = _get_rng()
+
+    def set_rng_state(self, state: dict | None) -> None:
+        """Restore a stream saved by :meth:`rng_state`; None (a checkpoint without one) keeps the current stream."""
+        if state is None:
+            return
         self._rng = {key: v.clone() if isinstance(v, torch.Tensor) else [s.clone() for s in v]
                      for key, v in state.items()}
 

@@ -2,8 +2,9 @@
 
 Layout: ``RUN/checkpoints/step-000010/`` holds ``model.safetensors`` + config + tokenizer (loadable by
 ``from_pretrained`` and vLLM without capo), ``trainer_state.pt`` (optimizer, scheduler, step, data position, mask
-thresholds) and ``rng_rank{r}.pt`` per process. It is first written as ``step-000010.tmp`` and renamed when
-complete, so a crash mid-write never leaves a directory that looks complete.
+thresholds) and ``rng_rank{r}.pt`` per process (torch, Python, NumPy and the generation engine's own stream). It is
+first written as ``step-000010.tmp`` and renamed when complete, so a crash mid-write never leaves a directory that
+looks complete.
 """
 
 from __future__ import annotations
@@ -60,8 +61,11 @@ def _fsync_dir(path: Path) -> None:
                 os.fsync(f.fileno())
 
 
-def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, state: dict, accelerator, keep: int) -> Path:
-    """Collective: every process calls it. Returns the final checkpoint path."""
+def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, state: dict, accelerator, keep: int,
+                    engine_rng: dict | None = None) -> Path:
+    """Collective: every process calls it. Returns the final checkpoint path. ``engine_rng``: this process's
+    generation engine's own RNG stream (None for an engine that draws from torch's global RNG), kept in its
+    ``rng_rank{r}.pt`` under ``"engine"``."""
     ckdir = Path(run_dir) / "checkpoints"
     final = ckdir / f"step-{step:06d}"
     tmp = ckdir / f"step-{step:06d}.tmp"
@@ -73,7 +77,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, state: dict, 
         accelerator.unwrap_model(model).save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         torch.save(state, tmp / STATE_FILE)
-    torch.save(rng_state(), tmp / f"rng_rank{accelerator.process_index}.pt")
+    torch.save({**rng_state(), "engine": engine_rng}, tmp / f"rng_rank{accelerator.process_index}.pt")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         _fsync_dir(tmp)

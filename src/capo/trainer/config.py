@@ -24,6 +24,7 @@ from capo.core import ADVANTAGES, AGGREGATIONS, MASK_HIGH, MASK_LOW, POLICY_LOSS
 from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError
+from capo.rollout.engine import ENGINES, check_engine
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
 from capo.verify import ANSWER_FORMATS
 
@@ -74,6 +75,16 @@ class RolloutConfig:
     top_p: float = knob(1.0, "nucleus sampling mass in (0, 1]")
     share_prefix: bool = knob(True, "run each prompt once per group (its KV cache copied to the G rows) in generation "
                               "and in every log-prob/training forward; exact up to float summation order")
+    engine: str = knob("hf", "generation engine: " + ", ".join(ENGINES) + " (hf: Hugging Face generate with the "
+                       "training model; vllm: a colocated vLLM engine that gets the new weights after every "
+                       "optimizer step; needs vLLM installed and a model folder or Hub id)", choices=ENGINES)
+    tis_cap: float = knob(2.0, "truncated importance sampling (vllm engine only): each token's policy loss is "
+                          "weighted by min(exp(logp_trainer_old - logp_engine), tis_cap); 0 = off (verl's default "
+                          "cap, 2.0)")
+    vllm_gpu_memory_utilization: float = knob(0.3, "vllm engine on a GPU: fraction of GPU memory vLLM may take "
+                                              "(weights + KV cache); leave the rest to training (ignored on CPU)")
+    vllm_sleep_mode: bool = knob(False, "vllm engine on a GPU: free the engine's KV cache and offload its weights "
+                                 "between rollouts (vLLM sleep mode; needs CUDA/ROCm)")
 
 
 @dataclass
@@ -219,6 +230,13 @@ class TrainConfig:
         _positive("rollout.temperature", r.temperature)
         if not 0 < r.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
+        _choice("rollout.engine", r.engine, ENGINES)
+        if r.tis_cap != 0 and not r.tis_cap >= 1:
+            raise ConfigError(f"rollout.tis_cap must be 0 (off) or >= 1, got {r.tis_cap}")
+        if not 0 < r.vllm_gpu_memory_utilization <= 1:
+            raise ConfigError(f"rollout.vllm_gpu_memory_utilization must be in (0, 1], got "
+                              f"{r.vllm_gpu_memory_utilization}")
+        check_engine(r.engine, m.path, flag="rollout.engine")
 
     def _validate_algo(self) -> None:
         a, r = self.algo, self.rollout

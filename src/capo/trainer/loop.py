@@ -7,6 +7,10 @@ accumulation micro-batches, give the same update). What it computes only when th
 - old log-probs: only with several updates per rollout batch (``optim.ppo_epochs`` or ``optim.mini_batches`` > 1);
   otherwise the training forward's own (detached) log-probs are the old ones, exactly;
 - CAPO's sequence confidences: the rollout-time log-probs recorded during generation (no extra pass).
+Generation engine (``rollout.engine``): ``hf`` samples with the training model itself; ``vllm`` is a colocated vLLM
+engine that receives the new weights before the first rollout after each optimizer step. With an engine whose
+log-probs are not the trainer's own, each token's policy loss is weighted by truncated importance sampling
+(``rollout.tis_cap``, :func:`capo.core.truncated_is_weights`); the mismatch is logged for every engine.
 """
 
 from __future__ import annotations
@@ -33,11 +37,13 @@ from capo.core import (
     informative_groups,
     kl_penalty,
     logprob_advantage_covariance,
+    logprob_mismatch,
     overlong_penalty,
     policy_loss,
     ppl_quantile_thresholds,
     rlcr_components,
     sequence_logprob_mean,
+    truncated_is_weights,
 )
 from capo.core.calibration import summarize
 from capo.errors import CapoError
@@ -63,7 +69,9 @@ class Timer(dict):
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, accelerator: Accelerator | None = None):
+    def __init__(self, cfg: TrainConfig, accelerator: Accelerator | None = None, engine=None):
+        """``engine``: an already started generation engine for ``cfg.model.path`` (e.g. one vLLM engine shared by
+        several runs in one process; its RNG stream is the caller's to seed); default: built from the config."""
         self.cfg = cfg
         self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
@@ -88,13 +96,23 @@ class Trainer:
         opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (o.warmup_steps + 1)))
         self.model, self.opt, self.sched = self.acc.prepare(self.model, opt, sched)
-        autocast = "on" if cfg.model.autocast_bf16 else "off"
-        self.engine = HFEngine(self.acc.unwrap_model(self.model), self.tok, autocast=autocast,
-                               share_prefix=cfg.rollout.share_prefix)
+        self.engine = engine if engine is not None else self._make_engine(resume_from)
+        self.engine_step = None  # the step whose weights the engine holds (None: not synced yet)
+        self.tis_cap = cfg.rollout.tis_cap if self.engine.name != "hf" else 0.0  # hf: the trainer's own log-probs
         self.step, self.data_pos, self.mask_thresholds, self.loss_inputs = 0, 0, None, {}
         self._seed_everything(cfg.run.seed)
         if resume_from:
             self._restore(resume_from)
+
+    def _make_engine(self, resume_from):
+        r, autocast = self.cfg.rollout, "on" if self.cfg.model.autocast_bf16 else "off"
+        if r.engine == "vllm":
+            from capo.rollout.vllm_engine import VLLMEngine
+
+            return VLLMEngine(str(resume_from or self.cfg.model.path), tokenizer=self.tok, dtype=self.cfg.model.dtype,
+                              seed=self.cfg.run.seed + self.rank, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+                              enable_sleep_mode=r.vllm_sleep_mode)
+        return HFEngine(self.acc.unwrap_model(self.model), self.tok, autocast=autocast, share_prefix=r.share_prefix)
 
     # ----------------------------------------------------------------------------------------------- the loop
     def train(self) -> dict:
@@ -150,17 +168,22 @@ class Trainer:
         per = b // self.world
         return out[self.rank * per:(self.rank + 1) * per]
 
-    def rollout(self, problems, group_size: int, engine=None) -> Rollout:
-        """``group_size`` responses per problem from the policy (or from ``engine``'s model, e.g. the reference)."""
+    def rollout(self, problems, group_size: int, engine=None, seed: int | None = None) -> Rollout:
+        """``group_size`` responses per problem from the policy (or from ``engine``'s model, e.g. the reference);
+        ``seed``: restart the engine's sampling stream from it first (None: continue it)."""
         c = self.cfg
         if engine is None:
             engine = self.engine
             model = self.acc.unwrap_model(self.model)
             model.eval()
-            engine.sync_weights(model)
+            if self.engine_step != self.step:  # weights changed since the last sync (or never synced)
+                engine.sync_weights(model)
+                self.engine_step = self.step
         prompts = render_prompts(problems, self.tok, c.data, use_chat_template=c.model.chat_template)
-        return engine.sample(prompts, k=group_size, max_new_tokens=c.rollout.max_new_tokens,
-                             temperature=c.rollout.temperature, top_p=c.rollout.top_p)
+        ro = engine.sample(prompts, k=group_size, max_new_tokens=c.rollout.max_new_tokens,
+                           temperature=c.rollout.temperature, top_p=c.rollout.top_p, seed=seed)
+        engine.sleep()  # vLLM sleep mode: give the memory back to training
+        return ro.to(self.acc.device)
 
     def reward(self, ro: Rollout, problems):
         g_size = len(ro.texts) // len(problems)
@@ -253,6 +276,7 @@ class Trainer:
         """PPO-style update over ``active`` rows (filtered or bad groups take no part, nor count in normalisers)."""
         c = self.cfg
         rows = torch.arange(len(adv))[active]
+        self.old_seen = old_logp if old_logp is not None else torch.zeros_like(ro.gen_logp)  # filled by micro-steps
         sums: dict[str, float] = {}
         n_updates = skipped = 0
         for _ in range(c.optim.ppo_epochs):
@@ -283,7 +307,16 @@ class Trainer:
         out["policy/lr"] = self.sched.get_last_lr()[0]
         out["policy/updates"] = n_updates
         out["policy/skipped_updates"] = skipped
-        return out
+        return out | self._mismatch(ro, active)
+
+    def _mismatch(self, ro: Rollout, active) -> dict:
+        """|trainer old log-prob - engine log-prob| over the tokens of the rows that took part in the update."""
+        s = logprob_mismatch(self.old_seen, ro.gen_logp, ro.response_mask * active[:, None].to(ro.response_mask))
+        dev = self.acc.device
+        total = self.acc.reduce(torch.stack([s["sum"], s["count"]]).to(dev), "sum")
+        peak = self.acc.gather(s["max"].reshape(1).to(dev)).max()
+        mean = float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
+        return {"rollout/logprob_diff_mean": mean, "rollout/logprob_diff_max": float(peak)}
 
     def _micro_step(self, ro, idx, adv, old_logp, ref_logp, n_seq, n_tok) -> tuple[float, dict]:
         c, a = self.cfg, self.cfg.algo
@@ -293,8 +326,12 @@ class Trainer:
                                        mask, autocast_bf16=c.model.autocast_bf16, with_entropy=True,
                                        share_prefix=c.rollout.share_prefix)
         old = logp.detach() if old_logp is None else old_logp[idx]
+        if old_logp is None:
+            self.old_seen[idx] = old.to(self.old_seen)
         extra = {k: v[idx].to(logp.dtype) for k, v in self.loss_inputs.items()}
         loss_tok, lm = policy_loss(a.loss, logp, old, adv[idx].to(logp.dtype), mask, **extra, **a.loss_kwargs)
+        if self.tis_cap:  # the engine's sampling distribution is not the trainer's pi_old: reweight per token
+            loss_tok = loss_tok * truncated_is_weights(old, ro.gen_logp[idx].to(old), mask, cap=self.tis_cap)
         kl = None
         if a.kl_coef > 0:
             kl = kl_penalty(logp, ref_logp[idx], a.kl_estimator)
@@ -338,9 +375,12 @@ class Trainer:
         evaluation for a given model), without disturbing the training RNG stream."""
         k = self.cfg.run.eval_samples
         share = self.eval_set[self.rank::self.world]
+        stream = self.engine.rng_state()  # an engine with its own stream: the training stream goes on after this
         with torch.random.fork_rng():
-            torch.manual_seed(self.cfg.run.seed + 10_007 + self.rank)
-            ro = self.rollout(share, k)
+            seed = self.cfg.run.seed + 10_007 + self.rank
+            torch.manual_seed(seed)
+            ro = self.rollout(share, k, seed=seed)
+        self.engine.set_rng_state(stream)
         g, _ = self.reward(ro, share)
         lpm = sequence_logprob_mean(ro.gen_logp, ro.response_mask)
         gid = torch.arange(len(share)).repeat_interleave(k) * self.world + self.rank
@@ -356,10 +396,11 @@ class Trainer:
             return a.mask_low, a.mask_high
         n = max(1, a.mask_calib_prompts // self.world)
         probs = [self.train_set[i % len(self.train_set)] for i in range(self.rank * n, (self.rank + 1) * n)]
+        ref_engine = HFEngine(self.ref, self.tok, autocast="on" if self.cfg.model.autocast_bf16 else "off",
+                              share_prefix=self.cfg.rollout.share_prefix)  # whatever rollout.engine: HF here
         with torch.random.fork_rng():
             torch.manual_seed(self.cfg.run.seed + 20_011 + self.rank)
-            ro = self.rollout(probs, self.cfg.rollout.group_size, engine=HFEngine(
-                self.ref, self.tok, autocast=self.engine.autocast, share_prefix=self.cfg.rollout.share_prefix))
+            ro = self.rollout(probs, self.cfg.rollout.group_size, engine=ref_engine)
         ppl = torch.exp(-sequence_logprob_mean(self.logprobs(self.ref, ro), ro.response_mask))
         low, high = ppl_quantile_thresholds(self.acc.gather(ppl.to(self.acc.device)).cpu(), a.mask_q_low,
                                             a.mask_q_high)
@@ -372,7 +413,8 @@ class Trainer:
         state = {"step": self.step, "data_pos": self.data_pos, "mask_thresholds": self.mask_thresholds,
                  "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
         ckpt.save_checkpoint(self.run_dir, self.step, model=self.model, tokenizer=self.tok, state=state,
-                             accelerator=self.acc, keep=self.cfg.run.keep_checkpoints)
+                             accelerator=self.acc, keep=self.cfg.run.keep_checkpoints,
+                             engine_rng=self.engine.rng_state())
 
     def _restore(self, path: Path) -> None:
         state, rng = ckpt.load_state(path, self.rank)
@@ -382,6 +424,7 @@ class Trainer:
         self.mask_thresholds = state["mask_thresholds"]
         if rng is not None:
             ckpt.set_rng_state(rng)
+            self.engine.set_rng_state(rng.get("engine"))
 
     def _seed_everything(self, seed: int) -> None:
         random.seed(seed + self.rank)

