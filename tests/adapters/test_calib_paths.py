@@ -46,7 +46,10 @@ def _trainer_path(correct, conf, fmt, rewards, mask, lp, ref):
         setattr(self, name, types.MethodType(getattr(Trainer, name), self))
     ro = types.SimpleNamespace(gen_logp=lp, response_mask=mask, lengths=mask.sum(-1), truncated=torch.zeros(len(lp)),
                                texts=[""] * len(lp))
-    g = types.SimpleNamespace(correct=correct, confidence=conf, format_ok=fmt, reward_errors=0)
+    from capo.verify import Verdict
+
+    verdicts = [Verdict.CORRECT if c else Verdict.INCORRECT for c in correct.tolist()]
+    g = types.SimpleNamespace(correct=correct, confidence=conf, format_ok=fmt, reward_errors=0, verdicts=verdicts)
     adv, _, _ = Trainer.advantages(self, ro, g, rewards, ref, None)
     metrics = Trainer.rollout_metrics(self, ro, g, rewards)
     return adv, {k: v for k, v in metrics.items() if k.startswith("calib/")}
