@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import torch
 
@@ -62,6 +63,32 @@ def build_model(path, tokenizer, *, sft_steps: int = 60, seed: int = 0):
 def prompts(n: int = 4):
     """Dataset rows: prompt text and gold answer (the model answers 3, 4 or 7; gold 7 -> mixed groups)."""
     return [{"prompt": f"Q : {i % 10} =", "answer": "7"} for i in range(n)]
+
+
+def dataset(n: int = 8):
+    """:func:`prompts` as a datasets.Dataset (what TRL's trainer takes)."""
+    from datasets import Dataset
+
+    return Dataset.from_list(prompts(n))
+
+
+def seven_reward(completions, **kwargs):
+    """A deterministic verifiable reward independent of capo.verify: 1 if the answer tag holds a 7."""
+    return [1.0 if re.search(r"<answer>\s*7\s*</answer>", c) else 0.0 for c in completions]
+
+
+# TRL GRPOConfig settings of the adapter tests: CPU, fp32, G = 4 generations of 8 tokens, 2 steps, no KL, T = 1
+GRPO_ARGS = dict(use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
+                 per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=2,
+                 logging_steps=1, learning_rate=5e-3, beta=0.0, temperature=1.0, save_strategy="no", seed=0,
+                 disable_dropout=True)
+
+
+def grpo_args(output_dir, **kw):
+    """A GRPOConfig with :data:`GRPO_ARGS`, ``kw`` overriding."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(output_dir=str(output_dir), **{**GRPO_ARGS, **kw})
 
 
 if __name__ == "__main__":  # pragma: no cover - manual check

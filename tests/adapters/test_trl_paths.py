@@ -29,28 +29,13 @@ TOL = 1e-6
 HERE = pathlib.Path(__file__).parent
 
 
-def seven_reward(completions, **kwargs):
-    return [1.0 if re.search(r"<answer>\s*7\s*</answer>", c) else 0.0 for c in completions]
+from _tiny import dataset as _dataset, seven_reward  # noqa: E402
 
 
 def _args(tmp_path, **kw):
-    from trl import GRPOConfig
-
-    base = dict(
-        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
-        per_device_train_batch_size=8, num_generations=G, max_completion_length=8, max_steps=2, logging_steps=1,
-        learning_rate=5e-3, beta=0.0, temperature=1.0, save_strategy="no", seed=0, disable_dropout=True,
-    )
-    base.update(kw)
-    return GRPOConfig(**base)
-
-
-def _dataset(n=8):
-    from datasets import Dataset
-
     import _tiny
 
-    return Dataset.from_list(_tiny.prompts(n))
+    return _tiny.grpo_args(tmp_path / "out", **kw)
 
 
 def raw_token_logps(model, out, temperature=1.0):

@@ -6,20 +6,14 @@ Each rank saves its local rows of the first generation batch and the advantages 
 
 import json
 import pathlib
-import re
 import sys
 
 import torch
-
-
-def seven_reward(completions, **kwargs):
-    return [1.0 if re.search(r"<answer>\s*7\s*</answer>", c) else 0.0 for c in completions]
+from _tiny import dataset, grpo_args, seven_reward  # the script's folder is on sys.path
 
 
 def main():
-    from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import GRPOConfig
 
     from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
 
@@ -37,11 +31,8 @@ def main():
                              rewards_all=b["rewards"].cpu(), rewards_local=b["rewards"][b["process_slice"]].cpu())
             return o
 
-    args = GRPOConfig(output_dir=str(out / "run"), use_cpu=True, bf16=False, gradient_checkpointing=False,
-                      report_to="none", per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
-                      max_steps=1, logging_steps=1, learning_rate=5e-3, beta=0.0, temperature=1.0,
-                      save_strategy="no", seed=0, disable_dropout=True)
-    ds = Dataset.from_list([{"prompt": f"Q : {i % 10} =", "answer": "7"} for i in range(16)])
+    args = grpo_args(out / "run", max_steps=1)
+    ds = dataset(16)
     tr = Rec(model=model_dir, reward_funcs=seven_reward, args=args, train_dataset=ds,
              processing_class=AutoTokenizer.from_pretrained(model_dir),
              capo=CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9))
