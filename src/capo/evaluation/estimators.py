@@ -59,9 +59,10 @@ def estimator_inputs(rows: list[dict], group_ids: torch.Tensor, answer_ids: torc
     return ConfidenceInputs(mask=mask, verbal=verbal, answer_ids=answer_ids, group_ids=group_ids, **fields)
 
 
-def _available(rows: list[dict], has_verbal: bool) -> list[str]:
-    present = {f for f in TOKEN_FIELDS if rows and all(isinstance(r.get(f), list) for r in rows)}
-    return [n for n, (need, _) in ESTIMATORS.items() if set(need) <= present and (n != "verbal" or has_verbal)]
+def _available(x: ConfidenceInputs) -> list[str]:
+    """The estimators whose inputs ``x`` holds (the per-token fields every row had, verbal when given)."""
+    present = {f for f, name in TOKEN_FIELDS.items() if getattr(x, name) is not None}
+    return [n for n, (need, _) in ESTIMATORS.items() if set(need) <= present and (n != "verbal" or x.verbal is not None)]
 
 
 def _vote_weights(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -69,7 +70,7 @@ def _vote_weights(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     is >= 0 (probabilities, DeepConf confidences), else exp(s - max of the question) (log-domain scores)."""
     if bool((s >= 0).all()):
         return s
-    _, gi = torch.unique(g, return_inverse=True)
+    _, gi = cal.group_index(g)
     top = torch.full((int(gi.max()) + 1,), -math.inf, dtype=F64).scatter_reduce(0, gi, s, "amax")
     return torch.where(torch.isinf(s), torch.zeros_like(s), torch.exp(s - top[gi]))
 
@@ -112,14 +113,15 @@ def estimator_table(rows: list[dict], *, group_ids: torch.Tensor, correct: torch
             for n in names:
                 per_estimator.setdefault(n, {})[knob] = knobs[setting]
     table = {}
-    for name in _available(rows, verbal is not None):
+    for name in _available(x):
         s = compute_confidence(name, x, **per_estimator.get(name, {}))
         keep = ~torch.isnan(s) if name == "verbal" else torch.ones_like(correct, dtype=torch.bool)
         s = torch.where(torch.isnan(s), torch.full_like(s, -math.inf), s)
         if not bool(keep.any()):
             continue
-        table[name] = _json_safe(_row(s[keep], ESTIMATORS[name][1], correct.bool()[keep], group_ids[keep], answer_ids[keep],
-                           keep_fraction=keep_fraction, n_bins=n_bins, n_boot=n_boot, seed=seed))
+        table[name] = _json_safe(_row(s[keep], ESTIMATORS[name][1], correct.bool()[keep], group_ids[keep],
+                                      answer_ids[keep], keep_fraction=keep_fraction, n_bins=n_bins, n_boot=n_boot,
+                                      seed=seed))
     return table
 
 
