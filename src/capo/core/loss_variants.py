@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from capo.core import checks
-from capo.core.losses import _LOG_RATIO_CLAMP, _check, _masked_mean, _zero_pad, gspo_loss
+from capo.core.losses import _check, _exp_ratio, _masked_mean, _zero_pad, gspo_loss
 from capo.core.registry import POLICY_LOSSES
 
 
@@ -35,10 +35,6 @@ def logprob_advantage_covariance(logp: torch.Tensor, advantages: torch.Tensor, m
     [N, T] -> scalar tensor (detached); 0 for an empty mask."""
     m = mask.to(logp.dtype)
     return token_covariance(logp, advantages, m).sum() / m.sum().clamp(min=1)
-
-
-def _ratio(logp, old_logp):
-    return torch.exp((logp - old_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
 
 
 @POLICY_LOSSES.register("clip_cov")
@@ -74,7 +70,7 @@ def clip_cov_loss(
     if not cov_low < cov_high:
         raise ValueError(f"need cov_low < cov_high, got {cov_low!r}, {cov_high!r}")
     m = _check(logp, old_logp, advantages, mask)
-    ratio = _ratio(logp, old_logp)
+    ratio = _exp_ratio(logp - old_logp)
     a = advantages[:, None]
     unclipped, clipped = -ratio * a, -ratio.clamp(1 - eps_low, 1 + eps_high) * a
     ppo_clipped = (clipped > unclipped) & m.bool()
@@ -118,7 +114,7 @@ def kl_cov_loss(
     checks.positive("kl_ratio", kl_ratio)
     checks.non_negative("kl_coef", kl_coef)
     m = _check(logp, old_logp, advantages, mask)
-    ratio = _ratio(logp, old_logp)
+    ratio = _exp_ratio(logp - old_logp)
     abs_kl = (logp - old_logp).abs()
     real = m.reshape(-1).bool().nonzero().squeeze(1)
     cov = token_covariance(logp, advantages, mask).reshape(-1)[real]  # real tokens in row-major order

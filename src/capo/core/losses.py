@@ -25,6 +25,11 @@ from capo.core.registry import POLICY_LOSSES
 _LOG_RATIO_CLAMP = 20.0
 
 
+def _exp_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """exp of a log importance ratio clamped to +-_LOG_RATIO_CLAMP (no overflow to inf): any shape."""
+    return torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+
+
 def _check(logp, old_logp, advantages, mask):
     checks.tensor("logp", logp, ndim=2, floating=True)
     checks.tensor("old_logp", old_logp, ndim=2, floating=True)
@@ -71,7 +76,7 @@ def ppo_clip_loss(
     if dual_clip is not None and not dual_clip > 1:
         raise ValueError(f"dual_clip must be > 1 or None, got {dual_clip!r}")
     m = _check(logp, old_logp, advantages, mask)
-    ratio = torch.exp((logp - old_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))  # [N, T]
+    ratio = _exp_ratio(logp - old_logp)  # [N, T]
     a = advantages[:, None]  # [N, 1]
     unclipped = -ratio * a
     clipped = -ratio.clamp(1 - eps_low, 1 + eps_high) * a
@@ -114,7 +119,7 @@ def gspo_loss(
     checks.non_negative("eps_low", eps_low)
     checks.non_negative("eps_high", eps_high)
     m = _check(logp, old_logp, advantages, mask)
-    s = torch.exp(sequence_log_ratio(logp, old_logp, mask).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))  # [N]
+    s = _exp_ratio(sequence_log_ratio(logp, old_logp, mask))  # [N]
     unclipped = -s * advantages
     clipped = -s.clamp(1 - eps_low, 1 + eps_high) * advantages
     seq_loss = torch.maximum(unclipped, clipped)  # [N]
@@ -146,7 +151,7 @@ def gspo_token_loss(
     checks.non_negative("eps_low", eps_low)
     checks.non_negative("eps_high", eps_high)
     m = _check(logp, old_logp, advantages, mask)
-    s = torch.exp(sequence_log_ratio(logp, old_logp, mask).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)).detach()
+    s = _exp_ratio(sequence_log_ratio(logp, old_logp, mask)).detach()
     s_tok = s[:, None] * torch.exp(logp - logp.detach())  # [N, T], value s_i, grad s_i * dlogp
     a = advantages[:, None]
     unclipped = -s_tok * a
@@ -183,7 +188,7 @@ def cispo_loss(
     if eps_low is not None:
         checks.non_negative("eps_low", eps_low)
     m = _check(logp, old_logp, advantages, mask)
-    ratio = torch.exp((logp - old_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)).detach()
+    ratio = _exp_ratio(logp - old_logp).detach()
     lo = None if eps_low is None else 1 - eps_low
     weight = ratio.clamp(min=lo, max=1 + eps_high)
     loss = _zero_pad(-weight * advantages[:, None] * logp, m)
