@@ -35,6 +35,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seeds", default="0", help="comma-separated seeds; each algorithm is trained once per seed")
     p.add_argument("--eval-problems", type=int, default=100, help="held-out problems for the final evaluation")
     p.add_argument("--eval-k", type=int, default=8, help="samples per held-out problem in the final evaluation")
+    p.add_argument("--reference", default="base", metavar="MODEL",
+                   help="the model the report's paired differences are taken against: 'base' or one of --algos")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for every run, e.g. --set optim.lr=1e-4 (repeatable)")
     return p
@@ -54,6 +56,9 @@ def _parse(args):
         raise ConfigError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
     if not algos or not seeds:
         raise ConfigError("--algos and --seeds must each name at least one value")
+    ref = getattr(args, "reference", "base")
+    if ref != "base" and ref not in algos:
+        raise ConfigError(f"--reference: {ref!r} is neither 'base' nor one of --algos{did_you_mean(ref, algos)}")
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
     if args.eval_problems < 1 or args.eval_k < 1:
@@ -154,7 +159,7 @@ def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) 
     from capo.evaluation.report import load_run, write_report
 
     runs = [load_run(out / "eval" / n, name=n) for n in models]
-    cmp = compare(runs)
+    cmp = compare(runs, reference=getattr(args, "reference", "base"))
     runs += [load_run(Path(c.run.out_dir), name=f"{a}-seed{s} (training)") for (a, s), c in cfgs.items()]
     task = next(iter(cfgs.values())).data.dataset
     report = write_report(runs, out / "report.html", title=f"capo demo: {' vs '.join(algos)} on {task}",

@@ -20,6 +20,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--names", default=None, help="comma-separated display names, one per RUN_DIR")
     p.add_argument("--title", default="capo report", help="page title")
     p.add_argument("--examples", type=int, default=0, help="example responses shown per eval run (default: 0)")
+    p.add_argument("--reference", default=None, metavar="MODEL",
+                   help="the model the paired differences are taken against: a run name without its -seedN suffix, "
+                        "e.g. grpo (default: base when there is one, else the first model)")
     return p
 
 
@@ -39,6 +42,14 @@ def run(args) -> int:
             name = f"{name} ({i})"
         seen.add(name)
         runs.append(load_run(Path(d), name=name, n_examples=args.examples))
-    out = write_report(runs, Path(args.out), title=args.title)
+    cmp = None
+    if args.reference is not None:
+        from capo.evaluation.compare import compare
+
+        evals = [r for r in runs if r.kind == "eval"]
+        if not evals:
+            raise ConfigError("--reference needs at least one eval run (a folder with metrics.json)")
+        cmp = compare(evals, reference=args.reference)
+    out = write_report(runs, Path(args.out), title=args.title, comparison=cmp)
     print(f"capo report: {len(runs)} run(s) -> {out}")
     return 0

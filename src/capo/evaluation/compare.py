@@ -19,6 +19,9 @@ from pathlib import Path
 import torch
 
 from capo.core import calibration as cal
+from capo.core import voting
+from capo.core.checks import did_you_mean
+from capo.errors import ConfigError
 from capo.evaluation.metrics import columns
 
 __all__ = ["MEASURES", "Model", "Comparison", "compare", "headline", "model_name"]
@@ -32,6 +35,10 @@ MEASURES = [
     ("brier", "Brier of exp(lpm)", -1),
     ("verbal_ece", "ECE of verbal confidence", -1),
     ("verbal_brier", "Brier of verbal confidence", -1),
+    ("aurc", "AURC of lpm", -1),
+    ("majority_vote", "majority-vote accuracy", 1),
+    ("max_confidence_lpm", "accuracy of the most confident sample (lpm)", 1),
+    ("confidence_weighted_vote", "verbal-confidence-weighted vote accuracy", 1),
 ]
 
 
@@ -114,7 +121,13 @@ def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:
     ix = torch.cat([seed.rows_of[p] for p in drawn])
     g = torch.cat([torch.full((len(seed.rows_of[p]),), j) for j, p in enumerate(drawn)])
     c = seed.cols
-    s = cal.summarize(c.lpm[ix], c.c[ix], g, verbal_conf=c.verbal[ix] if c.has_verbal else None)
+    lpm, ok, aids = c.lpm[ix], c.c[ix], c.aids[ix]
+    s = cal.summarize(lpm, ok, g, verbal_conf=c.verbal[ix] if c.has_verbal else None)
+    s["majority_vote"] = voting.majority_vote(aids, ok, g).accuracy
+    s["max_confidence_lpm"] = voting.max_confidence(aids, ok, g, torch.where(torch.isinf(lpm), torch.full_like(lpm, -1e4), lpm)).accuracy
+    if c.has_verbal:
+        s["confidence_weighted_vote"] = voting.confidence_weighted_vote(aids, ok, g,
+                                                                        torch.nan_to_num(c.verbal[ix], nan=0.0)).accuracy
     return {k: s.get(k, math.nan) for k, _, _ in MEASURES}
 
 
@@ -130,15 +143,21 @@ def _bootstrap(models: list[Model], prompts: list[str], n_boot: int, seed: int) 
     return out
 
 
-def compare(evals: list, n_boot: int = 200, seed: int = 0) -> Comparison:
-    """Group eval runs (RunInfo) into models and bootstrap every measure over the prompts they share."""
+def compare(evals: list, n_boot: int = 200, seed: int = 0, reference: str | None = None) -> Comparison:
+    """Group eval runs (RunInfo) into models and bootstrap every measure over the prompts they share.
+
+    ``reference``: the model the paired differences are taken against (a model name: a run name without its
+    ``-seedN`` suffix); default "base" when there is one, else the first model."""
     models: dict[str, Model] = {}
     for r in evals:
         models.setdefault(model_name(r.name), Model(model_name(r.name))).runs.append(r)
     ms = list(models.values())
     for m in ms:
         m.seeds = [_load_seed(r.path) if len(ms) > 1 else None for r in m.runs]  # one model: nothing to compare
-    ref = "base" if "base" in models else ms[0].name
+    if reference is not None and reference not in models:
+        raise ConfigError(f"reference model {reference!r} is not among the compared models"
+                          f"{did_you_mean(reference, list(models))}; models: {', '.join(models)}")
+    ref = reference or ("base" if "base" in models else ms[0].name)
     usable = [m for m in ms if all(s is not None for s in m.seeds)]
     common = sorted(set.intersection(*[set(s.rows_of) for m in usable for s in m.seeds])) if usable else []
     draws = _bootstrap(usable, common, n_boot, seed) if len(common) > 1 and n_boot > 0 else {}

@@ -6,7 +6,7 @@ import io
 import os
 from pathlib import Path
 
-__all__ = ["plot_acc_vs_auc", "plot_bands", "plot_hist", "plot_reliability", "plot_reliability_panels",
+__all__ = ["plot_acc_vs_auc", "plot_bands", "plot_hist", "plot_paired", "plot_reliability", "plot_reliability_panels",
            "plot_selective", "plot_training", "png_bytes"]
 
 
@@ -126,6 +126,35 @@ def plot_acc_vs_auc(points: dict[str, dict], path: Path | None = None) -> bytes:
     ax.set_title("Accuracy vs calibration (95% bootstrap intervals; small dots: seeds)", fontsize=9)
     if points:
         ax.legend(fontsize=8, loc="best")
+    return _save(png_bytes(fig), path)
+
+
+def plot_paired(panels: dict[str, dict[str, tuple[float, float, float]]], reference: str,
+                path: Path | None = None) -> bytes:
+    """Forest plot of paired differences against ``reference``: one panel per measure (``panels[label][model]`` =
+    (difference, low, high) of model minus reference, a 95% interval), one row per model; filled where the interval
+    excludes 0. The label says which direction is better."""
+    plt = _plt()
+    models = list(dict.fromkeys(m for rows in panels.values() for m in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels) + 1.2, 0.32 * len(models) + 1.6),
+                             sharey=True, squeeze=False, layout="constrained")
+    for ax, (label, rows) in zip(axes[0], panels.items()):
+        for y, m in enumerate(models):
+            if m not in rows:
+                continue
+            v, lo, hi = rows[m]
+            ok = lo == lo and hi == hi  # no NaN
+            excl = ok and (lo > 0 or hi < 0)
+            xerr = [[v - lo], [hi - v]] if ok else None
+            ax.errorbar([v], [y], xerr=xerr, fmt="o", color="C3" if excl else "C0", mfc=None if excl else "white",
+                        capsize=2, ms=5)
+        ax.axvline(0.0, color="grey", lw=1, ls=":")
+        ax.set_title(label, fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_yticks(range(len(models)), models)
+    axes[0][0].invert_yaxis()
+    fig.suptitle(f"Paired differences vs {reference} (95% bootstrap interval over prompts; filled red: excludes 0)",
+                 fontsize=9)
     return _save(png_bytes(fig), path)
 
 

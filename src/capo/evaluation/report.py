@@ -309,6 +309,25 @@ def _paired_table(cmp) -> str:
             f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
+PAIRED_PLOT = (("accuracy", "accuracy (+ better)"), ("auc_mean", "AUC-mean (+ better)"),
+               ("ece", "ECE exp(lpm) (- better)"), ("verbal_ece", "verbal ECE (- better)"),
+               ("aurc", "AURC (- better)"), ("majority_vote", "majority vote (+ better)"))
+
+
+def paired_panels(cmp) -> dict:
+    """{panel label: {model: (difference, low, high)}} against the reference, for :func:`plots.plot_paired`; empty
+    when fewer than two models are compared against it (the paired table says it then)."""
+    others = [m.name for m in cmp.models if m.name != cmp.reference]
+    if len(others) < 2 or not cmp.draws:
+        return {}
+    out = {}
+    for key, label in PAIRED_PLOT:
+        rows = {m: d for m in others if (d := cmp.diff(m, cmp.reference, key)) is not None}
+        if rows:
+            out[label] = rows
+    return out
+
+
 def _acc_auc_points(cmp) -> dict:
     pts = {}
     for m in cmp.models:
@@ -334,6 +353,9 @@ def _eval_plots(evals: list[RunInfo], cmp) -> str:
     parts = ["<h2>Figures</h2><div class='plots'>",
              _img(plots.plot_acc_vs_auc(_acc_auc_points(cmp)), "accuracy vs AUC-mean"),
              _img(plots.plot_selective(curves), "precision-coverage curve")]
+    forest = paired_panels(cmp)
+    if forest:
+        parts.append(_img(plots.plot_paired(forest, cmp.reference), "paired differences"))
     if any("selective_verbal" in c for c in curves.values()):
         parts.append(_img(plots.plot_selective(curves, key="selective_verbal",
                                                title="Precision-coverage (verbal confidence)"),

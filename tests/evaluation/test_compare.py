@@ -1,0 +1,80 @@
+"""`capo.evaluation.compare`: the paired bootstrap's per-draw measures equal the eval's own metrics on the full data,
+and the reference model is selectable (`capo report --reference`, `capo demo --reference`)."""
+
+import json
+import math
+
+import pytest
+
+from capo.cli import main
+from capo.errors import ConfigError
+from capo.evaluation import compare as cmpmod
+from capo.evaluation.report import load_run
+from tests.evaluation.test_report_browser import fake_eval_run
+
+
+def _with_verbal(d, seed: int):
+    """Give every row of a fake eval run a verbal confidence (some missing) and recompute its metrics.json."""
+    import random
+
+    from capo.evaluation.metrics import compute_metrics
+    from capo.evaluation.run import atomic_write_text
+
+    rng = random.Random(seed)
+    rows = [json.loads(ln) for ln in (d / "generations.jsonl").read_text().splitlines()]
+    for r in rows:
+        r["confidence"] = None if rng.random() < 0.1 else round(rng.random(), 1)
+    (d / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_text(d / "metrics.json", json.dumps({"config": {"model": "m", "k": 4}, **compute_metrics(rows, n_boot=20)}))
+    return d
+
+
+def _runs(tmp_path):
+    specs = {"base": (0.0, 1), "grpo-seed0": (0.2, 2), "grpo-seed1": (0.1, 3), "capo-seed0": (0.4, 4),
+             "capo-seed1": (0.3, 5)}
+    return [load_run(_with_verbal(fake_eval_run(tmp_path / n, shift, seed), seed) if n == "capo-seed1"
+                     else fake_eval_run(tmp_path / n, shift, seed), name=n) for n, (shift, seed) in specs.items()]
+
+
+def test_draw_measures_equal_the_eval_metrics_on_all_prompts(tmp_path):
+    """The bootstrap recomputes every measure on drawn prompts; drawing each prompt once must reproduce the values
+    `capo eval` wrote (an independent code path: capo.evaluation.metrics)."""
+    runs = _runs(tmp_path)
+    for r in runs:
+        seed = cmpmod._load_seed(r.path)
+        prompts = sorted(seed.rows_of, key=lambda p: int(p[1:]))
+        got = cmpmod._measures_on(seed, prompts)
+        want = json.loads((r.path / "metrics.json").read_text())["metrics"]
+        verbal = r.name == "capo-seed1"
+        for key, _, _ in cmpmod.MEASURES:
+            if not verbal and (key.startswith("verbal") or key == "confidence_weighted_vote"):
+                assert math.isnan(got[key]) and (want.get(key) is None or math.isnan(want[key])), (r.name, key)
+                continue
+            assert got[key] == pytest.approx(want[key], abs=1e-12), (r.name, key)
+
+
+def test_reference_model_and_seed_grouping(tmp_path):
+    runs = _runs(tmp_path)
+    c = cmpmod.compare(runs, n_boot=50, reference="grpo")
+    assert c.reference == "grpo" and [m.name for m in c.models] == ["base", "grpo", "capo"]
+    assert [len(m.runs) for m in c.models] == [1, 2, 2]
+    mv = {r.name: json.loads((r.path / "metrics.json").read_text())["metrics"]["majority_vote"] for r in runs}
+    d = c.diff("capo", "grpo", "majority_vote")
+    assert d[0] == pytest.approx((mv["capo-seed0"] + mv["capo-seed1"]) / 2 - (mv["grpo-seed0"] + mv["grpo-seed1"]) / 2)
+    assert d[1] <= d[2]
+    assert cmpmod.compare(runs, n_boot=0).reference == "base"
+    with pytest.raises(ConfigError, match="'grp0' is not among the compared models.*did you mean 'grpo'"):
+        cmpmod.compare(runs, n_boot=0, reference="grp0")
+
+
+def test_report_reference_flag(tmp_path, capsys):
+    runs = _runs(tmp_path)
+    out = tmp_path / "r.html"
+    assert main(["report", *[str(r.path) for r in runs], "--out", str(out), "--reference", "capo"]) == 0
+    html = out.read_text()
+    assert "Paired per-prompt differences against capo" in html
+    assert "grpo &minus; capo" in html and "majority-vote accuracy" in html
+    assert 'alt="paired differences"' in html  # the forest plot, with two models against the reference
+    assert main(["report", *[str(r.path) for r in runs], "--out", str(tmp_path / "x.html"), "--reference", "cap"]) == 2
+    assert "did you mean 'capo'" in capsys.readouterr().err
+    assert not (tmp_path / "x.html").exists()
