@@ -172,12 +172,13 @@ def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) 
     (out / "summary.json").write_text(json.dumps({"per_run": summary, "mean_sd_over_seeds": table,
                                                   "paired_auc_vs_base": paired}, indent=2))
     print(f"\nheld-out: {args.eval_problems} problems x {args.eval_k} samples; mean (sd over {len(seeds)} seed(s))")
-    print(f"{'model':<8}" + "".join(f"{k:>17}" for k in keys))
+    w = max(len(a) for a in table) + 1
+    print(f"{'model':<{w}}" + "".join(f"{k:>17}" for k in keys))
     for a, row in table.items():
-        print(f"{a:<8}" + "".join(f"{_ms(*v):>17}" for v in row.values()))
+        print(f"{a:<{w}}" + "".join(f"{_ms(*v):>17}" for v in row.values()))
     print("\nAUC-mean, paired per-prompt difference vs base (prompts mixed for both; 95% bootstrap interval):")
     for n, d in paired.items():
-        print(f"  {n:<14} {_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  "
+        print(f"  {n:<{w + 7}} {_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  "
               f"over {d['n_prompts']} prompts")
     print(f"\nreport: {report}   ({(time.perf_counter() - t0) / 60:.1f} min in all)")
     print("\nconclusion (computed from the numbers above; the report opens with the same paragraph):")
