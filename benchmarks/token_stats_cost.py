@@ -34,13 +34,31 @@ from trl_vs_capo import bench_prompts, build_assets  # noqa: E402
 from capo.rollout import HFEngine, load_model  # noqa: E402
 
 
-def make_engines(engine: str, path: Path, model, tok) -> dict:
+def vllm_folder(assets: Path, model, tok) -> Path:
+    """The benchmark model for vLLM, which refuses a stop id outside the model's vocabulary (the HF variant's
+    unreachable EOS): the vocabulary grows by that one id, whose (tied) embedding row points against the mean final
+    hidden state, so its logit is strongly negative and it is practically never sampled. Both variants sample the
+    same tokens anyway (same seed, same engine), so a response that does stop early stops in both."""
+    out = assets / "model_vllm"
+    if (out / "config.json").exists():
+        return out
+    model.resize_token_embeddings(len(tok))
+    with torch.no_grad():
+        ids = torch.tensor([tok(t, add_special_tokens=False)["input_ids"][:32] for t in ["1 + 2 = 3, " * 8] * 4])
+        m = model.model(input_ids=ids).last_hidden_state.reshape(-1, model.config.hidden_size).mean(0)
+        model.get_output_embeddings().weight[tok.eos_token_id] = -20.0 * m / m.norm() ** 2
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def make_engines(engine: str, assets: Path, model, tok) -> dict:
     """{record_stats: engine} for ``engine``; the vLLM variant is one engine whose ``record_stats`` is switched."""
     if engine == "hf":
         return {False: HFEngine(model, tok), True: HFEngine(model, tok, record_stats=True)}
     from capo.rollout.vllm_engine import VLLMEngine
 
-    eng = VLLMEngine(str(path), tokenizer=tok, dtype="float32", seed=0)
+    eng = VLLMEngine(str(vllm_folder(assets, model, tok)), tokenizer=tok, dtype="float32", seed=0)
 
     class Switched:  # the same engine with record_stats set for the call
         def __init__(self, on: bool):
@@ -67,7 +85,7 @@ def main() -> None:
     assets = build_assets(a.size)
     model, tok = load_model(str(assets / "model"))
     _, texts = bench_prompts(assets, "fp32", a.prompts, tok)
-    engines = make_engines(a.engine, assets / "model", model, tok)
+    engines = make_engines(a.engine, assets, model, tok)
     if a.engine == "hf":
         engines[True].sample(texts[:1], k=1, max_new_tokens=2, seed=0)  # warm-up
     else:
@@ -75,17 +93,20 @@ def main() -> None:
             engines[stats].sample(texts, k=a.k, max_new_tokens=a.tokens, seed=0)
     cpu: dict[bool, list[float]] = {False: [], True: []}
     wall: dict[bool, list[float]] = {False: [], True: []}
+    tokens: dict[bool, list[int]] = {False: [], True: []}
     for rep in range(a.reps):
         for stats in (False, True) if rep % 2 == 0 else (True, False):
             t0, w0 = time.process_time(), time.perf_counter()
             ro = engines[stats].sample(texts, k=a.k, max_new_tokens=a.tokens, seed=rep)
             cpu[stats].append(time.process_time() - t0)
             wall[stats].append(time.perf_counter() - w0)
-            assert int(ro.response_mask.sum()) == len(texts) * a.k * a.tokens
+            tokens[stats].append(int(ro.response_mask.sum()))
+            assert a.engine == "vllm" or tokens[stats][-1] == len(texts) * a.k * a.tokens
             assert (ro.token_stats is not None) == stats
+    assert tokens[False] == tokens[True], tokens  # the same work in both variants
     plain, rec = statistics.median(cpu[False]), statistics.median(cpu[True])
     print(f"engine={a.engine} size={a.size} prompts={a.prompts} 8 x {a.k} x {a.tokens} tokens, threads={a.threads}, "
-          f"reps={a.reps}, vocab={model.config.vocab_size}")
+          f"reps={a.reps}, vocab={model.config.vocab_size}, tokens per call {tokens[False]}")
     print(f"  plain sampling      median CPU {plain:.3f} s  {cpu[False]}  (wall {wall[False]})")
     print(f"  with token stats    median CPU {rec:.3f} s  {cpu[True]}  (wall {wall[True]})")
     print(f"  overhead ratio      {rec / plain:.3f}x CPU, {statistics.median(wall[True]) / statistics.median(wall[False]):.3f}x "
