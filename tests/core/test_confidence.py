@@ -57,6 +57,19 @@ def test_token_statistics_hand_values():
     close(token_statistics(logits, top_k=2).topk_conf, [-(math.log(0.75) + math.log(0.25)) / 2, math.log(2)])
 
 
+def test_topk_confidence_from_given_top_logprobs():
+    """The engines' shared formula: -mean of the k given log-probs (what the vLLM engine passes: exactly the top k);
+    equal to token_statistics' topk_conf when given the top k of the full distribution; DeepConf's default k = 20."""
+    from capo.core.confidence import TOPK_CONF_K, topk_confidence
+
+    assert TOPK_CONF_K == 20
+    close(topk_confidence(t([[math.log(0.5), math.log(0.25)], [-1.0, -3.0]])), [1.5 * math.log(2), 2.0])
+    logp = torch.log_softmax(torch.randn(3, 5, 40, dtype=F64, generator=torch.Generator().manual_seed(0)), -1)
+    assert torch.equal(topk_confidence(logp.topk(20, -1).values), token_statistics(logp, normalized=True).topk_conf)
+    with pytest.raises(ValueError, match="non-empty last"):
+        topk_confidence(torch.zeros(3, 0))
+
+
 def test_token_statistics_match_scipy():
     rng = np.random.default_rng(0)
     logits = rng.normal(scale=3.0, size=(4, 7, 50))

@@ -150,3 +150,34 @@ def test_bad_estimator_settings_exit_2(tmp_path, capsys):
                          ("--keep-fraction", "0", "--keep-fraction: must be in (0, 1]")):
         assert main(["eval", "--generations", str(gen), "--out", str(tmp_path / "r"), flag, v]) == 2
         assert msg in capsys.readouterr().err
+
+
+def test_rows_with_topk_conf_but_no_entropy_give_the_topk_estimators_only(tmp_path):
+    """What a vLLM run writes (token_logprobs and token_topk_conf, no token_entropy / token_kl_uniform): the log-prob
+    and DeepConf estimators are scored, with the same values as on the full rows; the entropy ones are listed as not
+    available (metrics.json and the report), without an error."""
+    full = rows_fixture()
+    vllm_like = [{k: v for k, v in r.items() if k not in ("token_entropy", "token_kl_uniform")} for r in full]
+    knobs = {"conf_window": 2, "conf_tail": 1}
+    t_full = compute_metrics(full, n_boot=0, conf_knobs=knobs)["curves"]["estimators"]
+    res = compute_metrics(vllm_like, n_boot=0, conf_knobs=knobs)
+    t = res["curves"]["estimators"]
+    assert set(t) == set(ESTIMATORS) - {"neg_entropy", "self_certainty"}
+    for name in ("tail", "bottom_group", "lowest_group", "lpm", "consistency"):
+        assert t[name] == t_full[name], name
+    assert res["curves"]["estimators_unavailable"] == {
+        "neg_entropy": "needs the per-token field(s) token_entropy in every row",
+        "self_certainty": "needs the per-token field(s) token_kl_uniform in every row"}
+    assert compute_metrics(full, n_boot=0)["curves"]["estimators_unavailable"] == {}
+    # the same through `capo eval --generations` (a vLLM run's generations.jsonl fed back)
+    gen = tmp_path / "g.jsonl"
+    gen.write_text("".join(json.dumps({**r, "gold": "0"}) + "\n" for r in vllm_like))
+    out = tmp_path / "run"
+    assert main(["eval", "--generations", str(gen), "--out", str(out), "--verify-workers", "1", "--n-boot", "0",
+                 "--conf-window", "2"]) == 0
+    curves = json.loads((out / "metrics.json").read_text())["curves"]
+    assert {"tail", "bottom_group", "lowest_group"} <= set(curves["estimators"])
+    assert not {"neg_entropy", "self_certainty"} & set(curves["estimators"])
+    assert set(curves["estimators_unavailable"]) == {"neg_entropy", "self_certainty"}
+    html = (out / "report.html").read_text()
+    assert "Not available for" in html and "token_kl_uniform" in html and "lowest_group" in html

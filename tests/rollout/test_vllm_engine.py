@@ -114,6 +114,45 @@ def test_recorded_logprobs_are_raw_not_tempered(any_engine, hf):
     assert max(nucleus_sizes) < 0.5 * model.config.vocab_size
 
 
+def test_topk_conf_matches_full_hf_forward(engine, hf):
+    """record_stats: DeepConf's top-20 confidence read from vLLM's top-k raw log-probs equals token_statistics'
+    topk_conf of an independent fp32 full-logits forward on the same sampled tokens. Sampled at temperature 2 so
+    that many sampled tokens lie outside the top 20, where vLLM's output holds 21 entries and exactly the top 20
+    must count (the mean over all 21 is checked to be far off). Recording changes no sampled token or log-prob, and
+    without it the engine asks vLLM for logprobs=0."""
+    from capo.core.confidence import token_statistics
+
+    asked, real = [], engine.llm.generate
+    engine.llm.generate = lambda prompts, params, **kw: asked.append(params.logprobs) or real(prompts, params, **kw)
+    try:
+        plain = engine.sample(PROMPTS, k=4, max_new_tokens=16, temperature=2.0, seed=5)
+        engine.record_stats = True
+        ro = engine.sample(PROMPTS, k=4, max_new_tokens=16, temperature=2.0, seed=5)
+    finally:
+        engine.record_stats = False
+        del engine.llm.generate
+    assert asked == [0, 20]
+    assert plain.token_stats is None and set(ro.token_stats) == {"topk_conf"}
+    assert torch.equal(ro.response_ids, plain.response_ids) and torch.equal(ro.gen_logp, plain.gen_logp)
+    conf = ro.token_stats["topk_conf"]
+    assert conf.dtype == torch.float32 and bool((conf[ro.response_mask == 0] == 0).all())
+    gap, outside, k_plus_1_gap = 0.0, 0, 0.0
+    for i in range(len(ro.texts)):
+        logits, resp = hf_logits(hf[0], ro, i)
+        gap = max(gap, float((token_statistics(logits).topk_conf - conf[i, :len(resp)]).abs().max()))
+        logp = torch.log_softmax(logits, -1)
+        top, sampled = logp.topk(20, -1).values, logp.gather(-1, resp[:, None]).squeeze(-1)
+        out = sampled < top[:, -1]  # the sampled token is not among the top 20
+        outside += int(out.sum())
+        if out.any():
+            k_plus_1 = -(top.sum(-1) + sampled) / 21
+            k_plus_1_gap = max(k_plus_1_gap, float((k_plus_1 - conf[i, :len(resp)])[out].abs().max()))
+    print(f"max |topk_conf_vllm - topk_conf_full_forward|: {gap:.2e}; {outside} of {int(ro.response_mask.sum())} "
+          f"sampled tokens outside the top 20 (mean over 21 entries would be off by up to {k_plus_1_gap:.2f})")
+    assert gap < TOL
+    assert outside >= 10 and k_plus_1_gap > 100 * TOL
+
+
 def test_greedy_is_the_hf_argmax(any_engine, hf):
     ro = any_engine.sample(PROMPTS[:2], k=2, max_new_tokens=12, temperature=0.0)
     assert torch.equal(ro.response_ids[0], ro.response_ids[1])

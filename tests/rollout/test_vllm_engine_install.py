@@ -22,3 +22,16 @@ def test_missing_vllm_is_a_config_error_with_the_install_commands():
     )
     assert out.startswith("2 vLLM is not installed")
     assert "sh scripts/vllm-env.sh" in out and "pip install 'capo[vllm]'" in out and "--engine hf" in out
+
+
+def test_eval_token_stats_switch_reaches_the_vllm_engine(monkeypatch):
+    """`capo eval --engine vllm` asks the engine for the per-token statistics exactly when token stats are on
+    (`--no-token-stats`: record_stats=False, so the engine keeps requesting logprobs=0)."""
+    import capo.rollout.vllm_engine as ve
+    from capo.evaluation.run import EvalSettings, _make_engine
+
+    made = []
+    monkeypatch.setattr(ve, "VLLMEngine", lambda model, **kw: made.append((model, kw)) or kw)
+    for on in (True, False):
+        _make_engine(EvalSettings(model="some/folder", engine="vllm", token_stats=on))
+    assert [m[1]["record_stats"] for m in made] == [True, False]

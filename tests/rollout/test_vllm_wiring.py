@@ -60,12 +60,19 @@ def _lines(path: Path) -> int:
 
 
 def test_eval_killed_mid_run_resumes_without_loss_or_duplicates(engine, model_dir, tmp_path):
+    """Also: `capo eval --engine vllm` records the per-token DeepConf confidence by default (token_topk_conf, equal
+    to the shared engine's with record_stats) and no entropy field, and metrics.json scores the DeepConf estimators
+    and lists the entropy ones as not available."""
     from capo.evaluation.run import EvalSettings, read_rows, run_eval
 
     ref = tmp_path / "ref"  # uninterrupted, in this process, with the shared engine
     s = EvalSettings(model=str(model_dir), engine="vllm", dataset="default", limit=N_PROMPTS, k=K, max_new_tokens=48,
                      batch_size=2, verify_workers=1, n_boot=0)
-    run_eval(s, ref, progress=False, engine=engine)
+    engine.record_stats = True  # what `capo eval` asks of the engine it builds (token stats on by default)
+    try:
+        run_eval(s, ref, progress=False, engine=engine)
+    finally:
+        engine.record_stats = False
     expected = read_rows(ref / "generations.jsonl")
     assert len(expected) == N_PROMPTS * K
 
@@ -93,8 +100,14 @@ def test_eval_killed_mid_run_resumes_without_loss_or_duplicates(engine, model_di
         assert (r["text"], r["n_tokens"], r["verdict"], r["finish_reason"]) == \
             (e["text"], e["n_tokens"], e["verdict"], e["finish_reason"])
         assert r["sum_logprob"] == pytest.approx(e["sum_logprob"], abs=1e-4)
+        assert len(r["token_topk_conf"]) == r["n_tokens"] and "token_entropy" not in r and "token_kl_uniform" not in r
+        assert r["token_topk_conf"] == pytest.approx(e["token_topk_conf"], abs=1e-4)
     assert json.loads((run / "config.json").read_text())["engine"] == "vllm"
-    assert (run / "metrics.json").exists()
+    curves = json.loads((run / "metrics.json").read_text())["curves"]
+    assert {"lpm", "tail", "bottom_group", "lowest_group"} <= set(curves["estimators"])
+    assert not {"neg_entropy", "self_certainty"} & set(curves["estimators"])
+    assert {"neg_entropy", "self_certainty"} <= set(curves["estimators_unavailable"])
+    assert "Not available for" in (run / "report.html").read_text()
 
 
 def _rows(run):

@@ -40,9 +40,12 @@ __all__ = [
     "TokenStatistics",
     "compute_confidence",
     "token_statistics",
+    "topk_confidence",
+    "TOPK_CONF_K",
 ]
 
 TOKEN_SIGNALS = ("topk", "logp", "neg_entropy")
+TOPK_CONF_K = 20  # k of DeepConf's token confidence C_t (its paper's value): the samplers' default for topk_conf
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,8 @@ class TokenStatistics:
     topk_conf: torch.Tensor
 
 
-def token_statistics(logits: torch.Tensor, top_k: int = 20, *, normalized: bool = False) -> TokenStatistics:
+def token_statistics(logits: torch.Tensor, top_k: int = TOPK_CONF_K, *,
+                     normalized: bool = False) -> TokenStatistics:
     """Entropy, self-certainty and DeepConf token confidence of the temperature-1 distribution softmax(logits).
 
     With log p = log_softmax(logits) over the last dimension (V entries), in float32 or wider:
@@ -80,8 +84,20 @@ def token_statistics(logits: torch.Tensor, top_k: int = 20, *, normalized: bool 
     logp = x if normalized else torch.log_softmax(x, dim=-1)
     entropy = -(logp.exp() * logp).nansum(-1)  # p log p -> 0 where p = 0 (0 * -inf = NaN, dropped by nansum)
     kl = -math.log(v) - logp.mean(-1)
-    topk = -logp.topk(top_k, dim=-1).values.mean(-1)
-    return TokenStatistics(entropy=entropy, kl_uniform=kl, topk_conf=topk)
+    return TokenStatistics(entropy=entropy, kl_uniform=kl, topk_conf=topk_confidence(logp.topk(top_k, dim=-1).values))
+
+
+def topk_confidence(top_logp: torch.Tensor) -> torch.Tensor:
+    """DeepConf's token confidence C_t = -(1/k) sum_{j=1}^{k} log p_t(v_(j)) (arXiv 2508.15260, Sec. 3) from
+    the k largest log-probs of each step's distribution: [..., k] -> [...] (>= 0).
+
+    The one place the formula lives: :func:`token_statistics` passes the top k of a full distribution, the vLLM
+    engine the top-k log-probs the engine returns (exactly the k most likely tokens: not the sampled one added).
+    """
+    checks.tensor("top_logp", top_logp, floating=True)
+    if top_logp.dim() < 1 or top_logp.shape[-1] < 1:
+        raise ValueError(f"top_logp must have a non-empty last (top-k) dimension, got shape {tuple(top_logp.shape)}")
+    return -top_logp.mean(-1)
 
 
 @dataclass(frozen=True)

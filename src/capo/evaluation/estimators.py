@@ -18,7 +18,7 @@ from capo.core import calibration as cal
 from capo.core import voting
 from capo.core.confidence import ConfidenceInputs, compute_confidence
 
-__all__ = ["ESTIMATOR_KNOBS", "estimator_inputs", "estimator_table"]
+__all__ = ["ESTIMATOR_KNOBS", "estimator_inputs", "estimator_table", "unavailable_estimators"]
 
 F64 = torch.float64
 # per-token fields of a generation row -> ConfidenceInputs field
@@ -48,14 +48,18 @@ def _padded(rows: list[dict], field: str) -> tuple[torch.Tensor, torch.Tensor]:
     return v, torch.arange(t)[None, :] < torch.tensor(lens)[:, None]
 
 
+def _present(rows: list[dict]) -> list[str]:
+    """The per-token fields of :data:`TOKEN_FIELDS` that every row carries (as a list)."""
+    return [f for f in TOKEN_FIELDS if rows and all(isinstance(r.get(f), list) for r in rows)]
+
+
 def estimator_inputs(rows: list[dict], group_ids: torch.Tensor, answer_ids: torch.Tensor,
                      verbal: torch.Tensor | None) -> ConfidenceInputs:
     """The :class:`ConfidenceInputs` of generation rows: each per-token field present in every row, padded."""
     fields, mask = {}, None
-    for row_field, name in TOKEN_FIELDS.items():
-        if rows and all(isinstance(r.get(row_field), list) for r in rows):
-            fields[name], m = _padded(rows, row_field)
-            mask = m if mask is None else mask
+    for row_field in _present(rows):
+        fields[TOKEN_FIELDS[row_field]], m = _padded(rows, row_field)
+        mask = m if mask is None else mask
     return ConfidenceInputs(mask=mask, verbal=verbal, answer_ids=answer_ids, group_ids=group_ids, **fields)
 
 
@@ -63,6 +67,20 @@ def _available(x: ConfidenceInputs) -> list[str]:
     """The estimators whose inputs ``x`` holds (the per-token fields every row had, verbal when given)."""
     present = {f for f, name in TOKEN_FIELDS.items() if getattr(x, name) is not None}
     return [n for n, (need, _) in ESTIMATORS.items() if set(need) <= present and (n != "verbal" or x.verbal is not None)]
+
+
+def unavailable_estimators(rows: list[dict], has_verbal: bool) -> dict[str, str]:
+    """{estimator: why it is not in the table} for every estimator the rows do not allow: a per-token field missing
+    from some row (the vLLM engine records ``token_topk_conf`` but no ``token_entropy`` / ``token_kl_uniform``;
+    ``--no-token-stats`` records none of the statistics) or, for ``verbal``, no row with a verbal confidence."""
+    present, out = set(_present(rows)), {}
+    for name, (need, _) in ESTIMATORS.items():
+        missing = [f for f in need if f not in present]
+        if missing:
+            out[name] = f"needs the per-token field(s) {', '.join(missing)} in every row"
+        elif name == "verbal" and not has_verbal:
+            out[name] = "no row has a verbal confidence"
+    return out
 
 
 def _vote_weights(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

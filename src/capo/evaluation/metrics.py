@@ -13,7 +13,7 @@ import torch
 
 from capo.core import calibration as cal
 from capo.core import voting
-from capo.evaluation.estimators import estimator_table
+from capo.evaluation.estimators import estimator_table, unavailable_estimators
 
 __all__ = ["columns", "compute_metrics", "pass_ks"]
 
@@ -195,4 +195,5 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
     curves["estimators"] = estimator_table(
         rows, group_ids=cols.g, correct=cols.c, answer_ids=cols.aids, verbal=cols.verbal if cols.has_verbal else None,
         knobs=conf_knobs, keep_fraction=keep_fraction, n_bins=n_bins, n_boot=n_boot, seed=seed)
+    curves["estimators_unavailable"] = unavailable_estimators(rows, cols.has_verbal)
     return {"metrics": {k: _finite(v) for k, v in m.items()}, "curves": curves}

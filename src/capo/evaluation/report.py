@@ -256,6 +256,11 @@ def _estimators_section(evals: list[RunInfo]) -> str:
         return ""
     parts = ["<h2>Confidence estimators</h2><p class='muted'>Which signal ranks right answers above wrong ones "
              "(definitions: docs/metrics.md, 'Confidence estimators'; intervals: bootstrap over prompts).</p>"]
+    for r in evals:  # e.g. a vLLM run: no per-token entropy recorded, so no neg_entropy / self_certainty
+        gone = r.curves.get("estimators_unavailable") or {}
+        if gone:
+            parts.append(f"<p class='muted unavailable'>Not available for {html.escape(r.name)}: " + "; ".join(
+                f"{html.escape(n)} ({html.escape(why)})" for n, why in gone.items()) + ".</p>")
     if len(evals) == 1:
         t = tabs[0]
         head = "".join(f"<th>{lab} {'&uarr;' if up else '&darr;'}</th>" for _, lab, up in ESTIMATOR_COLUMNS)

@@ -285,7 +285,7 @@ def _make_engine(s: EvalSettings):
 
         gpu_auto = s.autocast == "auto" and torch.cuda.is_available()
         return VLLMEngine(s.model, dtype="bfloat16" if s.autocast == "on" else "auto" if gpu_auto else "float32",
-                          seed=s.seed)
+                          seed=s.seed, record_stats=s.token_stats)  # vLLM records topk_conf only (no entropy)
     from capo.rollout.models import load_model
     from capo.rollout.sampling import HFEngine
 

@@ -18,7 +18,7 @@ class Sample:
     token_ids: list[int]
     token_logprobs: list[float]
     finish_reason: str  # "stop" (EOS generated) or "length" (hit max_new_tokens)
-    token_stats: dict[str, list[float]] | None = None  # per-token entropy / kl_uniform / topk_conf, when recorded
+    token_stats: dict[str, list[float]] | None = None  # per-token entropy / kl_uniform / topk_conf: those recorded
 
     @property
     def n_tokens(self) -> int:
@@ -41,7 +41,8 @@ class Rollout:
     token is a real, counted token), gen_logp [N, T] float32 (0 at padding), truncated [N] bool (hit
     max_new_tokens without EOS). ``texts``: the decoded responses without the EOS token. ``token_stats``: when the
     engine recorded them, per-token statistics of each step's distribution, name -> [N, T] float32 (0 at padding;
-    names in :data:`capo.rollout.sampling.TOKEN_STATS`), else None."""
+    names in :data:`capo.rollout.sampling.TOKEN_STATS`: all three from ``hf``, ``topk_conf`` alone from ``vllm``),
+    else None."""
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor

@@ -8,6 +8,14 @@ temperature, top-p or penalties), 0 at padding. Sampling uses only temperature a
 checkpoint's generation config ignored) and stops at every EOS id of the tokenizer and of the model's generation
 config.
 
+Per-token statistics (``record_stats=True``, what ``capo eval`` asks for unless ``--no-token-stats``): only DeepConf's
+token confidence ``topk_conf`` (:func:`capo.core.confidence.topk_confidence` of the ``TOPK_CONF_K`` = 20 largest raw
+log-probs of each step, the HF sampler's definition), read from vLLM's top-k log-probs (``SamplingParams.logprobs=20``
+in the flat layout, where each position holds the sampled token first and then exactly the top 20: the sampled token
+is not counted among them unless it is one of them). Entropy and KL-from-uniform need the whole distribution, which
+vLLM returns only as ``logprobs=-1`` (all V log-probs of every token): not recorded, so ``Rollout.token_stats`` holds
+``topk_conf`` alone. Without ``record_stats`` the engine asks for ``logprobs=0`` (the sampled token's only).
+
 Colocation: the engine runs inside this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the constructor), so
 :meth:`VLLMEngine.sync_weights` hands the trainer's tensors to vLLM's in-place weight reload (the worker's
 ``reload_weights``) without copying them to another process.
@@ -29,6 +37,7 @@ from types import SimpleNamespace
 
 import torch
 
+from capo.core.confidence import TOPK_CONF_K, topk_confidence
 from capo.errors import ConfigError
 from capo.rollout.models import merge_eos_ids
 from capo.rollout.types import Rollout
@@ -81,7 +90,9 @@ class VLLMEngine:
     plus KV cache; colocated with training, leave room for the trainer: 0.3-0.5 is usual), ``enable_sleep_mode``
     (then :meth:`sleep` frees the KV cache and offloads weights between rollouts, and :meth:`sample` /
     :meth:`sync_weights` wake the engine). ``kv_cache_memory_bytes``: explicit KV-cache size (default on CPU: 1 GiB).
-    ``enforce_eager``: skip torch.compile (faster start, slower decoding). ``llm_kwargs``: passed to ``vllm.LLM``.
+    ``enforce_eager``: skip torch.compile (faster start, slower decoding). ``record_stats``: also record each
+    token's DeepConf confidence (module docstring; an attribute, may be changed between calls). ``llm_kwargs``: passed
+    to ``vllm.LLM``.
     """
 
     name = "vllm"
@@ -89,12 +100,13 @@ class VLLMEngine:
     def __init__(self, model: str, *, tokenizer=None, dtype: str = "float32", seed: int = 0,
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
                  kv_cache_memory_bytes: int | None = None, enable_sleep_mode: bool = False,
-                 enforce_eager: bool = False, **llm_kwargs):
+                 enforce_eager: bool = False, record_stats: bool = False, **llm_kwargs):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # colocated: the engine core runs in this process
         vllm = _import_vllm()
         from transformers import AutoTokenizer
 
         self.model_path = str(model)
+        self.record_stats = record_stats
         try:
             self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(self.model_path)
         except (OSError, ValueError) as e:
@@ -142,37 +154,42 @@ class VLLMEngine:
         if any(not x for x in ids):
             raise ConfigError(f"prompt {[len(x) for x in ids].index(0)} is empty after tokenization: vLLM needs at "
                               "least one prompt token")
+        top_k = TOPK_CONF_K if self.record_stats else 0  # log-probs per position beside the sampled token's
         n = 1 if temperature == 0 else k  # vLLM refuses n > 1 with greedy decoding: send the prompt k times
         params = SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0, top_k=0,
-                                max_tokens=max_new_tokens, logprobs=0, stop_token_ids=list(self.eos_ids),
-                                repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0,
-                                detokenize=False)
+                                max_tokens=max_new_tokens, logprobs=top_k, flat_logprobs=True,
+                                stop_token_ids=list(self.eos_ids), repetition_penalty=1.0, presence_penalty=0.0,
+                                frequency_penalty=0.0, min_tokens=0, detokenize=False)
         self._wake()
         with self._engine_rng(seed):
             outs = self.llm.generate([{"prompt_token_ids": x} for x in ids for _ in range(k // n)], params,
                                      use_tqdm=False)
-        return self._to_rollout(enc, outs, k)
+        return self._to_rollout(enc, outs, k, top_k)
 
-    def _to_rollout(self, enc, outs, k: int) -> Rollout:
+    def _to_rollout(self, enc, outs, k: int, top_k: int) -> Rollout:
         rows = [sorted(o.outputs, key=lambda c: c.index) for o in outs]
         toks = [list(c.token_ids) for r in rows for c in r]
-        lps = [_sampled_logprobs(c) for r in rows for c in r]
+        per_token = [_position_logprobs(c, top_k) for r in rows for c in r]  # (sampled logp [T_i], topk_conf | None)
         n, t = len(toks), max((len(x) for x in toks), default=0)
         resp = torch.full((n, t), self.pad_id, dtype=torch.long)
         mask = torch.zeros((n, t), dtype=torch.long)
         logp = torch.zeros((n, t), dtype=torch.float32)
+        conf = torch.zeros((n, t), dtype=torch.float32) if top_k else None
         eos = set(self.eos_ids)
         truncated, text_ids = [], []
-        for i, (x, lp) in enumerate(zip(toks, lps)):
+        for i, (x, (lp, cf)) in enumerate(zip(toks, per_token)):
             stop = next((j for j, tok in enumerate(x) if tok in eos), None)  # vLLM stops at the first EOS
-            x, lp = (x, lp) if stop is None else (x[:stop + 1], lp[:stop + 1])
-            resp[i, :len(x)], mask[i, :len(x)] = torch.tensor(x, dtype=torch.long), 1
-            logp[i, :len(x)] = torch.tensor(lp, dtype=torch.float32)
+            m = len(x) if stop is None else stop + 1
+            resp[i, :m], mask[i, :m] = torch.tensor(x[:m], dtype=torch.long), 1
+            logp[i, :m] = lp[:m]
+            if conf is not None:
+                conf[i, :m] = cf[:m]
             truncated.append(stop is None)
-            text_ids.append(x if stop is None else x[:-1])
+            text_ids.append(x[:m] if stop is None else x[:stop])
         texts = self.tokenizer.batch_decode(text_ids, skip_special_tokens=True)
         return Rollout(enc["input_ids"].repeat_interleave(k, 0), enc["attention_mask"].repeat_interleave(k, 0),
-                       resp, mask, logp, texts, torch.tensor(truncated, dtype=torch.bool))
+                       resp, mask, logp, texts, torch.tensor(truncated, dtype=torch.bool),
+                       token_stats=None if conf is None else {"topk_conf": conf})
 
     # ---------------------------------------------------------------- weights and memory
     @torch.no_grad()
@@ -230,10 +247,26 @@ class VLLMEngine:
             self._rng = _get_rng()
 
 
-def _sampled_logprobs(completion) -> list[float]:
-    if completion.logprobs is None:
-        raise RuntimeError("vLLM returned no log-probs (SamplingParams.logprobs was not honoured)")
-    return [float(d[tok].logprob) for d, tok in zip(completion.logprobs, completion.token_ids)]
+def _position_logprobs(completion, top_k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(raw log-prob of each sampled token [T] float32, DeepConf confidence of each position [T] float32 or None
+    when ``top_k`` is 0) of one completion requested with ``logprobs=top_k, flat_logprobs=True``.
+
+    vLLM's flat layout holds, per position, the sampled token's entry first and then the ``top_k`` most likely
+    tokens in rank order (the sampled one again if it is among them): the confidence is the mean of exactly those
+    ``top_k`` entries, never the sampled token's when it lies outside them (a mean over vLLM's default dict layout
+    would average k + 1 values there), as :func:`capo.core.confidence.token_statistics` defines it."""
+    lp, ids = completion.logprobs, list(completion.token_ids)
+    if lp is None or not hasattr(lp, "start_indices"):
+        raise RuntimeError("vLLM returned no flat log-probs (SamplingParams.logprobs / flat_logprobs not honoured)")
+    t, width = len(ids), top_k + 1
+    if len(lp.start_indices) != t or len(lp.logprobs) != t * width:
+        raise RuntimeError(f"vLLM returned {len(lp.logprobs)} log-probs for {t} tokens; expected {width} per token "
+                           f"(the sampled token and the top {top_k})")
+    if [lp.token_ids[j * width] for j in range(t)] != ids:
+        raise RuntimeError("vLLM's first log-prob entry of a position is not the sampled token's")
+    vals = torch.tensor(lp.logprobs, dtype=torch.float64).view(t, width)  # [T, 1 + top_k]
+    conf = topk_confidence(vals[:, 1:]).float() if top_k else None
+    return vals[:, 0].float(), conf
 
 
 def _check_args(prompts, k: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
