@@ -1,5 +1,6 @@
 """The vLLM engine's module imports without vLLM, and without vLLM its constructor names the install commands.
-Runs in every environment (the main .venv has no vLLM; .venv-vllm hides it for the second test)."""
+Runs in every environment (the main .venv has no vLLM; .venv-vllm hides it for the second test); also the
+engine's vLLM-free helpers."""
 
 import subprocess
 import sys
@@ -22,3 +23,12 @@ def test_missing_vllm_is_a_config_error_with_the_install_commands():
     )
     assert out.startswith("2 vLLM is not installed")
     assert "sh scripts/vllm-env.sh" in out and "pip install 'capo[vllm]'" in out and "--engine hf" in out
+
+
+def test_stop_ids_leave_out_eos_ids_the_model_cannot_emit():
+    # vLLM rejects a request whose stop_token_ids reach past the vocabulary; such ids are never sampled anyway
+    from capo.rollout.vllm_engine import emittable_ids
+
+    assert emittable_ids([2, 104, 7], 104) == [2, 7]
+    assert emittable_ids([103], 104) == [103]
+    assert emittable_ids([104, 200], 104) == []
