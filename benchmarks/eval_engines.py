@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=None, help="default: .venv-vllm/bin/python of this checkout")
     ap.add_argument("--out", type=Path, required=True, help="a new folder: OUT/hf, OUT/vllm (run dirs), logs")
     a = ap.parse_args()
+    a.out = a.out.resolve()  # the runs start in the checkout's root
     taken = [str(a.out / e) for e in a.engines if (a.out / e).exists()]
     if taken:  # capo eval would resume them and time only the missing rows
         raise SystemExit(f"run directories already exist: {', '.join(taken)}; choose a new --out")

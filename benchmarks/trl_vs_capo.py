@@ -423,6 +423,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args)
+    vllm_py = vllm_python(args.vllm_python) if args.what == "step" and "capo_vllm" in args.variants else ""
     build_assets(args.size)
     peak = matmul_peak(args.threads)
     print(f"torch {torch.__version__}, threads {args.threads}, size {args.size}, precision {args.precision}; matmul "
@@ -446,8 +447,7 @@ def main() -> None:
                     "grpo_kl": dict(algo="grpo", extra=json.dumps({"algo.kl_coef": 0.01}))}
         engine = {k: "capo" for k in variants}
     else:
-        variants, engine = step_variants(args.variants, noshare, vllm_python(args.vllm_python)
-                                         if "capo_vllm" in args.variants else "")
+        variants, engine = step_variants(args.variants, noshare, vllm_py)
     res: dict[str, list[dict]] = {k: [] for k in variants}
     for _ in range(args.reps):
         for k, kw in variants.items():
