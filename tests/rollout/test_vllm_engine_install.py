@@ -1,5 +1,6 @@
 """The vLLM engine's module imports without vLLM, and without vLLM its constructor names the install commands.
-Runs in every environment (the main .venv has no vLLM; .venv-vllm hides it for the second test)."""
+Runs in every environment (the main .venv has no vLLM; .venv-vllm hides it for the second test); also the
+engine's vLLM-free helpers."""
 
 import subprocess
 import sys
@@ -35,3 +36,11 @@ def test_eval_token_stats_switch_reaches_the_vllm_engine(monkeypatch):
     for on in (True, False):
         _make_engine(EvalSettings(model="some/folder", engine="vllm", token_stats=on))
     assert [m[1]["record_stats"] for m in made] == [True, False]
+
+def test_stop_ids_leave_out_eos_ids_the_model_cannot_emit():
+    # vLLM rejects a request whose stop_token_ids reach past the vocabulary; such ids are never sampled anyway
+    from capo.rollout.vllm_engine import emittable_ids
+
+    assert emittable_ids([2, 104, 7], 104) == [2, 7]
+    assert emittable_ids([103], 104) == [103]
+    assert emittable_ids([104, 200], 104) == []

@@ -12,7 +12,7 @@ SECOND_EOS = "#"  # a character token that the generation config also treats as 
 
 
 def build_tiny_qwen2(out: Path, *, seed: int = 0, head_dim: int = 32, sharpness: float = 15.0,
-                     eos_logit: float = 2.5) -> Path:
+                     eos_logit: float = 2.5, max_positions: int = 256) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -22,7 +22,7 @@ def build_tiny_qwen2(out: Path, *, seed: int = 0, head_dim: int = 32, sharpness:
     second = tok.convert_tokens_to_ids(SECOND_EOS)
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=2 * head_dim, intermediate_size=4 * head_dim,
                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
-                      max_position_embeddings=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      max_position_embeddings=max_positions, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg).eval()

