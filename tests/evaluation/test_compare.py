@@ -78,3 +78,18 @@ def test_report_reference_flag(tmp_path, capsys):
     assert main(["report", *[str(r.path) for r in runs], "--out", str(tmp_path / "x.html"), "--reference", "cap"]) == 2
     assert "did you mean 'capo'" in capsys.readouterr().err
     assert not (tmp_path / "x.html").exists()
+
+
+def test_rows_without_answer_ids_get_them_from_the_verifier(tmp_path):
+    """`capo eval` computes the answer classes after writing generations.jsonl, so its rows carry no answer_id: the
+    comparison recomputes them (same function, same verifier) and its votes equal metrics.json's."""
+    r = _runs(tmp_path)[3]  # capo-seed0
+    gen = r.path / "generations.jsonl"
+    rows = [json.loads(ln) for ln in gen.read_text().splitlines()]
+    gen.write_text("".join(json.dumps({k: v for k, v in x.items() if k != "answer_id"}) + "\n" for x in rows))
+    seed = cmpmod._load_seed(r.path)
+    got = cmpmod._measures_on(seed, sorted(seed.rows_of, key=lambda p: int(p[1:])))
+    want = json.loads((r.path / "metrics.json").read_text())["metrics"]
+    assert seed.cols.aids.min() >= 0  # every fake row has an answer
+    for key in ("majority_vote", "max_confidence_lpm"):
+        assert got[key] == pytest.approx(want[key], abs=1e-12), key

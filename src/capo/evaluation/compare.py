@@ -103,8 +103,8 @@ def _load_seed(run_dir: Path) -> _Seed | None:
         return None
     try:
         rows = [json.loads(ln) for ln in gen.read_text().splitlines() if ln.strip()]
-        for r in rows:
-            r.setdefault("answer_id", -1)  # not used here; older or foreign files may lack it
+        if rows and any("answer_id" not in r for r in rows):  # capo eval computes the classes after writing rows
+            _answer_ids(rows)
         cols = columns(rows) if rows else None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         return None  # no intervals for this run rather than no report
@@ -114,6 +114,17 @@ def _load_seed(run_dir: Path) -> _Seed | None:
     for i, r in enumerate(rows):
         idx.setdefault(str(r["prompt_id"]), []).append(i)
     return _Seed(cols, {p: torch.tensor(v) for p, v in idx.items()})
+
+
+def _answer_ids(rows: list[dict]) -> None:
+    """The votes' answer classes, by the same function and verifier ``capo eval`` uses for metrics.json."""
+    from capo.evaluation.run import assign_answer_ids
+    from capo.verify import Verifier
+
+    for r in rows:
+        r.setdefault("answer", None)
+    with Verifier(workers=1) as verifier:
+        assign_answer_ids(rows, verifier)
 
 
 def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:

@@ -145,7 +145,7 @@ def plot_paired(panels: dict[str, dict[str, tuple[float, float, float]]], refere
             v, lo, hi = rows[m]
             ok = lo == lo and hi == hi  # no NaN
             excl = ok and (lo > 0 or hi < 0)
-            xerr = [[v - lo], [hi - v]] if ok else None
+            xerr = [[max(v - lo, 0.0)], [max(hi - v, 0.0)]] if ok else None  # a percentile interval may miss v
             ax.errorbar([v], [y], xerr=xerr, fmt="o", color="C3" if excl else "C0", mfc=None if excl else "white",
                         capsize=2, ms=5)
         ax.axvline(0.0, color="grey", lw=1, ls=":")

@@ -174,10 +174,9 @@ def _token_fields(smp: Sample) -> dict:
     return out
 
 
-def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, verifier: Verifier,
-            timing: dict) -> dict:
-    """Answer classes, metrics, plots, report; metrics.json last."""
-    t0 = time.perf_counter()
+def assign_answer_ids(rows: list[dict], verifier: Verifier) -> None:
+    """Set each row's ``answer_id``: the math-verify equivalence class of its extracted answer among the responses
+    to the same prompt (-1 = no answer), numbered by first occurrence. Votes read it."""
     by_prompt: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         by_prompt.setdefault(str(r["prompt_id"]), []).append(i)
@@ -186,6 +185,13 @@ def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, veri
     for idx, ids in zip(groups, classes):
         for i, a in zip(idx, ids):
             rows[i]["answer_id"] = a
+
+
+def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, verifier: Verifier,
+            timing: dict) -> dict:
+    """Answer classes, metrics, plots, report; metrics.json last."""
+    t0 = time.perf_counter()
+    assign_answer_ids(rows, verifier)
     timing["classes_s"] = time.perf_counter() - t0
     res = compute_metrics(rows, n_bins=s.n_bins, n_boot=s.n_boot, seed=s.seed, keep_fraction=s.keep_fraction,
                           conf_knobs={k: getattr(s, k) for k in ESTIMATOR_KNOBS})
