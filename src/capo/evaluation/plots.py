@@ -110,9 +110,10 @@ def plot_acc_vs_auc(points: dict[str, dict], path: Path | None = None) -> bytes:
     each seed as a small point. ``points[name]``: acc, auc, acc_lo, acc_hi, auc_lo, auc_hi (None = no bar) and
     seeds [(acc, auc), ...]."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 4.5))
+    many = len(points) > 10  # the default cycle has 10 colours: switch to 20 distinct ones and a larger figure
+    fig, ax = plt.subplots(figsize=(7, 6) if many else (5, 4.5))
     for i, (name, p) in enumerate(points.items()):
-        col = f"C{i}"
+        col = plt.get_cmap("tab20")(i % 20) if many else f"C{i}"
         xerr = [[p["acc"] - p["acc_lo"]], [p["acc_hi"] - p["acc"]]] if p.get("acc_lo") is not None else None
         yerr = [[p["auc"] - p["auc_lo"]], [p["auc_hi"] - p["auc"]]] if p.get("auc_lo") is not None else None
         ax.errorbar([p["acc"]], [p["auc"]], xerr=xerr, yerr=yerr, fmt="o", color=col, ms=8, capsize=3, label=name)
