@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextvars
 import importlib.abc
 import importlib.util
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -78,7 +79,7 @@ _REF_ON = ("set actor_rollout_ref.actor.use_kl_loss=True with actor_rollout_ref.
 _ENABLE_REF = _REF_ON + ", or disable CAPO's noise mask with +algorithm.capo.noise_mask=false"
 # how verl supplies each piece of data an estimator input is built from (method_inputs' error hints)
 _HINTS = {"ref_token_logp": _REF_ON,
-          "answers": "use capo's reward function (reward.custom_reward_function.path=<capo/adapters/verl_plugin.py>, "
+          "answers": "use capo's reward function (reward.custom_reward_function.path=<capo/adapters/verl_reward.py>, "
                      "name=compute_score_correctness/_rlcr/_ppo_c): it returns each answer as 'pred'",
           "confidence": "use capo's compute_score_rlcr, which returns 'correct', 'confidence' and 'format_ok'"}
 
@@ -487,7 +488,7 @@ def preset_overrides(name: str) -> list[str]:
            f"{actor}.policy_loss.loss_mode={'vanilla' if p['loss'] == 'ppo_clip' else p['loss']}",
            f"{actor}.loss_agg_mode={p['aggregation']}",
            f"{actor}.clip_ratio_low={lk.get('eps_low', 0.2)}", f"{actor}.clip_ratio_high={lk.get('eps_high', 0.2)}",
-           f"reward.custom_reward_function.path={__file__}",
+           f"reward.custom_reward_function.path={os.path.join(os.path.dirname(__file__), 'verl_reward.py')}",
            f"reward.custom_reward_function.name=compute_score_{p['reward']}",
            f"+algorithm.capo.reward={p['reward']}"]
     if p["loss"] == "ppo_clip" and lk.get("dual_clip") is None:
