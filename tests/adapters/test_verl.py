@@ -461,4 +461,5 @@ def test_preset_overrides_compose_with_verls_config(name):
     assert cfg.algorithm.adv_estimator in ADV_ESTIMATOR_REGISTRY
     get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
     fn = cfg.reward.custom_reward_function
-    assert load_extern_object(module_path=fn.path, object_name=fn.name)("m", "<answer>7</answer>", "7", {})["correct"] == 1
+    score = load_extern_object(module_path=fn.path, object_name=fn.name)
+    assert score("m", "<answer>7</answer>", "7", {})["correct"] == 1

@@ -412,13 +412,15 @@ class CapoGRPOTrainer(GRPOTrainer):
         hp = dict(self.capo.estimator_kwargs)
         funcs = [f for f in self.reward_funcs if isinstance(f, _TextReward) and f.last is not None]
         f = funcs[0] if funcs else None
+        rlcr = len(self.reward_funcs) == 1 and isinstance(f, RLCRReward)
+        need = needed_data(self.capo.estimator, reward="rlcr" if rlcr else "terms")  # gather only what is read
         answers = fmt = None
-        if f is not None:
+        if f is not None and "answers" in need:
             from accelerate.utils import gather_object
 
             answers = gather_object(list(f.last.answers))
+        if f is not None and "format_ok" in need:
             fmt = self.accelerator.gather(torch.tensor(f.last.format_ok, device=self.accelerator.device)).cpu()
-        rlcr = len(self.reward_funcs) == 1 and isinstance(f, RLCRReward)
         x = method_inputs(self.capo.estimator, rewards=rewards, group_size=g, mask=mask, token_logp=lp,
                           ref_token_logp=ref, answers=answers, correct=correct, confidence=conf, format_ok=fmt,
                           verifier=f.verifier if f is not None else None, reward="rlcr" if rlcr else "terms",

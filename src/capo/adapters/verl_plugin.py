@@ -245,8 +245,8 @@ def _make_estimator(verl_name: str):
         need = needed_data(core_name, reward=opts["reward"])
         if (core_name in SCORE_ESTIMATORS or need) and ctx is None:
             raise ConfigError(
-                f"verl estimator {verl_name!r} was called outside verl's compute_advantage, so it cannot see the batch's "
-                "old_log_probs/ref_log_prob: load the plugin through verl (entry point group verl.plugins, "
+                f"verl estimator {verl_name!r} was called outside verl's compute_advantage, so it cannot see the "
+                "batch's old_log_probs/ref_log_prob: load the plugin through verl (entry point group verl.plugins, "
                 "VERL_USE_EXTERNAL_PLUGINS not 'none') or call capo.adapters.verl_plugin.register() before "
                 "importing verl.trainer.ppo.ray_trainer"
             )
