@@ -243,5 +243,7 @@ def test_presets_reach_the_adapters_or_say_why():
         preset_overrides("c2gspg")
     ace = preset_overrides("ace")
     assert "algorithm.adv_estimator=capo_ace" in ace and "actor_rollout_ref.actor.kl_loss_coef=0" in ace
-    assert "actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov" in preset_overrides("kl_cov")
+    kl = preset_overrides("kl_cov")
+    assert {"actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov",
+            "actor_rollout_ref.actor.policy_loss.ppo_kl_coef=1.0"} <= set(kl)
     assert "reward.custom_reward_function.name=compute_score_ppo_c" in preset_overrides("ppo_c")

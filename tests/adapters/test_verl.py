@@ -460,6 +460,8 @@ def test_preset_overrides_compose_with_verls_config(name):
         cfg = compose(config_name="ppo_trainer", overrides=preset_overrides(name))
     assert cfg.algorithm.adv_estimator in ADV_ESTIMATOR_REGISTRY
     get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
+    if name == "kl_cov":  # capo's kl_coef default (1) is not verl's (0.1): the override sets it
+        assert cfg.actor_rollout_ref.actor.policy_loss.ppo_kl_coef == 1.0
     fn = cfg.reward.custom_reward_function
     score = load_extern_object(module_path=fn.path, object_name=fn.name)
     assert score("m", "<answer>7</answer>", "7", {})["correct"] == 1

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextvars
 import importlib.abc
 import importlib.util
+import inspect
 import os
 import sys
 import threading
@@ -63,7 +64,15 @@ from capo.adapters._common import (
     engine_preset,
     score_texts,
 )
-from capo.core import ADVANTAGES, MASK_HIGH, MASK_LOW, advantage_step, calibration_metrics, sequence_logprob_mean
+from capo.core import (
+    ADVANTAGES,
+    MASK_HIGH,
+    MASK_LOW,
+    POLICY_LOSSES,
+    advantage_step,
+    calibration_metrics,
+    sequence_logprob_mean,
+)
 from capo.errors import ConfigError
 from capo.rollout.method_inputs import method_inputs, needed_data
 
@@ -475,6 +484,11 @@ def register() -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+# capo's clip_cov / kl_cov knobs -> verl's policy_loss keys (capo's defaults are verl's except kl_coef: 1 vs 0.1)
+_VERL_LOSS_KNOBS = {"clip_cov": {"clip_ratio": "clip_cov_ratio", "cov_low": "clip_cov_lb", "cov_high": "clip_cov_ub"},
+                    "kl_cov": {"kl_ratio": "kl_cov_ratio", "kl_coef": "ppo_kl_coef"}}
+
+
 def preset_overrides(name: str) -> list[str]:
     """verl command-line overrides that run the ``algo.name`` preset ``name`` (``capo.core.presets.ALGORITHMS``)
     with capo's estimator and reward; ConfigError for a preset verl cannot run (c2gspg: verl's policy-loss functions
@@ -483,7 +497,9 @@ def preset_overrides(name: str) -> list[str]:
     tensors: tests/core/test_loss_variants.py::test_agrees_with_verl), the aggregation to ``loss_agg_mode``."""
     p = engine_preset(name, "verl")
     verl_est = {core: v for v, core in ESTIMATORS.items()}[p["advantage"]]
-    lk, actor = p["loss_kwargs"], "actor_rollout_ref.actor"
+    params = inspect.signature(POLICY_LOSSES.get(p["loss"])).parameters
+    lk = {k: v.default for k, v in params.items() if v.default is not inspect.Parameter.empty} | p["loss_kwargs"]
+    actor = "actor_rollout_ref.actor"
     out = [f"algorithm.adv_estimator={verl_est}",
            f"{actor}.policy_loss.loss_mode={'vanilla' if p['loss'] == 'ppo_clip' else p['loss']}",
            f"{actor}.loss_agg_mode={p['aggregation']}",
@@ -491,6 +507,7 @@ def preset_overrides(name: str) -> list[str]:
            f"reward.custom_reward_function.path={os.path.join(os.path.dirname(__file__), 'verl_reward.py')}",
            f"reward.custom_reward_function.name=compute_score_{p['reward']}",
            f"+algorithm.capo.reward={p['reward']}"]
+    out += [f"{actor}.policy_loss.{verl_key}={lk[k]}" for k, verl_key in _VERL_LOSS_KNOBS.get(p["loss"], {}).items()]
     if p["loss"] == "ppo_clip" and lk.get("dual_clip") is None:
         out.append(f"{actor}.clip_ratio_c=1e9")  # capo's ppo_clip has no dual clip; verl's vanilla always clips at c
     out += [f"+algorithm.capo.{k}={v}" for k, v in p["advantage_kwargs"].items()]
