@@ -200,6 +200,9 @@ def test_verl_errors_name_the_setting(verifier, monkeypatch):
     with pytest.raises(ConfigError, match="capo_seed_grpo.*extracted answers.*compute_score"):
         _verl_call("capo_seed_grpo", b, {}, no_pred, False, verifier, monkeypatch)
     r = _batch("rlcr")
+    with pytest.raises(ConfigError, match="algorithm.capo.reward='brier' is not allowed; allowed values .*: "
+                                          "correctness, rlcr, ppo_c"):
+        _verl_call("capo_gdpo", r, {"capo": {"reward": "brier"}}, _reward_dicts(r), False, verifier, monkeypatch)
     with pytest.raises(ConfigError, match="capo_gdpo.*verdicts and verbal confidences.*compute_score_rlcr"):
         _verl_call("capo_gdpo", r, {"capo": {"reward": "rlcr"}}, {"correct": CORRECT}, False, verifier, monkeypatch)
 

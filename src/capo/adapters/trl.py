@@ -15,8 +15,10 @@ Use :class:`CapoGRPOTrainer` in place of ``trl.GRPOTrainer``::
 What it changes in TRL, and nothing else: after TRL's ``_generate_and_score_completions`` has generated, scored and
 computed its own GRPO advantages, the advantages are recomputed on the full gathered batch by capo's one CAPO-input
 step (:func:`capo.core.advantage_step`, shared with capo's trainer and the verl plugin) with the estimator named in
-:class:`CapoAdvantageConfig`; this process's slice replaces ``out["advantages"]`` and the completions table shows
-capo's values. TRL's rollout, loss, clipping, aggregation and optimizer loop are untouched. Correct/incorrect is the
+:class:`CapoAdvantageConfig` (the extra inputs of ACE, SEED-GRPO and GDPO come from
+:func:`capo.rollout.method_inputs.method_inputs`, as in capo's trainer and the verl plugin); this process's slice
+replaces ``out["advantages"]`` and the completions table shows capo's values. Presets by name: :func:`capo_preset`
+(a policy loss other than TRL's own -- c2gspg, clip_cov, kl_cov -- is refused with the reason). TRL's rollout, loss, clipping, aggregation and optimizer loop are untouched. Correct/incorrect is the
 verifier's verdict (capo's reward functions, or ``verdict_reward``), never a thresholded reward.
 
 Costs (per generation batch, this process's rows):

@@ -10,7 +10,9 @@ idempotent and may also be called by hand.
 What it registers
 - Advantage estimators in verl's ``ADV_ESTIMATOR_REGISTRY`` (``algorithm.adv_estimator=<name>``):
   ``capo`` (CAPO, arXiv 2604.12632) and ``capo_grpo``, ``capo_dr_grpo``, ``capo_rloo`` (capo core's versions of
-  the GRPO family, prefixed so they never clash with verl's own ``grpo``/``rloo``).
+  the GRPO family, prefixed so they never clash with verl's own ``grpo``/``rloo``), and ``capo_ace``,
+  ``capo_seed_grpo``, ``capo_gdpo``, ``capo_unlikeliness``, ``capo_ngrpo`` (issue 18; their extra inputs come from
+  :func:`capo.rollout.method_inputs.method_inputs`, as in capo's trainer and the TRL adapter).
 - A narrow wrapper of verl's ``compute_advantage`` (module ``verl.trainer.ppo.ray_trainer``, also imported by
   name into ``verl.trainer.ppo.v1.utils``): verl passes custom estimators only (token_level_rewards,
   response_mask, index, config), but CAPO needs the batch's ``old_log_probs`` (rollout-policy log-probs, for lpm)
@@ -33,8 +35,10 @@ the TRL adapter). Correct/incorrect is the reward function's ``correct`` (legacy
 trainer: each row's ``extra_fields``, fetched by a wrapper of ``PPOTrainer._compute_advantage``), never a
 thresholded reward. verl's padding rows (uid ``pad...``) get advantage 0.
 
-Rewards (verl's custom reward function: ``reward.custom_reward_function.path=<this file>``,
-``.name=compute_score_rlcr`` or ``compute_score_correctness``): see :func:`compute_score_rlcr`.
+Rewards (verl's custom reward function: ``reward.custom_reward_function.path=<capo/adapters/verl_reward.py>``,
+``.name=compute_score_rlcr``, ``compute_score_correctness`` or ``compute_score_ppo_c``): see
+:func:`compute_score_rlcr`. ``algorithm.capo.reward`` names the core reward it computes (GDPO's components).
+Presets: :func:`preset_overrides` gives the verl overrides of an ``algo.name`` preset.
 
 Exactness: the advantage is computed by capo core on the very tensors verl holds, so it equals the core's result
 to float precision (tested to 1e-6). Rows are grouped by verl's ``uid``; every group except the padding rows must
@@ -59,6 +63,7 @@ import torch
 from capo.adapters._common import (
     LOGPROB_MODES,
     SCORE_ESTIMATORS,
+    TEXT_REWARDS,
     MaskThresholds,
     check_estimator,
     engine_preset,
@@ -133,6 +138,9 @@ def _options(hp: dict, core_name: str, config) -> dict[str, Any]:
     opts = {k: hp.pop(k) for k in _OPTION_DEFAULTS if k in hp}
     opts = {**_OPTION_DEFAULTS, **opts}
     opts["noise_mask"] = core_name == "capo" and bool(opts["noise_mask"])
+    if opts["reward"] not in TEXT_REWARDS:
+        raise ConfigError(f"algorithm.capo.reward={opts['reward']!r} is not allowed; allowed values (the core reward "
+                          f"your reward function computes): {', '.join(TEXT_REWARDS)}")
     if opts["logprobs"] not in LOGPROB_MODES:
         raise ConfigError(f"algorithm.capo.logprobs={opts['logprobs']!r} is not allowed; allowed values: "
                           f"{', '.join(LOGPROB_MODES)}")
