@@ -83,7 +83,7 @@ def test_trl_ace_without_a_reference_says_what_to_pass(tiny_model_dir, tmp_path)
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    with pytest.raises(ConfigError, match=r"estimator 'ace' \(its confidence shift log pi_old - log pi_ref\) needs "
+    with pytest.raises(ConfigError, match=r"estimator 'ace' \(an input it reads is built from them\) needs "
                                           r"reference-model log-probs.*Pass ref_model=<model or path>"):
         CapoGRPOTrainer(model=model, reward_funcs=_tiny.seven_reward, args=_tiny.grpo_args(tmp_path / "out"),
                         train_dataset=_tiny.dataset(), processing_class=tok, capo=CapoAdvantageConfig(estimator="ace"))

@@ -18,8 +18,9 @@ step (:func:`capo.core.advantage_step`, shared with capo's trainer and the verl 
 :class:`CapoAdvantageConfig` (the extra inputs of ACE, SEED-GRPO and GDPO come from
 :func:`capo.rollout.method_inputs.method_inputs`, as in capo's trainer and the verl plugin); this process's slice
 replaces ``out["advantages"]`` and the completions table shows capo's values. Presets by name: :func:`capo_preset`
-(a policy loss other than TRL's own -- c2gspg, clip_cov, kl_cov -- is refused with the reason). TRL's rollout, loss, clipping, aggregation and optimizer loop are untouched. Correct/incorrect is the
-verifier's verdict (capo's reward functions, or ``verdict_reward``), never a thresholded reward.
+(a policy loss other than TRL's own -- c2gspg, clip_cov, kl_cov -- is refused with the reason). TRL's rollout,
+loss, clipping, aggregation and optimizer loop are untouched. Correct/incorrect is the verifier's verdict (capo's
+reward functions, or ``verdict_reward``), never a thresholded reward.
 
 Costs (per generation batch, this process's rows):
 - CAPO (and the calibration metrics) need the mean token log-prob of each completion under the rollout policy.
@@ -264,7 +265,7 @@ class CapoGRPOTrainer(GRPOTrainer):
                 ref_model = model
             if ref_model is None:
                 what = ("CAPO's noise mask" if self.capo.uses_mask() else
-                        f"estimator {self.capo.estimator!r} (its confidence shift log pi_old - log pi_ref)")
+                        f"estimator {self.capo.estimator!r} (an input it reads is built from them)")
                 off = (", or set CapoAdvantageConfig(noise_mask=False)" if self.capo.uses_mask() else "")
                 raise ConfigError(
                     f"CapoGRPOTrainer: {what} needs reference-model log-probs, and nothing supplies them: "
