@@ -41,7 +41,8 @@ def _trainer_path(correct, conf, fmt, rewards, mask, lp, ref):
                                  group_filter=False, reward="rlcr", reward_kwargs={}, loss="ppo_clip")
     cfg = types.SimpleNamespace(algo=algo, rollout=types.SimpleNamespace(group_size=G),
                                 run=types.SimpleNamespace(on_bad_sample="skip"))
-    self = types.SimpleNamespace(cfg=cfg, acc=Accelerator(cpu=True), mask_thresholds=(1.3, 1.9), step=0)
+    self = types.SimpleNamespace(cfg=cfg, acc=Accelerator(cpu=True), mask_thresholds=(1.3, 1.9), step=0,
+                                 verifier=None)
     for name in ("_guard", "_method_inputs", "_mean"):
         setattr(self, name, types.MethodType(getattr(Trainer, name), self))
     ro = types.SimpleNamespace(gen_logp=lp, response_mask=mask, lengths=mask.sum(-1), truncated=torch.zeros(len(lp)),
@@ -49,7 +50,8 @@ def _trainer_path(correct, conf, fmt, rewards, mask, lp, ref):
     from capo.verify import Verdict
 
     verdicts = [Verdict.CORRECT if c else Verdict.INCORRECT for c in correct.tolist()]
-    g = types.SimpleNamespace(correct=correct, confidence=conf, format_ok=fmt, reward_errors=0, verdicts=verdicts)
+    g = types.SimpleNamespace(correct=correct, confidence=conf, format_ok=fmt, reward_errors=0, verdicts=verdicts,
+                              answers=[None] * len(correct))
     adv, _, _ = Trainer.advantages(self, ro, g, rewards, ref, None)
     metrics = Trainer.rollout_metrics(self, ro, g, rewards)
     return adv, {k: v for k, v in metrics.items() if k.startswith("calib/")}

@@ -401,3 +401,67 @@ def test_verl_v1_trainer_advantage_step_with_padding_rows_and_reward_loop(monkey
     assert set(want) <= set(metrics)
     for key, v in want.items():
         assert v == pytest.approx(metrics[key], abs=1e-6, nan_ok=True), key
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# issue 18: the methods with extra inputs inside verl's compute_advantage; presets as verl overrides
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _by_hand(data, name, **kw):
+    """capo core's estimator on the batch grouped by uid by hand; ``kw`` values that are [N] tensors are reordered."""
+    uid = list(data.non_tensor_batch["uid"])
+    order = torch.tensor(sorted(range(len(uid)), key=lambda i: (int(uid[i][1:]), i)))
+    r = data.batch["token_level_rewards"].sum(-1).double()
+    kw = {k: v[order] if torch.is_tensor(v) else v for k, v in kw.items()}
+    a = compute_advantages(name, r[order], G, **kw)
+    out = torch.empty_like(a)
+    out[order] = a
+    return out.float()[:, None] * data.batch["response_mask"]
+
+
+def test_issue18_estimators_through_verl_compute_advantage():
+    """capo_ace (confidence shift from old_log_probs and ref_log_prob) and capo_unlikeliness (ranks by the old
+    policy's lpm) inside verl's real compute_advantage, against the core with the inputs computed by hand."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+
+    assert {"capo_ace", "capo_seed_grpo", "capo_gdpo", "capo_unlikeliness", "capo_ngrpo"} <= set(ADV_ESTIMATOR_REGISTRY)
+    rt = _ray_trainer()
+    data = _batch(seed=4)
+    mask = data.batch["response_mask"].double()
+    old, ref = data.batch["old_log_probs"].double(), data.batch["ref_log_prob"].double()
+    got = rt.compute_advantage(_copy(data), adv_estimator="capo_ace",
+                               config=OmegaConf.create({"capo": {"alpha": 0.5}})).batch["advantages"]
+    exp = _by_hand(data, "ace", alpha=0.5, confidence_shift=((old - ref) * mask).sum(-1))
+    assert torch.allclose(got, exp, atol=TOL, rtol=0) and not torch.allclose(got, _by_hand(data, "grpo"), atol=1e-3)
+    got = rt.compute_advantage(_copy(data), adv_estimator="capo_unlikeliness",
+                               config=OmegaConf.create({"capo": {"beta": 0.5}})).batch["advantages"]
+    exp = _by_hand(data, "unlikeliness", beta=0.5, scores=(old * mask).sum(-1) / mask.sum(-1))
+    assert torch.allclose(got, exp, atol=TOL, rtol=0)
+    with pytest.raises(ConfigError, match="capo_ace.*reference-model log-probs.*use_kl_loss=True"):
+        rt.compute_advantage(_batch(with_ref=False), adv_estimator="capo_ace", config=OmegaConf.create({}))
+
+
+@pytest.mark.parametrize("name", ["ace", "seed_grpo", "gdpo", "unlikeliness", "ngrpo", "clip_cov", "kl_cov", "ppo_c",
+                                  "capo"])
+def test_preset_overrides_compose_with_verls_config(name):
+    """Every override capo.adapters.verl_plugin.preset_overrides(name) gives exists in verl's config, and names an
+    estimator, a policy loss and a reward function that verl can find."""
+    import os
+
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, get_policy_loss_fn
+    from verl.utils.import_utils import load_extern_object
+
+    from capo.adapters.verl_plugin import preset_overrides
+
+    cfgdir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=cfgdir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=preset_overrides(name))
+    assert cfg.algorithm.adv_estimator in ADV_ESTIMATOR_REGISTRY
+    get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
+    if name == "kl_cov":  # capo's kl_coef default (1) is not verl's (0.1): the override sets it
+        assert cfg.actor_rollout_ref.actor.policy_loss.ppo_kl_coef == 1.0
+    fn = cfg.reward.custom_reward_function
+    score = load_extern_object(module_path=fn.path, object_name=fn.name)
+    assert score("m", "<answer>7</answer>", "7", {})["correct"] == 1

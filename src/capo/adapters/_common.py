@@ -11,6 +11,7 @@ import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -19,7 +20,10 @@ from capo.errors import ConfigError
 from capo.rollout.grading import grade
 
 # Estimators that read per-response scores (mean token log-prob under the rollout policy).
-SCORE_ESTIMATORS = frozenset({"capo"})
+SCORE_ESTIMATORS = frozenset({"capo", "unlikeliness"})
+# The core rewards the adapters compute from text (TRL reward functions, verl compute_score_*); the ones after
+# "correctness" read RLCR's <answer>/<confidence> tags.
+TEXT_REWARDS = ("correctness", "rlcr", "ppo_c")
 # Per-response inputs that capo.core.advantage_step supplies (never user hyperparameters).
 STEP_INPUTS = ("scores", "keep", "correct", "partners")
 # How the adapters take CAPO's noise-mask thresholds: the paper's fixed numbers, or quantiles of the reference
@@ -61,12 +65,14 @@ class ScoredBatch:
     confidence: verbalized confidence q in [0, 1] (RLCR), NaN where missing or invalid.
     format_ok: RLCR's format is well formed (as everywhere in capo).
     rewards: the reward values returned to the engine.
+    answers: the extracted answers (None = none; SEED-GRPO's clusters are their equivalence classes).
     """
 
     correct: list[bool]
     confidence: list[float]
     format_ok: list[bool]
     rewards: list[float]
+    answers: list[str | None]
 
 
 def _default_verifier():
@@ -83,22 +89,25 @@ def score_texts(
     verifier=None,
     answer_format: str = "auto",
     format_failure_reward: float = -1.0,
+    reward_kwargs: dict | None = None,
 ) -> ScoredBatch:
-    """Score responses against gold answers with the core reward ``kind`` ("rlcr" or "correctness").
+    """Score responses against gold answers with the core reward ``kind`` (``TEXT_REWARDS``).
 
-    Grading is capo's one grader (:func:`capo.rollout.grade`). "rlcr": the answer from the ``<answer>`` tag, reward
-    c - (q - c)^2, format failures get ``format_failure_reward``. "correctness": answer by ``answer_format``,
-    reward 1[correct].
+    Grading is capo's one grader (:func:`capo.rollout.grade`). "rlcr" / "ppo_c": the answer from the ``<answer>``
+    tag and the verbal ``<confidence>``, rewards c - (q - c)^2 / PPO-C's c +- w (q - 0.5); format failures get
+    ``format_failure_reward``. "correctness": answer by ``answer_format``, reward 1[correct]. ``reward_kwargs``:
+    the reward's other knobs (ppo_c: weight, threshold).
     """
-    if kind not in ("rlcr", "correctness"):
-        raise ValueError(f"unknown reward kind {kind!r}; allowed: rlcr, correctness")
-    g = grade(texts, golds, verifier or _default_verifier(), answer_format="rlcr" if kind == "rlcr" else answer_format)
-    kw = dict(confidence=g.confidence, format_ok=g.format_ok, format_failure_reward=format_failure_reward) \
-        if kind == "rlcr" else {}
+    if kind not in TEXT_REWARDS:
+        raise ValueError(f"unknown reward kind {kind!r}; allowed: {', '.join(TEXT_REWARDS)}")
+    tagged = kind != "correctness"
+    g = grade(texts, golds, verifier or _default_verifier(), answer_format="rlcr" if tagged else answer_format)
+    kw = dict(confidence=g.confidence, format_ok=g.format_ok, format_failure_reward=format_failure_reward,
+              **(reward_kwargs or {})) if tagged else {}
     r = REWARDS.get(kind)(g.correct, **kw)
     return ScoredBatch(correct=g.correct.tolist(), confidence=[p.confidence if p.confidence is not None else math.nan
                                                                for p in g.parses],
-                       format_ok=g.format_ok.tolist(), rewards=[float(x) for x in r])
+                       format_ok=g.format_ok.tolist(), rewards=[float(x) for x in r], answers=list(g.answers))
 
 
 def completion_text(completion) -> str:
@@ -145,3 +154,50 @@ class MaskThresholds:
                 return None
             self.value = ppl_quantile_thresholds(ppl, self.q_low, self.q_high)
         return self.value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# algorithm presets (capo.core.presets.ALGORITHMS) as an engine can run them
+# ---------------------------------------------------------------------------------------------------------------
+
+# Why an engine cannot run a component of a preset (None: it can). Each engine maps the rest to its own settings.
+_UNREACHABLE = {
+    "trl": {
+        "loss": lambda v: None if v == "ppo_clip" else (
+            f"policy loss {v!r}: TRL's GRPOTrainer computes its own loss (GRPOConfig.loss_type) and has no hook for "
+            "another; the adapter replaces only the advantages. Run it with `capo train` (or verl, where "
+            "clip_cov/kl_cov are verl's own loss modes)"),
+        "group_filter": lambda v: None if not v else (
+            "DAPO's group filter: TRL has no dynamic sampling; run it with `capo train`"),
+        "overlong_cache": lambda v: None if not v else (
+            "DAPO's overlong shaping: TRL has no soft overlong penalty; run it with `capo train`"),
+    },
+    "verl": {
+        "loss": lambda v: None if v in ("ppo_clip", "clip_cov", "kl_cov", "gspo") else (
+            f"policy loss {v!r}: verl's policy-loss functions receive only log-probs, advantages and the mask, "
+            "not the rewards this loss reads" if v == "c2gspg" else f"policy loss {v!r} has no verl equivalent"),
+        "group_filter": lambda v: None if not v else (
+            "DAPO's group filter: use verl's own algorithm.filter_groups settings"),
+        "overlong_cache": lambda v: None if not v else (
+            "DAPO's overlong shaping: use verl's own reward.overlong_buffer settings"),
+    },
+}
+
+
+def engine_preset(name: str, engine: str) -> dict[str, Any]:
+    """``ALGORITHMS[name]`` (with the defaults of the fields it leaves out) after checking that ``engine`` ("trl" or
+    "verl") can run every component; ConfigError naming the preset, the component and why otherwise."""
+    from capo.core.presets import ALGORITHMS
+
+    if name not in ALGORITHMS:
+        raise ConfigError(f"{engine}: unknown algorithm preset {name!r}; allowed values: {', '.join(ALGORITHMS)}")
+    p = {"advantage_kwargs": {}, "loss_kwargs": {}, "reward_kwargs": {}, "group_filter": False, "overlong_cache": 0,
+         "noise_mask": "off", **ALGORITHMS[name]}
+    for key, why in _UNREACHABLE[engine].items():
+        reason = why(p.get(key))
+        if reason:
+            raise ConfigError(f"{engine}: preset {name!r} cannot run here: {reason}")
+    if p["reward"] not in TEXT_REWARDS:
+        raise ConfigError(f"{engine}: preset {name!r} uses reward {p['reward']!r}, which capo's {engine} reward "
+                          f"functions do not compute (they compute {', '.join(TEXT_REWARDS)})")
+    return p

@@ -15,9 +15,12 @@ Use :class:`CapoGRPOTrainer` in place of ``trl.GRPOTrainer``::
 What it changes in TRL, and nothing else: after TRL's ``_generate_and_score_completions`` has generated, scored and
 computed its own GRPO advantages, the advantages are recomputed on the full gathered batch by capo's one CAPO-input
 step (:func:`capo.core.advantage_step`, shared with capo's trainer and the verl plugin) with the estimator named in
-:class:`CapoAdvantageConfig`; this process's slice replaces ``out["advantages"]`` and the completions table shows
-capo's values. TRL's rollout, loss, clipping, aggregation and optimizer loop are untouched. Correct/incorrect is the
-verifier's verdict (capo's reward functions, or ``verdict_reward``), never a thresholded reward.
+:class:`CapoAdvantageConfig` (the extra inputs of ACE, SEED-GRPO and GDPO come from
+:func:`capo.rollout.method_inputs.method_inputs`, as in capo's trainer and the verl plugin); this process's slice
+replaces ``out["advantages"]`` and the completions table shows capo's values. Presets by name: :func:`capo_preset`
+(a policy loss other than TRL's own -- c2gspg, clip_cov, kl_cov -- is refused with the reason). TRL's rollout,
+loss, clipping, aggregation and optimizer loop are untouched. Correct/incorrect is the verifier's verdict (capo's
+reward functions, or ``verdict_reward``), never a thresholded reward.
 
 Costs (per generation batch, this process's rows):
 - CAPO (and the calibration metrics) need the mean token log-prob of each completion under the rollout policy.
@@ -54,17 +57,20 @@ from capo.adapters._common import (
     ScoredBatch,
     check_estimator,
     completion_text,
+    engine_preset,
     score_texts,
 )
 from capo.core import MASK_HIGH, MASK_LOW, advantage_step, calibration_metrics, sequence_logprob_mean
 from capo.errors import CapoError, ConfigError
+from capo.rollout.method_inputs import method_inputs, needed_data
 
 try:
     from trl import GRPOTrainer
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("capo.adapters.trl needs TRL: pip install 'capo[trl]' (trl>=1.16,<1.17)") from e
 
-__all__ = ["CapoAdvantageConfig", "CapoGRPOTrainer", "CorrectnessReward", "RLCRReward", "TRL_INTERNALS"]
+__all__ = ["CapoAdvantageConfig", "CapoGRPOTrainer", "CorrectnessReward", "PPOCReward", "RLCRReward", "TRL_INTERNALS",
+           "capo_preset"]
 
 # The TRL internals this adapter relies on (checked by tests/adapters/test_trl_internals.py).
 TRL_INTERNALS = {
@@ -82,7 +88,10 @@ class CapoAdvantageConfig:
     """How :class:`CapoGRPOTrainer` computes advantages and what it logs."""
 
     estimator: str = "capo"
-    """capo advantage estimator name (``capo.core.ADVANTAGES``): capo, grpo, dr_grpo, rloo."""
+    """capo advantage estimator name (``capo.core.ADVANTAGES``): capo, grpo, dr_grpo, rloo, ace, seed_grpo, gdpo,
+    unlikeliness, ngrpo. ace needs reference log-probs (as the noise mask; see ``ref_model``), seed_grpo the
+    extracted answers of a capo reward function, gdpo reads RLCR's two terms (RLCRReward alone) or one component
+    per reward function (weighted by ``reward_weights`` unless estimator_kwargs gives ``weights``)."""
     estimator_kwargs: dict[str, Any] = field(default_factory=dict)
     """Hyperparameters of the estimator, e.g. {"tau": 0.6} for capo, {"eps": 1e-4} for grpo (TRL's eps)."""
     noise_mask: bool = True
@@ -111,8 +120,13 @@ class CapoAdvantageConfig:
     def uses_mask(self) -> bool:
         return self.estimator == "capo" and self.noise_mask
 
+    def needs_reference(self) -> bool:
+        """Reference log-probs: CAPO's noise mask, or an estimator input built from them (ACE)."""
+        return self.uses_mask() or "ref_token_logp" in needed_data(self.estimator)
+
     def needs_scores(self) -> bool:
-        return self.estimator in SCORE_ESTIMATORS or self.calibration_metrics
+        return (self.estimator in SCORE_ESTIMATORS or "token_logp" in needed_data(self.estimator)
+                or self.calibration_metrics)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -124,8 +138,9 @@ class _TextReward:
     kind = ""
 
     def __init__(self, answer_key: str = "answer", *, verifier=None, answer_format: str = "auto",
-                 format_failure_reward: float = -1.0):
+                 format_failure_reward: float = -1.0, reward_kwargs: dict | None = None):
         self.answer_key = answer_key
+        self.reward_kwargs = dict(reward_kwargs or {})  # the core reward's other knobs (PPO-C: weight, threshold)
         self.verifier = verifier
         self.answer_format = answer_format
         self.format_failure_reward = format_failure_reward
@@ -145,7 +160,7 @@ class _TextReward:
         self.last = score_texts(
             [completion_text(c) for c in completions], kwargs[self.answer_key], kind=self.kind,
             verifier=self.verifier, answer_format=self.answer_format,
-            format_failure_reward=self.format_failure_reward,
+            format_failure_reward=self.format_failure_reward, reward_kwargs=self.reward_kwargs,
         )
         return self.last.rewards
 
@@ -159,6 +174,16 @@ class RLCRReward(_TextReward):
     __name__ = "rlcr"
 
 
+class PPOCReward(_TextReward):
+    """PPO-C's calibrated reward in its verifiable form (arXiv 2410.09724, Sec. 4.2; ``capo.core.ppo_c_reward``) as a
+    TRL reward function: c + w (q - 0.5) for a correct answer, c - w (q - 0.5) otherwise, from the ``<answer>`` and
+    ``<confidence>`` tags; ``reward_kwargs``: weight (0.5), threshold (0.5). Malformed output gets
+    ``format_failure_reward`` (default -1)."""
+
+    kind = "ppo_c"
+    __name__ = "ppo_c"
+
+
 class CorrectnessReward(_TextReward):
     """Binary verifiable reward 1[answer equivalent to gold] as a TRL reward function. The answer is extracted with
     ``capo.verify.extract_answer(text, answer_format)`` (default "auto": RLCR tag, else last ``\\boxed{}``, else
@@ -166,6 +191,32 @@ class CorrectnessReward(_TextReward):
 
     kind = "correctness"
     __name__ = "correctness"
+
+
+# how CapoGRPOTrainer gets each piece of data an estimator input is built from (method_inputs' error hints)
+_HINTS = {"answers": "use capo's CorrectnessReward, RLCRReward or PPOCReward as a reward function (they record the "
+                     "extracted answers)",
+          "confidence": "use capo's RLCRReward as the only reward function (it records the verbal confidences)",
+          "ref_token_logp": "pass ref_model=<model or path>, or pass `model` as a path, or set beta != 0"}
+_REWARD_CLASSES = {"correctness": CorrectnessReward, "rlcr": RLCRReward, "ppo_c": PPOCReward}
+# capo's aggregation -> TRL's loss_type with the same normaliser (TRL's "dapo" divides by the global token count)
+_LOSS_TYPES = {"seq-mean-token-mean": "grpo", "token-mean": "dapo", "seq-mean-token-sum-norm": "dr_grpo"}
+
+
+def capo_preset(name: str, *, answer_key: str = "answer", verifier=None) -> tuple[CapoAdvantageConfig, dict, Any]:
+    """An ``algo.name`` preset (``capo.core.presets.ALGORITHMS``) for TRL: (CapoAdvantageConfig, the GRPOConfig
+    settings it implies -- loss_type, epsilon, epsilon_high, beta 0 --, the reward function). ConfigError for a
+    preset TRL cannot run (a policy loss other than PPO-clip: c2gspg, clip_cov, kl_cov, gspo, cispo; DAPO's group
+    filter and overlong shaping), saying why. The CAPO preset's quantile mask maps to ``mask_rule="quantile"``."""
+    p = engine_preset(name, "trl")
+    lk = p["loss_kwargs"]
+    grpo = {"loss_type": _LOSS_TYPES[p["aggregation"]], "beta": 0.0,
+            "epsilon": lk.get("eps_low", 0.2), "epsilon_high": lk.get("eps_high", lk.get("eps_low", 0.2))}
+    cfg = CapoAdvantageConfig(estimator=p["advantage"], estimator_kwargs=dict(p["advantage_kwargs"]),
+                              noise_mask=p["noise_mask"] != "off",
+                              mask_rule="quantile" if p["noise_mask"] == "quantile" else "fixed")
+    reward = _REWARD_CLASSES[p["reward"]](answer_key, verifier=verifier, reward_kwargs=p["reward_kwargs"])
+    return cfg, grpo, reward
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -209,15 +260,17 @@ class CapoGRPOTrainer(GRPOTrainer):
         self.capo_last_batch: dict[str, Any] | None = None
         self._capo_rewards_per_func: torch.Tensor | None = None
         self._capo_ref = None  # own frozen reference model (beta == 0, not PEFT)
-        if self.capo.uses_mask() and self.beta == 0.0 and not self._capo_is_peft():
+        if self.capo.needs_reference() and self.beta == 0.0 and not self._capo_is_peft():
             if ref_model is None and isinstance(model, str):
                 ref_model = model
             if ref_model is None:
+                what = ("CAPO's noise mask" if self.capo.uses_mask() else
+                        f"estimator {self.capo.estimator!r} (an input it reads is built from them)")
+                off = (", or set CapoAdvantageConfig(noise_mask=False)" if self.capo.uses_mask() else "")
                 raise ConfigError(
-                    "CapoGRPOTrainer: CAPO's noise mask needs reference-model log-probs, and nothing supplies them: "
+                    f"CapoGRPOTrainer: {what} needs reference-model log-probs, and nothing supplies them: "
                     "TRL computes them only when beta != 0, and `model` was passed as an instance. Pass "
-                    "ref_model=<model or path> (the frozen base model), or pass `model` as a path, or set "
-                    "CapoAdvantageConfig(noise_mask=False)."
+                    f"ref_model=<model or path> (the frozen base model), or pass `model` as a path{off}."
                 )
             self._capo_ref = self._capo_prepare_ref(ref_model)
 
@@ -325,7 +378,7 @@ class CapoGRPOTrainer(GRPOTrainer):
         lp = self._capo_old_logps(out, bs, timings) if cfg.needs_scores() else torch.zeros(mask.shape,
                                                                                              device=mask.device)
         ref = None
-        if cfg.uses_mask():
+        if cfg.needs_reference():
             t0 = time.perf_counter()
             self._capo_check_text_only(out)
             ref = self._capo_ref_token_logps(out, bs)
@@ -335,8 +388,9 @@ class CapoGRPOTrainer(GRPOTrainer):
         if cfg.uses_mask():
             ppl = torch.exp(-sequence_logprob_mean(ref, full_mask))
             thresholds = self._capo_thresholds.resolve(ppl[scored & full_mask.bool().any(-1)])
+        inputs, hparams = self._capo_method_inputs(rpf, rewards, correct, conf, lp, ref, full_mask, g)
         res = advantage_step(cfg.estimator, rewards, correct, g, token_logp=lp, mask=full_mask, ref_token_logp=ref,
-                             mask_thresholds=thresholds, valid=scored, hparams=cfg.estimator_kwargs)
+                             mask_thresholds=thresholds, valid=scored, hparams=hparams, inputs=inputs)
         trl_local = out["advantages"]
         out["advantages"] = res.advantages[sl].to(device=trl_local.device, dtype=trl_local.dtype)
         self._capo_log_table_advantages(res.advantages)
@@ -352,6 +406,33 @@ class CapoGRPOTrainer(GRPOTrainer):
             if not math.isnan(v):  # e.g. AUC-mean when no prompt has both classes: absent rather than NaN
                 self._metrics[mode][k].append(v)
         return out
+
+    def _capo_method_inputs(self, rpf, rewards, correct, conf, lp, ref, mask, g) -> tuple[dict, dict]:
+        """(the estimator's extra inputs, its hyperparameters) on the gathered batch, built by the function capo's
+        trainer and the verl plugin use (:func:`capo.rollout.method_inputs.method_inputs`). Answers and format flags
+        come from capo's reward function; GDPO's components are RLCR's two terms with RLCRReward alone, else one per
+        reward function (unscored = 0), weighted by TRL's ``reward_weights`` unless ``weights`` is given."""
+        hp = dict(self.capo.estimator_kwargs)
+        funcs = [f for f in self.reward_funcs if isinstance(f, _TextReward) and f.last is not None]
+        f = funcs[0] if funcs else None
+        rlcr = len(self.reward_funcs) == 1 and isinstance(f, RLCRReward)
+        need = needed_data(self.capo.estimator, reward="rlcr" if rlcr else "terms")  # gather only what is read
+        answers = fmt = None
+        if f is not None and "answers" in need:
+            from accelerate.utils import gather_object
+
+            answers = gather_object(list(f.last.answers))
+        if f is not None and "format_ok" in need:
+            fmt = self.accelerator.gather(torch.tensor(f.last.format_ok, device=self.accelerator.device)).cpu()
+        x = method_inputs(self.capo.estimator, rewards=rewards, group_size=g, mask=mask, token_logp=lp,
+                          ref_token_logp=ref, answers=answers, correct=correct, confidence=conf, format_ok=fmt,
+                          verifier=f.verifier if f is not None else None, reward="rlcr" if rlcr else "terms",
+                          reward_kwargs={"format_failure_reward": f.format_failure_reward} if rlcr else None,
+                          reward_terms=torch.nan_to_num(rpf.double().cpu()), engine="CapoGRPOTrainer",
+                          hints=_HINTS)
+        if "components" in x.advantage and not rlcr:
+            hp.setdefault("weights", [float(w) for w in self.reward_weights])
+        return x.advantage, hp
 
     def _capo_gather_rows(self, x):
         """This process's [n_local, T] rows -> the whole batch's [N, T_max] (completions are padded per process)."""

@@ -10,7 +10,9 @@ idempotent and may also be called by hand.
 What it registers
 - Advantage estimators in verl's ``ADV_ESTIMATOR_REGISTRY`` (``algorithm.adv_estimator=<name>``):
   ``capo`` (CAPO, arXiv 2604.12632) and ``capo_grpo``, ``capo_dr_grpo``, ``capo_rloo`` (capo core's versions of
-  the GRPO family, prefixed so they never clash with verl's own ``grpo``/``rloo``).
+  the GRPO family, prefixed so they never clash with verl's own ``grpo``/``rloo``), and ``capo_ace``,
+  ``capo_seed_grpo``, ``capo_gdpo``, ``capo_unlikeliness``, ``capo_ngrpo`` (issue 18; their extra inputs come from
+  :func:`capo.rollout.method_inputs.method_inputs`, as in capo's trainer and the TRL adapter).
 - A narrow wrapper of verl's ``compute_advantage`` (module ``verl.trainer.ppo.ray_trainer``, also imported by
   name into ``verl.trainer.ppo.v1.utils``): verl passes custom estimators only (token_level_rewards,
   response_mask, index, config), but CAPO needs the batch's ``old_log_probs`` (rollout-policy log-probs, for lpm)
@@ -33,8 +35,10 @@ the TRL adapter). Correct/incorrect is the reward function's ``correct`` (legacy
 trainer: each row's ``extra_fields``, fetched by a wrapper of ``PPOTrainer._compute_advantage``), never a
 thresholded reward. verl's padding rows (uid ``pad...``) get advantage 0.
 
-Rewards (verl's custom reward function: ``reward.custom_reward_function.path=<this file>``,
-``.name=compute_score_rlcr`` or ``compute_score_correctness``): see :func:`compute_score_rlcr`.
+Rewards (verl's custom reward function: ``reward.custom_reward_function.path=<capo/adapters/verl_reward.py>``,
+``.name=compute_score_rlcr``, ``compute_score_correctness`` or ``compute_score_ppo_c``): see
+:func:`compute_score_rlcr`. ``algorithm.capo.reward`` names the core reward it computes (GDPO's components).
+Presets: :func:`preset_overrides` gives the verl overrides of an ``algo.name`` preset.
 
 Exactness: the advantage is computed by capo core on the very tensors verl holds, so it equals the core's result
 to float precision (tested to 1e-6). Rows are grouped by verl's ``uid``; every group except the padding rows must
@@ -46,6 +50,8 @@ from __future__ import annotations
 import contextvars
 import importlib.abc
 import importlib.util
+import inspect
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -54,25 +60,54 @@ from typing import Any
 
 import torch
 
-from capo.adapters._common import LOGPROB_MODES, MaskThresholds, check_estimator, score_texts
-from capo.core import ADVANTAGES, MASK_HIGH, MASK_LOW, advantage_step, calibration_metrics, sequence_logprob_mean
+from capo.adapters._common import (
+    LOGPROB_MODES,
+    SCORE_ESTIMATORS,
+    TEXT_REWARDS,
+    MaskThresholds,
+    check_estimator,
+    engine_preset,
+    score_texts,
+)
+from capo.core import (
+    ADVANTAGES,
+    MASK_HIGH,
+    MASK_LOW,
+    POLICY_LOSSES,
+    advantage_step,
+    calibration_metrics,
+    sequence_logprob_mean,
+)
 from capo.errors import ConfigError
+from capo.rollout.method_inputs import method_inputs, needed_data
 
-__all__ = ["ESTIMATORS", "compute_score_correctness", "compute_score_rlcr", "register"]
+__all__ = ["ESTIMATORS", "compute_score_correctness", "compute_score_ppo_c", "compute_score_rlcr", "preset_overrides",
+           "register"]
 
 # verl estimator name -> capo core estimator name
-ESTIMATORS = {"capo": "capo", "capo_grpo": "grpo", "capo_dr_grpo": "dr_grpo", "capo_rloo": "rloo"}
-_ENABLE_REF = ("set actor_rollout_ref.actor.use_kl_loss=True with actor_rollout_ref.actor.kl_loss_coef=0 so verl "
-               "computes ref_log_prob (the KL term then contributes nothing), or disable CAPO's noise mask with "
-               "+algorithm.capo.noise_mask=false")
+ESTIMATORS = {"capo": "capo", "capo_grpo": "grpo", "capo_dr_grpo": "dr_grpo", "capo_rloo": "rloo",
+              "capo_ace": "ace", "capo_seed_grpo": "seed_grpo", "capo_gdpo": "gdpo",
+              "capo_unlikeliness": "unlikeliness", "capo_ngrpo": "ngrpo"}
+_REF_ON = ("set actor_rollout_ref.actor.use_kl_loss=True with actor_rollout_ref.actor.kl_loss_coef=0 so verl "
+           "computes ref_log_prob (the KL term then contributes nothing)")
+_ENABLE_REF = _REF_ON + ", or disable CAPO's noise mask with +algorithm.capo.noise_mask=false"
+# how verl supplies each piece of data an estimator input is built from (method_inputs' error hints)
+_HINTS = {"ref_token_logp": _REF_ON,
+          "answers": "use capo's reward function (reward.custom_reward_function.path=<capo/adapters/verl_reward.py>, "
+                     "name=compute_score_correctness/_rlcr/_ppo_c): it returns each answer as 'pred'",
+          "confidence": "use capo's compute_score_rlcr, which returns 'correct', 'confidence' and 'format_ok'"}
 
+# what capo's reward functions return besides 'score' (verl keeps them per row as reward_extra_info); 'pred' is
+# verl's own name for the extracted answer (its validation metrics vote on it)
+_REWARD_KEYS = ("correct", "confidence", "format_ok", "pred")
 _BATCH: contextvars.ContextVar = contextvars.ContextVar("capo_verl_batch", default=None)
 _V1: contextvars.ContextVar = contextvars.ContextVar("capo_verl_v1", default=None)
 _TARGET = "verl.trainer.ppo.ray_trainer"
 _TARGET_V1 = "verl.trainer.ppo.v1.trainer_base"
 # the plugin's own knobs in algorithm.capo (the rest are the estimator's hyperparameters)
 _OPTION_DEFAULTS = {"noise_mask": True, "mask_rule": "fixed", "mask_low": MASK_LOW, "mask_high": MASK_HIGH,
-                    "mask_q_low": 0.25, "mask_q_high": 0.75, "logprobs": "raw"}
+                    "mask_q_low": 0.25, "mask_q_high": 0.75, "logprobs": "raw", "reward": "correctness",
+                    "format_failure_reward": -1.0}
 _lock = threading.Lock()
 
 
@@ -103,6 +138,9 @@ def _options(hp: dict, core_name: str, config) -> dict[str, Any]:
     opts = {k: hp.pop(k) for k in _OPTION_DEFAULTS if k in hp}
     opts = {**_OPTION_DEFAULTS, **opts}
     opts["noise_mask"] = core_name == "capo" and bool(opts["noise_mask"])
+    if opts["reward"] not in TEXT_REWARDS:
+        raise ConfigError(f"algorithm.capo.reward={opts['reward']!r} is not allowed; allowed values (the core reward "
+                          f"your reward function computes): {', '.join(TEXT_REWARDS)}")
     if opts["logprobs"] not in LOGPROB_MODES:
         raise ConfigError(f"algorithm.capo.logprobs={opts['logprobs']!r} is not allowed; allowed values: "
                           f"{', '.join(LOGPROB_MODES)}")
@@ -136,22 +174,57 @@ def _group_order(index, n: int) -> tuple[torch.Tensor, int]:
     return torch.sort(gid, stable=True).indices, int(sizes[0])
 
 
-def _verdicts(ctx, rewards: torch.Tensor, need: bool) -> torch.Tensor | None:
-    """[N] bool verdicts: the reward function's ``correct`` (legacy trainer: ``non_tensor_batch``; v1 trainer: the
-    rows' ``extra_fields.reward_extra_info``), else the rewards if they are binary 0/1. None if unavailable and
-    not needed (GRPO family: only the metrics use them)."""
-    raw = None if ctx is None else ctx.correct
-    if raw is None and ctx is not None and "correct" in ctx.data.non_tensor_batch:
-        raw = ctx.data.non_tensor_batch["correct"]
-    if raw is not None and len(raw) == rewards.numel():
-        return torch.tensor([bool(float(c) > 0.5) if c is not None else False for c in list(raw)])
+def _ctx_values(ctx, key: str, n: int) -> list | None:
+    """The per-row values the reward function returned under ``key`` (legacy trainer: ``non_tensor_batch``; v1
+    trainer: the rows' ``extra_fields.reward_extra_info``, fetched into ``ctx.extra``), or None."""
+    if ctx is None:
+        return None
+    raw = ctx.extra.get(key)
+    if raw is None and key in ctx.data.non_tensor_batch:
+        raw = ctx.data.non_tensor_batch[key]
+    if raw is None or len(raw) != n or all(v is None for v in raw):  # v1: None where a row's dict lacks the key
+        return None
+    return list(raw)
+
+
+def _verdicts(ctx, rewards: torch.Tensor, need: bool, who: str = "capo") -> torch.Tensor | None:
+    """[N] bool verdicts: the reward function's ``correct``, else the rewards if they are binary 0/1. None if
+    unavailable and not needed (GRPO family: only the metrics use them)."""
+    raw = _ctx_values(ctx, "correct", rewards.numel())
+    if raw is not None:
+        return torch.tensor([bool(float(c) > 0.5) if c is not None else False for c in raw])
     if bool(((rewards == 0) | (rewards == 1)).all()):
         return rewards == 1
     if need:
-        raise ConfigError("verl estimator 'capo' needs the verifier's verdicts: the reward function must return a dict "
-                          "with 'correct' (capo's compute_score does), as the rewards here are not binary 0/1 and "
+        raise ConfigError(f"verl estimator {who!r} needs the verifier's verdicts: the reward function must return a "
+                          "dict with 'correct' (capo's compute_score does), as the rewards here are not binary 0/1 and "
                           "capo never thresholds a reward to decide correctness")
     return None
+
+
+def _floats(vals: list | None, rows: torch.Tensor) -> torch.Tensor | None:
+    if vals is None:
+        return None
+    return torch.tensor([float("nan") if v is None else float(v) for v in vals], dtype=torch.float64)[rows]
+
+
+def _method_inputs(ctx, core_name: str, verl_name: str, opts, rows, rewards, correct, lp, ref, mask, g) -> dict:
+    """The estimator's extra inputs (ACE, SEED-GRPO, GDPO) on the grouped real rows, built by the function capo's
+    trainer and the TRL adapter use (:func:`capo.rollout.method_inputs.method_inputs`). Answers, confidences and
+    format flags come from the reward function's dict ('pred', 'confidence', 'format_ok'; '' = no answer)."""
+    n = rewards.numel()
+    preds = _ctx_values(ctx, "pred", n)
+    answers = None if preds is None else [None if p is None or str(p) == "" else str(p) for p in
+                                          (preds[i] for i in rows.tolist())]
+    fmt = _floats(_ctx_values(ctx, "format_ok", n), rows)
+    x = method_inputs(core_name, rewards=rewards[rows], group_size=g, mask=mask,
+                      token_logp=None if lp is None else lp[rows], ref_token_logp=None if ref is None else ref[rows],
+                      answers=answers, correct=None if correct is None else correct[rows],
+                      confidence=_floats(_ctx_values(ctx, "confidence", n), rows),
+                      format_ok=None if fmt is None else fmt > 0.5, verifier=_get_verifier() if answers else None,
+                      reward=opts["reward"], reward_kwargs={"format_failure_reward": opts["format_failure_reward"]},
+                      engine=f"verl estimator {verl_name!r} (algorithm.capo)", hints=_HINTS)
+    return x.advantage
 
 
 def _check_temperature(ctx, opts) -> None:
@@ -186,10 +259,11 @@ def _make_estimator(verl_name: str):
         check_estimator(core_name, hp, engine=f"verl estimator {verl_name!r} (algorithm.capo)")
         n, t = token_level_rewards.shape
         ctx = _BATCH.get()
-        if core_name == "capo" and ctx is None:
+        need = needed_data(core_name, reward=opts["reward"])
+        if (core_name in SCORE_ESTIMATORS or need) and ctx is None:
             raise ConfigError(
-                "verl estimator 'capo' was called outside verl's compute_advantage, so it cannot see the batch's "
-                "old_log_probs/ref_log_prob: load the plugin through verl (entry point group verl.plugins, "
+                f"verl estimator {verl_name!r} was called outside verl's compute_advantage, so it cannot see the "
+                "batch's old_log_probs/ref_log_prob: load the plugin through verl (entry point group verl.plugins, "
                 "VERL_USE_EXTERNAL_PLUGINS not 'none') or call capo.adapters.verl_plugin.register() before "
                 "importing verl.trainer.ppo.ray_trainer"
             )
@@ -197,15 +271,16 @@ def _make_estimator(verl_name: str):
         order, g = _group_order([list(index)[i] for i in rows.tolist()], rows.numel())
         rows = rows[order]  # real rows, grouped by uid
         rewards = token_level_rewards.sum(dim=-1).double()  # [N] outcome reward (verl puts it on the last token)
-        correct = _verdicts(ctx, rewards, need=core_name == "capo")
+        correct = _verdicts(ctx, rewards, need=core_name == "capo" or "confidence" in need, who=verl_name)
         _check_temperature(ctx, opts)
         lp, ref = _log_probs(ctx, "old_log_probs", n, t), _log_probs(ctx, "ref_log_prob", n, t)
-        if core_name == "capo" and lp is None:
-            raise ConfigError("verl estimator 'capo' needs old_log_probs (or rollout_log_probs) in the batch: "
-                              "keep verl's actor log-prob recomputation on")
+        if (core_name in SCORE_ESTIMATORS or "token_logp" in need) and lp is None:
+            raise ConfigError(f"verl estimator {verl_name!r} needs old_log_probs (or rollout_log_probs) in the "
+                              "batch: keep verl's actor log-prob recomputation on")
         if opts["noise_mask"] and ref is None:
             raise ConfigError(f"verl estimator 'capo' with its noise mask needs ref_log_prob in the batch: {_ENABLE_REF}")
         mask = response_mask[rows]
+        inputs = _method_inputs(ctx, core_name, verl_name, opts, rows, rewards, correct, lp, ref, mask, g)
         thresholds = None
         if opts["noise_mask"]:
             ppl = torch.exp(-sequence_logprob_mean(ref[rows], mask))
@@ -213,7 +288,7 @@ def _make_estimator(verl_name: str):
         res = advantage_step(
             core_name, rewards[rows], (correct if correct is not None else torch.zeros(n, dtype=torch.bool))[rows],
             g, token_logp=(lp if lp is not None else torch.zeros(n, t, dtype=torch.float64))[rows], mask=mask,
-            ref_token_logp=None if ref is None else ref[rows], mask_thresholds=thresholds, hparams=hp,
+            ref_token_logp=None if ref is None else ref[rows], mask_thresholds=thresholds, hparams=hp, inputs=inputs,
         )
         out = torch.zeros(n, dtype=res.advantages.dtype)
         out[rows] = res.advantages
@@ -234,11 +309,9 @@ def _batch_metrics(ctx, res, correct: torch.Tensor, g: int, rows: torch.Tensor) 
     ok = res.valid & ~res.bad
     if not bool(ok.any()):
         return
-    conf = ctx.confidence
-    if conf is None and "confidence" in ctx.data.non_tensor_batch:
-        conf = ctx.data.non_tensor_batch["confidence"]
+    conf = _ctx_values(ctx, "confidence", len(ctx.data))
     verbal = None
-    if conf is not None and len(conf) == len(ctx.data):
+    if conf is not None:
         verbal = torch.tensor([float("nan") if c is None else float(c) for c in list(conf)], dtype=torch.float64)
         verbal = verbal[rows][ok]
     ctx.metrics.update(calibration_metrics(res.scores[ok], correct[ok], (torch.arange(rows.numel()) // g)[ok],
@@ -273,9 +346,10 @@ class _Ctx:
     """What capo's estimators see of the batch during one compute_advantage call."""
 
     data: Any  # verl's DataProto
-    correct: Any = None  # verdicts from the v1 trainer's extra_fields (legacy: data.non_tensor_batch["correct"])
     temperature: float | None = None  # the rollout temperature verl's log-probs were computed at
-    confidence: Any = None  # verbalized confidences from the v1 trainer's extra_fields (legacy: non_tensor_batch)
+    # the reward function's per-row values (_REWARD_KEYS) from the v1 trainer's extra_fields (legacy trainer:
+    # data.non_tensor_batch, read by _ctx_values)
+    extra: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)  # calib/* of the batch (v1: merged into verl's step metrics)
 
 
@@ -294,8 +368,7 @@ def _wrap(original):
         if name not in ESTIMATORS:
             return original(data, adv_estimator, *args, **kwargs)
         v1 = _V1.get()
-        ctx = _Ctx(data, correct=None if v1 is None else v1["correct"],
-                   confidence=None if v1 is None else v1["confidence"],
+        ctx = _Ctx(data, extra={} if v1 is None else v1["extra"],
                    temperature=v1["temperature"] if v1 is not None else data.meta_info.get("temperature"),
                    metrics={} if v1 is None else v1["metrics"])
         token = _BATCH.set(ctx)
@@ -334,8 +407,7 @@ def _wrap_v1(original):
             return original(self, batch, metrics)
         tq = sys.modules[_TARGET_V1].tq
         extra = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-        v1 = {"correct": _v1_extra(extra["extra_fields"], "correct"), "metrics": {},
-              "confidence": _v1_extra(extra["extra_fields"], "confidence"),
+        v1 = {"extra": {k: _v1_extra(extra["extra_fields"], k) for k in _REWARD_KEYS}, "metrics": {},
               "temperature": self.config.actor_rollout_ref.rollout.temperature}
         token = _V1.set(v1)
         try:
@@ -416,6 +488,46 @@ def register() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# algorithm presets as verl command-line overrides
+# ---------------------------------------------------------------------------------------------------------------
+
+
+# capo's clip_cov / kl_cov knobs -> verl's policy_loss keys (capo's defaults are verl's except kl_coef: 1 vs 0.1)
+_VERL_LOSS_KNOBS = {"clip_cov": {"clip_ratio": "clip_cov_ratio", "cov_low": "clip_cov_lb", "cov_high": "clip_cov_ub"},
+                    "kl_cov": {"kl_ratio": "kl_cov_ratio", "kl_coef": "ppo_kl_coef"}}
+
+
+def preset_overrides(name: str) -> list[str]:
+    """verl command-line overrides that run the ``algo.name`` preset ``name`` (``capo.core.presets.ALGORITHMS``)
+    with capo's estimator and reward; ConfigError for a preset verl cannot run (c2gspg: verl's policy-loss functions
+    never see the rewards its calibration term reads; DAPO's shaping: use verl's own settings). PPO-clip maps to
+    verl's "vanilla" loss mode, clip_cov / kl_cov to verl's own loss modes of that name (equal to capo's on the same
+    tensors: tests/core/test_loss_variants.py::test_agrees_with_verl), the aggregation to ``loss_agg_mode``."""
+    p = engine_preset(name, "verl")
+    verl_est = {core: v for v, core in ESTIMATORS.items()}[p["advantage"]]
+    params = inspect.signature(POLICY_LOSSES.get(p["loss"])).parameters
+    lk = {k: v.default for k, v in params.items() if v.default is not inspect.Parameter.empty} | p["loss_kwargs"]
+    actor = "actor_rollout_ref.actor"
+    out = [f"algorithm.adv_estimator={verl_est}",
+           f"{actor}.policy_loss.loss_mode={'vanilla' if p['loss'] == 'ppo_clip' else p['loss']}",
+           f"{actor}.loss_agg_mode={p['aggregation']}",
+           f"{actor}.clip_ratio_low={lk.get('eps_low', 0.2)}", f"{actor}.clip_ratio_high={lk.get('eps_high', 0.2)}",
+           f"reward.custom_reward_function.path={os.path.join(os.path.dirname(__file__), 'verl_reward.py')}",
+           f"reward.custom_reward_function.name=compute_score_{p['reward']}",
+           f"+algorithm.capo.reward={p['reward']}"]
+    out += [f"{actor}.policy_loss.{verl_key}={lk[k]}" for k, verl_key in _VERL_LOSS_KNOBS.get(p["loss"], {}).items()]
+    if p["loss"] == "ppo_clip" and lk.get("dual_clip") is None:
+        out.append(f"{actor}.clip_ratio_c=1e9")  # capo's ppo_clip has no dual clip; verl's vanilla always clips at c
+    out += [f"+algorithm.capo.{k}={v}" for k, v in p["advantage_kwargs"].items()]
+    out += [f"+reward.custom_reward_function.reward_kwargs.{k}={v}" for k, v in p["reward_kwargs"].items()]
+    if p["noise_mask"] != "off":
+        out.append(f"+algorithm.capo.mask_rule={'quantile' if p['noise_mask'] == 'quantile' else 'fixed'}")
+    if p["noise_mask"] != "off" or "ref_token_logp" in needed_data(p["advantage"]):
+        out += [f"{actor}.use_kl_loss=True", f"{actor}.kl_loss_coef=0"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # rewards: verl's custom reward function signature compute_score(data_source, solution_str, ground_truth, extra_info)
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -432,23 +544,38 @@ def _get_verifier():
         return _verifier
 
 
+def _score(kind: str, solution_str: str, ground_truth, **kw) -> dict[str, Any]:
+    b = score_texts([solution_str], [str(ground_truth)], kind=kind, verifier=_get_verifier(), **kw)
+    out = {"score": b.rewards[0], "correct": float(b.correct[0]), "pred": b.answers[0] or ""}
+    if kind != "correctness":
+        out |= {"confidence": b.confidence[0], "format_ok": float(b.format_ok[0])}
+    return out
+
+
 def compute_score_rlcr(data_source=None, solution_str: str = "", ground_truth: str = "", extra_info=None,
-                       format_failure_reward: float = -1.0, **kwargs) -> dict[str, float]:
+                       format_failure_reward: float = -1.0, **kwargs) -> dict[str, Any]:
     """RLCR reward (arXiv 2507.16806, eq. 2) for verl: c - (q - c)^2 from ``<answer>``/``<confidence>`` tags,
     answers compared by mathematical equivalence. Returns verl's dict form: ``score`` plus ``correct``,
-    ``confidence`` (NaN if missing) and ``format_ok`` (verl logs the extra keys as reward_extra_info)."""
-    b = score_texts([solution_str], [str(ground_truth)], kind="rlcr", verifier=_get_verifier(),
-                    format_failure_reward=format_failure_reward)
-    return {"score": b.rewards[0], "correct": float(b.correct[0]), "confidence": b.confidence[0],
-            "format_ok": float(b.format_ok[0])}
+    ``confidence`` (NaN if missing), ``format_ok`` and ``pred`` (the extracted answer, "" if none; verl's name for
+    it, SEED-GRPO's clusters are its equivalence classes); verl keeps the extra keys as reward_extra_info."""
+    return _score("rlcr", solution_str, ground_truth, format_failure_reward=format_failure_reward)
+
+
+def compute_score_ppo_c(data_source=None, solution_str: str = "", ground_truth: str = "", extra_info=None,
+                        format_failure_reward: float = -1.0, weight: float = 0.5, threshold: float = 0.5,
+                        **kwargs) -> dict[str, Any]:
+    """PPO-C's calibrated reward in its verifiable form (arXiv 2410.09724, Sec. 4.2; ``capo.core.ppo_c_reward``) for
+    verl: c +- w (q - 0.5) from ``<answer>``/``<confidence>`` tags; the same extra keys as
+    :func:`compute_score_rlcr`. ``weight``/``threshold`` via ``reward.custom_reward_function.reward_kwargs``."""
+    return _score("ppo_c", solution_str, ground_truth, format_failure_reward=format_failure_reward,
+                  reward_kwargs={"weight": weight, "threshold": threshold})
 
 
 def compute_score_correctness(data_source=None, solution_str: str = "", ground_truth: str = "", extra_info=None,
-                              answer_format: str = "auto", **kwargs) -> dict[str, float]:
-    """Binary verifiable reward 1[answer equivalent to gold] for verl (answer by ``capo.verify.extract_answer``)."""
-    b = score_texts([solution_str], [str(ground_truth)], kind="correctness", verifier=_get_verifier(),
-                    answer_format=answer_format)
-    return {"score": b.rewards[0], "correct": float(b.correct[0])}
+                              answer_format: str = "auto", **kwargs) -> dict[str, Any]:
+    """Binary verifiable reward 1[answer equivalent to gold] for verl (answer by ``capo.verify.extract_answer``);
+    extra keys ``correct`` and ``pred``."""
+    return _score("correctness", solution_str, ground_truth, answer_format=answer_format)
 
 
 compute_score = compute_score_rlcr  # verl's default custom reward function name

@@ -7,7 +7,8 @@
 - :mod:`capo.rollout.vllm_engine`: the ``vllm`` engine (its own environment);
 - :mod:`capo.rollout.prefix`: the shared-prompt-prefix helper of generation and training forwards;
 - :mod:`capo.rollout.logprobs`: the training forward ``token_logprobs`` (tiled vocabulary projection);
-- :mod:`capo.rollout.grading`: the one grader, ``grade``.
+- :mod:`capo.rollout.grading`: the one grader, ``grade``;
+- :mod:`capo.rollout.method_inputs`: the methods' extra inputs, shared by the trainer and both adapters.
 """
 
 from capo.rollout.grading import Graded, grade

@@ -9,7 +9,6 @@ model is loaded.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 import types
@@ -25,6 +24,7 @@ from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError
 from capo.rollout.engine import ENGINES, check_engine
+from capo.rollout.method_inputs import needed_data
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
 from capo.verify import ANSWER_FORMATS
 
@@ -294,8 +294,8 @@ class TrainConfig:
     @property
     def needs_reference(self) -> bool:
         a = self.algo
-        ace = a.advantage in ADVANTAGES and "confidence_shift" in inspect.signature(ADVANTAGES.get(a.advantage)).parameters
-        return a.kl_coef > 0 or a.noise_mask != "off" or ace
+        method = a.advantage in ADVANTAGES and "ref_token_logp" in needed_data(a.advantage)  # e.g. ACE
+        return a.kl_coef > 0 or a.noise_mask != "off" or method
 
     @property
     def single_update(self) -> bool:

@@ -16,7 +16,6 @@ log-probs are not the trainer's own, each token's policy loss is weighted by tru
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import math
 import random
@@ -28,8 +27,6 @@ import torch
 from accelerate import Accelerator
 
 from capo.core import (
-    ADVANTAGES,
-    POLICY_LOSSES,
     REWARDS,
     advantage_step,
     aggregate,
@@ -41,13 +38,13 @@ from capo.core import (
     overlong_penalty,
     policy_loss,
     ppl_quantile_thresholds,
-    rlcr_components,
     sequence_logprob_mean,
     truncated_is_weights,
 )
 from capo.core.calibration import summarize
 from capo.errors import CapoError
 from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs
+from capo.rollout.method_inputs import method_inputs
 from capo.rundir import Progress, run_lock
 from capo.trainer import checkpoint as ckpt
 from capo.trainer.config import TrainConfig, dump_yaml
@@ -235,25 +232,17 @@ class Trainer:
         return res.advantages, active, stats
 
     def _method_inputs(self, ro, g, rewards, lp, ref_logp) -> dict:
-        """The extra per-response inputs the configured estimator names in its signature (``confidence_shift``,
-        ``cluster_ids``, ``components``); the loss's ``rewards`` input is kept for :meth:`_micro_step`."""
-        a, G = self.cfg.algo, self.cfg.rollout.group_size
-        wants = inspect.signature(ADVANTAGES.get(a.advantage)).parameters
-        loss_wants = inspect.signature(POLICY_LOSSES.get(a.loss)).parameters
-        self.loss_inputs = {"rewards": rewards} if "rewards" in loss_wants else {}  # C2GSPG's calibration target
-        out = {}
-        if "confidence_shift" in wants:  # ACE: c_i = sum_t (log pi_old - log pi_ref), a constant
-            m = ro.response_mask.bool()
-            c = torch.where(m, lp - ref_logp, torch.zeros((), dtype=lp.dtype)).sum(-1)
-            out["confidence_shift"] = torch.where(torch.isfinite(c), c, torch.zeros((), dtype=c.dtype))
-        if "cluster_ids" in wants:  # SEED-GRPO: answer equivalence classes within each prompt (-1 = no answer)
-            groups = [g.answers[i:i + G] for i in range(0, len(g.answers), G)]
-            out["cluster_ids"] = torch.tensor([c for cl in self.verifier.equivalence_classes_batch(groups) for c in cl])
-        if "components" in wants:  # GDPO: the reward's terms, each normalised on its own
-            fail = {k: v for k, v in a.reward_kwargs.items() if k == "format_failure_reward"}
-            out["components"] = (rlcr_components(g.correct, confidence=g.confidence, format_ok=g.format_ok, **fail)
-                                 if a.reward == "rlcr" else rewards[:, None]).to(rewards.dtype)
-        return out
+        """The extra per-response inputs the configured estimator names (``confidence_shift``, ``cluster_ids``,
+        ``components``), built by the function the TRL and verl adapters use; the loss's ``rewards`` input is kept
+        for :meth:`_micro_step`."""
+        a = self.cfg.algo
+        reward = a.reward if ":" not in a.reward else "user"
+        x = method_inputs(a.advantage, a.loss, rewards=rewards, group_size=self.cfg.rollout.group_size,
+                          mask=ro.response_mask, token_logp=lp, ref_token_logp=ref_logp, answers=g.answers,
+                          correct=g.correct, confidence=g.confidence, format_ok=g.format_ok,
+                          verifier=self.verifier, reward=reward, reward_kwargs=a.reward_kwargs, engine="capo train")
+        self.loss_inputs = x.loss
+        return x.advantage
 
     def _guard(self, ro, rewards, scores, ref_logp):
         """Numerical guard: a NaN/inf reward or log-prob never reaches the parameters. By ``run.on_bad_sample``

@@ -1,0 +1,94 @@
+"""Issue 18 end to end in TRL: CapoGRPOTrainer with ACE (its own frozen reference) and SEED-GRPO (answer clusters from
+capo's CorrectnessReward) trains 2 steps on the tiny model, and the advantages TRL receives equal the core estimator
+on inputs recomputed independently (plain HF forwards; the verifier's equivalence classes of the recorded answers).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+trl = pytest.importorskip("trl", reason="TRL is not installed: pip install 'capo[trl]'")
+
+import torch  # noqa: E402
+
+from capo.core import ADVANTAGES  # noqa: E402
+from capo.errors import ConfigError  # noqa: E402
+
+G = 4
+
+
+def _recorder():
+    from capo.adapters.trl import CapoGRPOTrainer
+
+    class Recorder(CapoGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+            attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+            t = out["completion_ids"].size(1)
+
+            def token_logps(model):  # independent of the adapter: full logits, temperature 1
+                with torch.no_grad():
+                    logits = model(input_ids=ids, attention_mask=attn).logits[:, -t - 1:-1].double()
+                return torch.log_softmax(logits, -1).gather(-1, ids[:, -t:, None]).squeeze(-1)
+
+            fn = self.reward_funcs[0]
+            self.records = getattr(self, "records", []) + [dict(
+                adv=out["advantages"].double(), mask=out["completion_mask"].bool(), answers=list(fn.last.answers),
+                rewards=torch.tensor(fn.last.rewards, dtype=torch.float64),
+                lp=token_logps(self.accelerator.unwrap_model(self.model)), ref=token_logps(self.probe_ref))]
+            return out
+
+    return Recorder
+
+
+@pytest.mark.parametrize("est,hp", [("ace", {"alpha": 2.0}), ("seed_grpo", {"alpha": 1.0})])
+def test_trl_issue18_estimators_equal_core(est, hp, tiny_model_dir, tmp_path):
+    import _tiny
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from capo.adapters.trl import CapoAdvantageConfig, CorrectnessReward
+    from capo.verify import Verifier
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with Verifier(workers=1) as v:
+        Recorder = _recorder()
+        Recorder.probe_ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+        tr = Recorder(model=tiny_model_dir, reward_funcs=CorrectnessReward(verifier=v),
+                      args=_tiny.grpo_args(tmp_path / "out"), train_dataset=_tiny.dataset(), processing_class=tok,
+                      capo=CapoAdvantageConfig(estimator=est, estimator_kwargs=hp, calibration_metrics=False))
+        tr.train()
+        assert len(tr.records) == 2
+        differs = 0
+        for r in tr.records:
+            kw = {}
+            if est == "ace":
+                kw["confidence_shift"] = torch.where(r["mask"], r["lp"] - r["ref"], 0.0).sum(-1)
+            else:
+                groups = [r["answers"][i:i + G] for i in range(0, len(r["answers"]), G)]
+                kw["cluster_ids"] = torch.tensor([c for g in groups for c in v.equivalence_classes(g)])
+            want = ADVANTAGES.get(est)(r["rewards"], G, **kw, **hp)
+            # TRL holds advantages and its fused-head log-probs in float32 (ACE's reach |A| ~ 10 here: rtol 1e-6)
+            torch.testing.assert_close(r["adv"], want, rtol=1e-6, atol=1e-6)
+            grpo = ADVANTAGES.get("grpo")(r["rewards"], G)
+            differs += int(((want - grpo).abs() > 1e-4).sum())
+        assert differs > 0, "the method equalled GRPO on every row: the test would not notice a missing input"
+
+
+def test_trl_ace_without_a_reference_says_what_to_pass(tiny_model_dir, tmp_path):
+    import _tiny
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with pytest.raises(ConfigError, match=r"estimator 'ace' \(an input it reads is built from them\) needs "
+                                          r"reference-model log-probs.*Pass ref_model=<model or path>"):
+        CapoGRPOTrainer(model=model, reward_funcs=_tiny.seven_reward, args=_tiny.grpo_args(tmp_path / "out"),
+                        train_dataset=_tiny.dataset(), processing_class=tok, capo=CapoAdvantageConfig(estimator="ace"))
+    with pytest.raises(ConfigError, match="'seed_grpo' needs the extracted answers.*use capo's CorrectnessReward"):
+        tr = CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=_tiny.seven_reward,
+                             args=_tiny.grpo_args(tmp_path / "out", max_steps=1), train_dataset=_tiny.dataset(),
+                             processing_class=tok, capo=CapoAdvantageConfig(estimator="seed_grpo"))
+        tr.train()
