@@ -7,6 +7,7 @@ model with its 95% paired interval. With --plots-dir it writes the report's accu
 paired-difference forest plot as PNGs.
 
     python scripts/compare_table.py runs/compare-default --reference grpo --plots-dir docs/figures/compare --prefix default
+    python scripts/compare_table.py runs/demo-a runs/demo-b --reference grpo    # two demos with the same base and task
 """
 
 from __future__ import annotations
@@ -37,13 +38,19 @@ def _ms(xs: list) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path, help="a `capo demo` output folder")
+    ap.add_argument("out", type=Path, nargs="+",
+                    help="`capo demo` output folder(s); a model evaluated in several (e.g. base) is read from the first")
     ap.add_argument("--reference", default="grpo", help="model the paired differences are taken against")
     ap.add_argument("--n-boot", type=int, default=1000)
     ap.add_argument("--plots-dir", type=Path, default=None)
     ap.add_argument("--prefix", default="compare", help="file-name prefix of the PNGs")
     a = ap.parse_args(argv)
-    runs = [load_run(d, name=d.name) for d in sorted((a.out / "eval").iterdir()) if (d / "metrics.json").is_file()]
+    found: dict[str, Path] = {}
+    for folder in a.out:
+        for d in sorted((folder / "eval").iterdir()):
+            if (d / "metrics.json").is_file():
+                found.setdefault(d.name, d)
+    runs = [load_run(d, name=n) for n, d in sorted(found.items())]
     c = cmp_mod.compare(runs, n_boot=a.n_boot, seed=0, reference=a.reference)
     print(f"{len(c.models)} models, {c.prompts} shared held-out prompts; mean (sd over seeds)\n")
     print("| model | seeds | " + " | ".join(h for _, h in TABLE) + " |")
