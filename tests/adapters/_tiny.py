@@ -100,3 +100,13 @@ if __name__ == "__main__":  # pragma: no cover - manual check
     x = t("Q : 3 =", return_tensors="pt")
     out = m.generate(**x, do_sample=True, max_new_tokens=8, num_return_sequences=4, pad_token_id=0)
     print(json.dumps(t.batch_decode(out[:, x["input_ids"].shape[1]:], skip_special_tokens=True), indent=1))
+
+
+class VerlProto:
+    """The parts of verl's DataProto the verl plugin reads (for tests that run the plugin without verl)."""
+
+    def __init__(self, batch, non_tensor_batch):
+        self.batch, self.non_tensor_batch, self.meta_info = batch, non_tensor_batch, {"temperature": 1.0}
+
+    def __len__(self):
+        return len(next(iter(self.batch.values())))

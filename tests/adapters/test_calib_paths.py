@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from capo.core import REWARDS, advantage_step
+from _tiny import VerlProto  # tests/adapters is on sys.path (conftest.py)
 
 B, G, T = 3, 4, 5
 
@@ -67,16 +68,6 @@ def _trl_path(correct, conf, fmt, rewards, mask, lp, ref):
     return res.advantages, CapoGRPOTrainer._capo_metrics(None, res, correct, conf, G)
 
 
-class _Proto:
-    """The parts of verl's DataProto the plugin reads."""
-
-    def __init__(self, batch, non_tensor_batch):
-        self.batch, self.non_tensor_batch, self.meta_info = batch, non_tensor_batch, {"temperature": 1.0}
-
-    def __len__(self):
-        return len(next(iter(self.batch.values())))
-
-
 def _verl_path(correct, conf, fmt, rewards, mask, lp, ref):
     """The verl plugin's registered estimator on verl's tensors; rows shuffled as verl does, verdicts and
     confidences from the reward function's dict (legacy trainer: non_tensor_batch)."""
@@ -87,7 +78,7 @@ def _verl_path(correct, conf, fmt, rewards, mask, lp, ref):
     perm = torch.randperm(len(lp), generator=torch.Generator().manual_seed(0))
     tok_rewards = torch.zeros(len(lp), T)
     tok_rewards[torch.arange(len(lp)), mask.sum(-1) - 1] = rewards.float()
-    data = _Proto({"old_log_probs": lp[perm].float(), "ref_log_prob": ref[perm].float()},
+    data = VerlProto({"old_log_probs": lp[perm].float(), "ref_log_prob": ref[perm].float()},
                   {"correct": correct[perm].float().numpy().astype(object),
                    "confidence": conf[perm].numpy().astype(object)})
     ctx = vp._Ctx(data, temperature=data.meta_info["temperature"])

@@ -17,6 +17,7 @@ import torch
 from capo.core import ADVANTAGES, REWARDS, advantage_step
 from capo.errors import ConfigError
 from capo.rollout.method_inputs import method_inputs, needed_data
+from _tiny import VerlProto  # tests/adapters is on sys.path (conftest.py)
 
 B, G, T = 3, 4, 5
 # prompt 0: 1/2 and 0.5 are one answer (math-verify), prompt 1 agrees on 7 but once, prompt 2 has four answers
@@ -101,16 +102,6 @@ def _trl_path(est, hp, reward, b, verifier):
     return res.advantages
 
 
-class _Proto:
-    """The parts of verl's DataProto the plugin reads."""
-
-    def __init__(self, batch, non_tensor_batch):
-        self.batch, self.non_tensor_batch, self.meta_info = batch, non_tensor_batch, {"temperature": 1.0}
-
-    def __len__(self):
-        return len(next(iter(self.batch.values())))
-
-
 def _verl_call(verl_name, b, cfg, non_tensor, with_ref, verifier, monkeypatch):
     import numpy as np
 
@@ -125,7 +116,7 @@ def _verl_call(verl_name, b, cfg, non_tensor, with_ref, verifier, monkeypatch):
     if with_ref:
         tensors["ref_log_prob"] = b["ref"][perm].float()
     nt = {k: np.array(v, dtype=object)[perm.numpy()] for k, v in non_tensor.items()}
-    ctx = vp._Ctx(_Proto(tensors, nt), temperature=1.0)
+    ctx = vp._Ctx(VerlProto(tensors, nt), temperature=1.0)
     uid = np.array([f"u{i // G}" for i in range(n)], dtype=object)[perm.numpy()]
     token = vp._BATCH.set(ctx)
     try:
