@@ -56,7 +56,7 @@ def _parse(args):
         raise ConfigError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
     if not algos or not seeds:
         raise ConfigError("--algos and --seeds must each name at least one value")
-    ref = getattr(args, "reference", "base")
+    ref = args.reference
     if ref != "base" and ref not in algos:
         raise ConfigError(f"--reference: {ref!r} is neither 'base' nor one of --algos{did_you_mean(ref, algos)}")
     if args.steps is not None and args.steps < 1:
@@ -77,7 +77,7 @@ def run(args) -> int:
 
     algos, seeds, extra = _parse(args)
     out = Path(args.out)
-    cfgs = _configs(algos, seeds, extra, out, args.steps, getattr(args, "task", "default"))
+    cfgs = _configs(algos, seeds, extra, out, args.steps, args.task)
     with run_lock(out, "demo"):
         t0 = time.perf_counter()
         _train_all(cfgs, algos, seeds, args)
@@ -159,7 +159,7 @@ def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) 
     from capo.evaluation.report import load_run, write_report
 
     runs = [load_run(out / "eval" / n, name=n) for n in models]
-    cmp = compare(runs, reference=getattr(args, "reference", "base"))
+    cmp = compare(runs, reference=args.reference)
     runs += [load_run(Path(c.run.out_dir), name=f"{a}-seed{s} (training)") for (a, s), c in cfgs.items()]
     task = next(iter(cfgs.values())).data.dataset
     report = write_report(runs, out / "report.html", title=f"capo demo: {' vs '.join(algos)} on {task}",
