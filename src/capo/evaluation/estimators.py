@@ -63,17 +63,10 @@ def estimator_inputs(rows: list[dict], group_ids: torch.Tensor, answer_ids: torc
     return ConfidenceInputs(mask=mask, verbal=verbal, answer_ids=answer_ids, group_ids=group_ids, **fields)
 
 
-def _available(x: ConfidenceInputs) -> list[str]:
-    """The estimators whose inputs ``x`` holds (the per-token fields every row had, verbal when given)."""
-    present = {f for f, name in TOKEN_FIELDS.items() if getattr(x, name) is not None}
-    return [n for n, (need, _) in ESTIMATORS.items() if set(need) <= present and (n != "verbal" or x.verbal is not None)]
-
-
-def unavailable_estimators(rows: list[dict], has_verbal: bool) -> dict[str, str]:
-    """{estimator: why it is not in the table} for every estimator the rows do not allow: a per-token field missing
-    from some row (the vLLM engine records ``token_topk_conf`` but no ``token_entropy`` / ``token_kl_uniform``;
-    ``--no-token-stats`` records none of the statistics) or, for ``verbal``, no row with a verbal confidence."""
-    present, out = set(_present(rows)), {}
+def _missing(present: set[str], has_verbal: bool) -> dict[str, str]:
+    """{estimator: why it cannot be computed} given the per-token fields every row carries and whether there is a
+    verbal-confidence column: the one rule behind the table's estimators and ``estimators_unavailable``."""
+    out = {}
     for name, (need, _) in ESTIMATORS.items():
         missing = [f for f in need if f not in present]
         if missing:
@@ -81,6 +74,20 @@ def unavailable_estimators(rows: list[dict], has_verbal: bool) -> dict[str, str]
         elif name == "verbal" and not has_verbal:
             out[name] = "no row has a verbal confidence"
     return out
+
+
+def _available(x: ConfidenceInputs) -> list[str]:
+    """The estimators whose inputs ``x`` holds (the per-token fields every row had, verbal when given)."""
+    present = {f for f, name in TOKEN_FIELDS.items() if getattr(x, name) is not None}
+    gone = _missing(present, x.verbal is not None)
+    return [n for n in ESTIMATORS if n not in gone]
+
+
+def unavailable_estimators(rows: list[dict], has_verbal: bool) -> dict[str, str]:
+    """{estimator: why it is not in the table} for every estimator the rows do not allow: a per-token field missing
+    from some row (the vLLM engine records ``token_topk_conf`` but no ``token_entropy`` / ``token_kl_uniform``;
+    ``--no-token-stats`` records none of the statistics) or, for ``verbal``, no row with a verbal confidence."""
+    return _missing(set(_present(rows)), has_verbal)
 
 
 def _vote_weights(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
