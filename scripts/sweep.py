@@ -1,0 +1,228 @@
+"""Run a training sweep (methods x seeds) resumably, one job per CPU core, keeping a small record of each run.
+
+    python scripts/sweep.py run SPEC.yaml [--jobs 2] [--commit] [--max-runs N]
+    python scripts/sweep.py status SPEC.yaml
+
+A spec (YAML) names a preset, the methods (each a dict of config overrides), the training seeds, common overrides and
+the held-out evaluation. Each (method, seed) job trains with `capo train` into `runs/sweeps/NAME/METHOD-seedS`
+(checkpoints every `save_every` steps, so a killed job resumes from its last checkpoint), evaluates the final
+checkpoint with `capo eval` on the held-out split, and writes `sweeps/records/NAME/METHOD-seedS.json`: the job's
+settings and their hash, the final held-out metrics, the training curves (every logged `eval/*` row and a few
+`train/`/`calib/` series) and the per-response (prompt, correct, lpm) of the final evaluation, so that every
+seed-level and prompt-level statistic can be recomputed without the checkpoints. A job whose record exists with the
+same settings hash is skipped: re-running the command continues a killed or cut-off sweep, and with `--commit` each
+record is committed as it lands, so a fresh clone resumes from the repository. Records whose hash differs from the
+spec (the spec was edited) are reported and never silently mixed: delete them to rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "train/masked_frac", "calib/auc_mean",
+                "calib/auroc", "calib/ece",
+                "policy/entropy", "policy/kl", "time/step")
+EVAL_DEFAULTS = {"problems": 100, "k": 8, "batch_size": 64, "seed": 0}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (method, seed) training run of a sweep and where its files go."""
+
+    sweep: str
+    method: str
+    seed: int
+    preset: str
+    overrides: dict
+    eval: dict
+    run_dir: Path
+    record: Path
+    settings_hash: str = field(default="")
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}-seed{self.seed}"
+
+
+def load_spec(path: Path) -> dict:
+    """Read and validate a sweep spec; raises SystemExit with a message naming the bad key."""
+    spec = yaml.safe_load(Path(path).read_text()) or {}
+    allowed = {"name", "preset", "steps", "overrides", "methods", "seeds", "eval", "save_every", "description"}
+    unknown = set(spec) - allowed
+    if unknown:
+        sys.exit(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+    for key in ("name", "preset", "methods", "seeds"):
+        if not spec.get(key):
+            sys.exit(f"{path}: '{key}' is required")
+    if not isinstance(spec["methods"], dict) or not all(isinstance(v, dict) for v in spec["methods"].values()):
+        sys.exit(f"{path}: 'methods' maps each method name to a dict of config overrides")
+    if not all(isinstance(s, int) for s in spec["seeds"]):
+        sys.exit(f"{path}: 'seeds' must be a list of integers")
+    bad_eval = set(spec.get("eval") or {}) - set(EVAL_DEFAULTS)
+    if bad_eval:
+        sys.exit(f"{path}: unknown eval key(s) {sorted(bad_eval)}; allowed: {sorted(EVAL_DEFAULTS)}")
+    return spec
+
+
+def jobs(spec: dict, runs_root: Path, records_root: Path) -> list[Job]:
+    """Every (method, seed) job of the spec, seeds outermost so that a partial sweep has whole seeds."""
+    out = []
+    for seed in spec["seeds"]:
+        for method, m_over in spec["methods"].items():
+            ov = {**(spec.get("overrides") or {}), **m_over, "run.seed": seed}
+            if spec.get("steps"):
+                ov["run.steps"] = spec["steps"]
+            ov["run.save_every"] = spec.get("save_every", 10)
+            ev = {**EVAL_DEFAULTS, **(spec.get("eval") or {})}
+            settings = {"preset": spec["preset"], "overrides": ov, "eval": ev}
+            h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+            name = f"{method}-seed{seed}"
+            out.append(Job(spec["name"], method, seed, spec["preset"], ov, ev, runs_root / spec["name"] / name,
+                           records_root / spec["name"] / f"{name}.json", h))
+    return out
+
+
+def state(job: Job) -> str:
+    """'done' (record with this settings hash), 'stale' (record from other settings) or 'todo'."""
+    if not job.record.exists():
+        return "todo"
+    try:
+        rec = json.loads(job.record.read_text())
+    except json.JSONDecodeError:
+        return "todo"
+    return "done" if rec.get("settings_hash") == job.settings_hash else "stale"
+
+
+def _capo(args: list[str], log: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    with open(log, "a") as f:
+        r = subprocess.run([sys.executable, "-m", "capo.cli", *args], stdout=f, stderr=subprocess.STDOUT, env=env,
+                           cwd=ROOT)
+    if r.returncode != 0:
+        raise RuntimeError(f"`capo {' '.join(args[:1])}` failed (exit {r.returncode}); see {log}")
+
+
+def run_job(job: Job) -> dict:
+    """Train (resuming from the last checkpoint), evaluate the final checkpoint, write the record."""
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    log = job.run_dir / "sweep.log"
+    t0 = time.perf_counter()
+    flags = [x for k, v in job.overrides.items() for x in (f"--{k}", str(v))]
+    _capo(["train", "--config", job.preset, *flags, "--run.out_dir", str(job.run_dir), "--run.progress", "false"],
+          log)
+    cfg = yaml.safe_load((job.run_dir / "config.yaml").read_text())
+    steps = cfg["run"]["steps"]
+    ckpt = job.run_dir / "checkpoints" / f"step-{steps:06d}"
+    ev = job.eval
+    _capo(["eval", "--model", str(ckpt), "--dataset", cfg["data"]["dataset"], "--split", "test",
+           "--limit", str(ev["problems"]), "-k", str(ev["k"]), "--temperature", str(cfg["rollout"]["temperature"]),
+           "--max-new-tokens", str(cfg["rollout"]["max_new_tokens"]), "--batch-size", str(ev["batch_size"]),
+           "--seed", str(ev["seed"]), "--no-chat-template", "--system-prompt", "",
+           "--answer-format", cfg["data"]["answer_format"], "--n-boot", "0", "--no-token-stats",
+           "--out", str(job.run_dir / "eval"), "--no-progress"], log)
+    record = build_record(job, cfg, time.perf_counter() - t0)
+    job.record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = job.record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, separators=(",", ":")) + "\n")
+    tmp.replace(job.record)
+    return record
+
+
+def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
+    """The small, committed summary of a finished job (no checkpoints, no texts)."""
+    ev_dir = job.run_dir / "eval"
+    metrics = json.loads((ev_dir / "metrics.json").read_text())["metrics"]
+    rows = [json.loads(ln) for ln in (ev_dir / "generations.jsonl").read_text().splitlines() if ln.strip()]
+    responses = [[str(r["prompt_id"]), int(r["verdict"] == "correct"),
+                  None if r["mean_logprob"] is None else round(r["mean_logprob"], 6)] for r in rows]
+    curves = {"train": [], "eval": []}
+    for ln in (job.run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(ln)
+        curves["train"].append({"step": row["step"], **{k: row[k] for k in TRAIN_SERIES if k in row}})
+        ev = {k: v for k, v in row.items() if k.startswith("eval/")}
+        if ev:
+            curves["eval"].append({"step": row["step"], **ev})
+    return {"sweep": job.sweep, "method": job.method, "seed": job.seed, "settings_hash": job.settings_hash,
+            "settings": {"preset": job.preset, "overrides": job.overrides, "eval": job.eval}, "config": cfg,
+            "commit": _git("rev-parse", "HEAD"), "wall_s": round(wall_s, 1), "final": metrics, "curves": curves,
+            "responses": responses}
+
+
+def _git(*args: str) -> str:
+    r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def _commit(job: Job) -> None:
+    _git("add", str(job.record))
+    r = subprocess.run(["git", "commit", "-q", "-m", f"sweep {job.sweep}: record {job.name}", "--", str(job.record)],
+                       cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"  (git commit of {job.record} failed: {r.stderr.strip() or r.stdout.strip()})", flush=True)
+
+
+def run(spec: dict, all_jobs: list[Job], n_jobs: int, commit: bool, max_runs: int | None) -> int:
+    states = {j.name: state(j) for j in all_jobs}
+    for j in all_jobs:
+        if states[j.name] == "stale":
+            print(f"stale record (settings changed since it was written; delete it to rerun): {j.record}")
+    todo = [j for j in all_jobs if states[j.name] == "todo"]
+    todo = todo[:max_runs] if max_runs is not None else todo
+    n_done = sum(s == "done" for s in states.values())
+    print(f"sweep {spec['name']}: {len(all_jobs)} jobs, {n_done} done, {len(todo)} to run now with {n_jobs} job(s) "
+          "at a time", flush=True)
+    failed = 0
+    with ThreadPoolExecutor(max_workers=n_jobs) as pool:
+        futures = {pool.submit(run_job, j): j for j in todo}
+        for fut in as_completed(futures):
+            j = futures[fut]
+            try:
+                rec = fut.result()
+            except Exception as e:  # noqa: BLE001 - one failed job must not stop the others
+                failed += 1
+                print(f"  FAILED {j.name}: {e}", flush=True)
+                continue
+            f = rec["final"]
+            print(f"  done {j.name} in {rec['wall_s'] / 60:.1f} min: accuracy {f['accuracy']:.3f} "
+                  f"AUC-mean {f['auc_mean']:.3f}", flush=True)
+            if commit:
+                _commit(j)
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=("run", "status"))
+    ap.add_argument("spec", type=Path)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="jobs at a time (default: one per core)")
+    ap.add_argument("--commit", action="store_true", help="git-commit each record as it lands")
+    ap.add_argument("--max-runs", type=int, default=None, help="run at most this many jobs now (then stop)")
+    ap.add_argument("--runs-root", type=Path, default=ROOT / "runs" / "sweeps", help="where run folders go")
+    ap.add_argument("--records-root", type=Path, default=ROOT / "sweeps" / "records", help="where records go")
+    a = ap.parse_args(argv)
+    spec = load_spec(a.spec)
+    all_jobs = jobs(spec, a.runs_root, a.records_root)
+    if a.command == "status":
+        for j in all_jobs:
+            print(f"{state(j):6} {j.name}")
+        return 0
+    if a.jobs < 1:
+        sys.exit("--jobs must be >= 1")
+    return run(spec, all_jobs, a.jobs, a.commit, a.max_runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
