@@ -86,3 +86,40 @@ def test_bad_spec_names_the_key(tmp_path, bad, message):
     with pytest.raises(SystemExit) as e:
         sweep.load_spec(_write(tmp_path, {**SPEC, **bad}))
     assert message in str(e.value)
+
+
+_rspec = importlib.util.spec_from_file_location("sweep_report", ROOT / "scripts" / "sweep_report.py")
+sweep_report = importlib.util.module_from_spec(_rspec)
+sys.modules["sweep_report"] = sweep_report
+_rspec.loader.exec_module(sweep_report)
+
+
+def _record(method, seed, acc, auc):
+    final = {k: 0.5 for k in sweep_report.MEASURES} | {"accuracy": acc, "auc_mean": auc}
+    curves = {"eval": [{"step": 20, "eval/accuracy": acc - 0.1, "eval/auc_mean": auc}, {"step": 40, "eval/accuracy": acc,
+                                                                                        "eval/auc_mean": auc}]}
+    return {"method": method, "seed": seed, "final": final, "curves": curves}
+
+
+def test_seed_paired_statistics_hand_computed(tmp_path):
+    # differences capo - grpo over seeds 1, 2, 3: 0.1, 0.2, 0.3 -> mean 0.2, sd 0.1,
+    # t(0.975, 2) = 4.302652729911275, half-width 4.302652729911275 * 0.1 / sqrt(3) = 0.248414...
+    # t statistic 0.2 / (0.1 / sqrt(3)) = 3.4641 -> two-sided p = 0.074180...
+    # power: effect 0.03 / 0.1 = 0.3 standard deviations needs ~89.1 seeds (paired t, 80%, 5%)
+    recs = [_record("grpo", s, 0.4, 0.6) for s in (1, 2, 3)]
+    recs += [_record("capo", s, 0.4, 0.6 + d) for s, d in ((1, 0.1), (2, 0.2), (3, 0.3))]
+    recs.append(_record("capo", 4, 0.4, 0.9))  # a seed GRPO has not finished: not paired
+    for r in recs:
+        (tmp_path / f"{r['method']}-seed{r['seed']}.json").write_text(json.dumps(r))
+    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03)
+    d = s["paired"]["capo"]["auc_mean"]
+    assert d["seeds"] == [1, 2, 3]
+    assert d["mean"] == pytest.approx(0.2, abs=1e-12) and d["sd"] == pytest.approx(0.1, abs=1e-12)
+    half = 4.302652729911275 * 0.1 / 3 ** 0.5
+    assert (d["low"], d["high"]) == pytest.approx((0.2 - half, 0.2 + half), abs=1e-9)
+    assert d["p"] == pytest.approx(0.07418, abs=5e-5)
+    assert 88 < d["seeds_needed"] < 91
+    assert s["methods"]["capo"]["auc_mean"]["mean"] == pytest.approx((0.7 + 0.8 + 0.9 + 0.9) / 4)
+    assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
+    assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] | 0.100 | 0.0742 | 89 |" in (tmp_path / "out" / "summary.md").read_text()

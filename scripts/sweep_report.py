@@ -1,0 +1,186 @@
+"""Turn a sweep's records (scripts/sweep.py) into the tables, the curves and the forest plot, with the training seed
+as the unit.
+
+    python scripts/sweep_report.py sweeps/records/NAME --reference grpo [--out docs/figures/sweeps/NAME]
+
+Prints, and writes to OUT/summary.md and OUT/summary.json:
+- per-seed final held-out values of each method;
+- mean and sd over seeds;
+- each method minus the reference, paired by training seed: mean difference, its sd, a 95% t-interval over the
+  seeds (n_seeds - 1 degrees of freedom) and the two-sided paired t-test p-value; only seeds that every compared
+  method finished enter;
+- the power analysis: how many seeds a paired t-test needs to detect a difference of --effect (default 0.03) with
+  80% power at the 5% level, given the observed sd of the paired difference (statsmodels `TTestPower`).
+Figures: OUT/curves.png (held-out accuracy and AUC-mean during training, mean and a band of +-1 sd over seeds) and
+OUT/forest.png (the paired seed-level differences with their t-intervals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "aurc", "verbal_ece", "majority_vote",
+            "perplexity_consistency")
+CURVES = ("eval/accuracy", "eval/auc_mean")
+
+
+def load_records(folder: Path) -> dict[str, dict[int, dict]]:
+    """method -> seed -> record."""
+    out: dict[str, dict[int, dict]] = {}
+    for p in sorted(Path(folder).glob("*.json")):
+        rec = json.loads(p.read_text())
+        out.setdefault(rec["method"], {})[rec["seed"]] = rec
+    if not out:
+        sys.exit(f"{folder}: no records (*.json) found")
+    return out
+
+
+def paired(records: dict, method: str, reference: str, measure: str, effect: float) -> dict:
+    """Seed-paired difference method - reference over the seeds both finished."""
+    from scipy import stats
+    from statsmodels.stats.power import TTestPower
+
+    seeds = sorted(set(records[method]) & set(records[reference]))
+    d = np.array([records[method][s]["final"][measure] - records[reference][s]["final"][measure] for s in seeds],
+                 dtype=float)
+    n = len(d)
+    out = {"n_seeds": n, "seeds": seeds, "diffs": d.tolist(), "mean": float(d.mean()) if n else None}
+    if n >= 2:
+        sd = float(d.std(ddof=1))
+        half = float(stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n))
+        p = float(stats.ttest_1samp(d, 0.0).pvalue) if sd > 0 else (0.0 if d.mean() != 0 else 1.0)
+        need = (float(TTestPower().solve_power(effect_size=effect / sd, alpha=0.05, power=0.8))
+                if sd > 0 else 2.0)
+        out |= {"sd": sd, "low": out["mean"] - half, "high": out["mean"] + half, "p": p, "seeds_needed": need}
+    return out
+
+
+def summary(records: dict, reference: str, effect: float) -> dict:
+    per_method = {}
+    for m, by_seed in records.items():
+        vals = {k: [by_seed[s]["final"].get(k) for s in sorted(by_seed)] for k in MEASURES}
+        per_method[m] = {"seeds": sorted(by_seed),
+                         **{k: {"per_seed": v, "mean": _mean(v), "sd": _sd(v)} for k, v in vals.items()}}
+    diffs = {m: {k: paired(records, m, reference, k, effect) for k in MEASURES if _has(records, m, reference, k)}
+             for m in records if m != reference}
+    return {"reference": reference, "effect": effect, "methods": per_method, "paired": diffs}
+
+
+def _has(records, m, ref, k) -> bool:
+    return all(r["final"].get(k) is not None for x in (m, ref) for r in records[x].values())
+
+
+def _mean(v):
+    v = [x for x in v if x is not None]
+    return float(np.mean(v)) if v else None
+
+
+def _sd(v):
+    v = [x for x in v if x is not None]
+    return float(np.std(v, ddof=1)) if len(v) > 1 else None
+
+
+def markdown(s: dict) -> str:
+    ref, lines = s["reference"], []
+    seeds = sorted({x for m in s["methods"].values() for x in m["seeds"]})
+    lines += ["Per seed (final held-out accuracy / AUC-mean)", "",
+              "| method | " + " | ".join(str(x) for x in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for m, v in s["methods"].items():
+        cells = {sd: f"{a:.3f} / {u:.3f}" for sd, a, u in zip(v["seeds"], v["accuracy"]["per_seed"],
+                                                                 v["auc_mean"]["per_seed"])}
+        lines.append(f"| {m} | " + " | ".join(cells.get(x, "-") for x in seeds) + " |")
+    lines += ["", "Mean (sd over seeds)", "", "| method | seeds | " + " | ".join(MEASURES) + " |",
+              "|---|---|" + "---|" * len(MEASURES)]
+    for m, v in s["methods"].items():
+        lines.append(f"| {m} | {len(v['seeds'])} | " + " | ".join(_ms(v[k]["mean"], v[k]["sd"]) for k in MEASURES)
+                     + " |")
+    lines += ["", f"Paired by training seed, method - {ref}: mean [95% t-interval over seeds], p (paired t-test); "
+              f"seeds needed for {s['effect']} at 80% power", "",
+              "| method | measure | seeds | difference [95% CI] | sd of difference | p | seeds needed |",
+              "|---|---|---|---|---|---|---|"]
+    for m, by_k in s["paired"].items():
+        for k, d in by_k.items():
+            if "sd" in d:
+                lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
+                             f"| {d['sd']:.3f} | {d['p']:.3g} | {d['seeds_needed']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ms(m, sd) -> str:
+    return "-" if m is None else f"{m:.3f}" + (f" ({sd:.3f})" if sd is not None else "")
+
+
+def plot_curves(records: dict, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    for ax, key in zip(fig.subplots(1, len(CURVES)), CURVES):
+        for m, by_seed in records.items():
+            steps = sorted({r["step"] for rec in by_seed.values() for r in rec["curves"]["eval"]})
+            ys = np.array([[_at(rec, st, key) for st in steps] for rec in by_seed.values()], dtype=float)
+            mu = np.nanmean(ys, axis=0)
+            sd = np.nanstd(ys, axis=0, ddof=1) if len(ys) > 1 else np.zeros(len(steps))
+            ax.plot(steps, mu, marker="o", label=f"{m} ({len(ys)} seeds)")
+            ax.fill_between(steps, mu - sd, mu + sd, alpha=0.2)
+        ax.set(xlabel="training step", ylabel=key, title=f"held-out {key.split('/')[1]} (mean, band = +-1 sd)")
+        ax.legend()
+    fig.savefig(path, dpi=110)
+
+
+def _at(rec, step, key):
+    for r in rec["curves"]["eval"]:
+        if r["step"] == step:
+            return r.get(key, np.nan)
+    return np.nan
+
+
+def plot_forest(s: dict, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = [(f"{m}: {k}", d) for m, by_k in s["paired"].items() for k, d in by_k.items()
+            if "sd" in d and k in ("accuracy", "auc_mean", "auroc", "ece", "brier")]
+    fig = Figure(figsize=(9, 0.45 * len(rows) + 1.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for i, (label, d) in enumerate(rows):
+        ax.errorbar(d["mean"], i, xerr=[[d["mean"] - d["low"]], [d["high"] - d["mean"]]], fmt="o", capsize=4)
+    ax.axvline(0, color="grey", lw=1)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"difference vs {s['reference']} (95% t-interval over training seeds, paired)")
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("records", type=Path, help="a sweep's record folder (sweeps/records/NAME)")
+    ap.add_argument("--reference", default="grpo", help="the method every other is paired against")
+    ap.add_argument("--effect", type=float, default=0.03, help="difference the power analysis is for")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default: docs/figures/sweeps/NAME)")
+    a = ap.parse_args(argv)
+    records = load_records(a.records)
+    if a.reference not in records:
+        sys.exit(f"--reference {a.reference!r} has no records; methods: {', '.join(sorted(records))}")
+    out = a.out or Path(__file__).resolve().parent.parent / "docs" / "figures" / "sweeps" / a.records.name
+    out.mkdir(parents=True, exist_ok=True)
+    s = summary(records, a.reference, a.effect)
+    md = markdown(s)
+    (out / "summary.md").write_text(md)
+    (out / "summary.json").write_text(json.dumps(s, indent=1))
+    print(md)
+    plot_curves(records, out / "curves.png")
+    plot_forest(s, out / "forest.png")
+    print(f"figures: {out / 'curves.png'}, {out / 'forest.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
