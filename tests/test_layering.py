@@ -80,3 +80,42 @@ def test_importing_core_loads_no_engine():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", out
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """capo module -> the capo modules it imports (any import in the file, lazy ones included; a name imported from
+    a package counts as its submodule when one of that name exists; package __init__ files are left out)."""
+    mods = {".".join(("capo", *f.relative_to(SRC).with_suffix("").parts)): f for f in SRC.rglob("*.py")
+            if f.name != "__init__.py"}
+    graph = {}
+    for name, f in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name in mods}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods}
+                deps |= {node.module} & set(mods)
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_no_import_circles():
+    """No module reaches itself through imports (lazy imports inside functions included): a circle hides a layer
+    boundary inside a package and makes import order matter."""
+    graph, circles = _module_graph(), []
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                circles.append(" -> ".join(path[path.index(d):] + [d]))
+            elif d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not circles, "import circles:\n" + "\n".join(circles)

@@ -154,16 +154,7 @@ def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
 
 
 def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) -> None:
-    """The comparison report, summary.json and the terminal table."""
-    from capo.evaluation.compare import compare, headline
-    from capo.evaluation.report import load_run, write_report
-
-    runs = [load_run(out / "eval" / n, name=n) for n in models]
-    cmp = compare(runs, reference=args.reference)
-    runs += [load_run(Path(c.run.out_dir), name=f"{a}-seed{s} (training)") for (a, s), c in cfgs.items()]
-    task = next(iter(cfgs.values())).data.dataset
-    report = write_report(runs, out / "report.html", title=f"capo demo: {' vs '.join(algos)} on {task}",
-                          comparison=cmp)
+    """summary.json and the terminal table first, then the comparison report (a drawing failure loses no result)."""
     keys = ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece", "verbal_brier")
     summary = {n: {k: _flat(r).get(k) for k in keys} for n, r in results.items()}
     by_algo = {"base": [summary["base"]]} | {a: [summary[f"{a}-seed{s}"] for s in seeds] for a in algos}
@@ -176,11 +167,27 @@ def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) 
     print(f"{'model':<{w}}" + "".join(f"{k:>17}" for k in keys))
     for a, row in table.items():
         print(f"{a:<{w}}" + "".join(f"{_ms(*v):>17}" for v in row.values()))
-    print("\nAUC-mean, paired per-prompt difference vs base (prompts mixed for both; 95% bootstrap interval):")
+    print("\nAUC-mean, paired per-prompt difference vs base (prompts mixed for both; 95% bootstrap interval over "
+          "prompts):")
     for n, d in paired.items():
         print(f"  {n:<{w + 7}} {_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  "
               f"over {d['n_prompts']} prompts")
-    print(f"\nreport: {report}   ({(time.perf_counter() - t0) / 60:.1f} min in all)")
+    _report(models, cfgs, algos, out, args, t0)
+
+
+def _report(models, cfgs, algos, out: Path, args, t0: float) -> None:
+    from capo.evaluation.compare import compare, headline
+    from capo.evaluation.report import draw_safely, load_run, write_report
+
+    runs = [load_run(out / "eval" / n, name=n) for n in models]
+    cmp = compare(runs, reference=args.reference)
+    runs += [load_run(Path(c.run.out_dir), name=f"{a}-seed{s} (training)") for (a, s), c in cfgs.items()]
+    task = next(iter(cfgs.values())).data.dataset
+    evals = " ".join(str(out / "eval" / n) for n in models)
+    if draw_safely(lambda: write_report(runs, out / "report.html", title=f"capo demo: {' vs '.join(algos)} on {task}",
+                                        comparison=cmp),
+                   "the demo's report", f"capo report {evals} --reference {args.reference} --out {out / 'report.html'}"):
+        print(f"\nreport: {out / 'report.html'}   ({(time.perf_counter() - t0) / 60:.1f} min in all)")
     print("\nconclusion (computed from the numbers above; the report opens with the same paragraph):")
     print(textwrap.fill(headline(cmp)[0], width=110))
 

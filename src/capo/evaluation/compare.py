@@ -22,7 +22,7 @@ from capo.core import calibration as cal
 from capo.core import voting
 from capo.core.checks import did_you_mean
 from capo.errors import ConfigError
-from capo.evaluation.metrics import columns
+from capo.evaluation.metrics import assign_answer_ids, columns
 
 __all__ = ["MEASURES", "Model", "Comparison", "compare", "headline", "model_name"]
 
@@ -118,7 +118,6 @@ def _load_seed(run_dir: Path) -> _Seed | None:
 
 def _answer_ids(rows: list[dict]) -> None:
     """The votes' answer classes, by the same function and verifier ``capo eval`` uses for metrics.json."""
-    from capo.evaluation.run import assign_answer_ids
     from capo.verify import Verifier
 
     for r in rows:

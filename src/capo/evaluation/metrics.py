@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from capo.core import calibration as cal
 from capo.core import voting
 from capo.evaluation.estimators import estimator_table, unavailable_estimators
+
+if TYPE_CHECKING:
+    from capo.verify import Verifier
 
 __all__ = ["columns", "compute_metrics", "pass_ks"]
 
@@ -197,3 +200,16 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
         knobs=conf_knobs, keep_fraction=keep_fraction, n_bins=n_bins, n_boot=n_boot, seed=seed)
     curves["estimators_unavailable"] = unavailable_estimators(rows, cols.has_verbal)
     return {"metrics": {k: _finite(v) for k, v in m.items()}, "curves": curves}
+
+
+def assign_answer_ids(rows: list[dict], verifier: Verifier) -> None:
+    """Set each row's ``answer_id``: the math-verify equivalence class of its extracted answer among the responses
+    to the same prompt (-1 = no answer), numbered by first occurrence. Votes read it."""
+    by_prompt: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_prompt.setdefault(str(r["prompt_id"]), []).append(i)
+    groups = list(by_prompt.values())
+    classes = verifier.equivalence_classes_batch([[rows[i]["answer"] for i in idx] for idx in groups])
+    for idx, ids in zip(groups, classes):
+        for i, a in zip(idx, ids):
+            rows[i]["answer_id"] = a

@@ -6,6 +6,8 @@ import io
 import os
 from pathlib import Path
 
+from capo.evaluation.stats import proportion_interval
+
 __all__ = ["plot_acc_vs_auc", "plot_bands", "plot_hist", "plot_paired", "plot_reliability", "plot_reliability_panels",
            "plot_selective", "plot_training", "png_bytes"]
 
@@ -24,6 +26,12 @@ def png_bytes(fig) -> bytes:
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     _plt().close(fig)
     return buf.getvalue()
+
+
+def _bar(v: float, lo: float, hi: float) -> list[list[float]]:
+    """matplotlib's [[below], [above]] error-bar lengths for an interval (lo, hi) around v, never negative: a
+    percentile bootstrap interval need not contain its point estimate, and the bar then stops at the point."""
+    return [[max(v - lo, 0.0)], [max(hi - v, 0.0)]]
 
 
 def _save(data: bytes, path: Path | None) -> bytes:
@@ -114,8 +122,8 @@ def plot_acc_vs_auc(points: dict[str, dict], path: Path | None = None) -> bytes:
     fig, ax = plt.subplots(figsize=(7, 6) if many else (5, 4.5))
     for i, (name, p) in enumerate(points.items()):
         col = plt.get_cmap("tab20")(i % 20) if many else f"C{i}"
-        xerr = [[p["acc"] - p["acc_lo"]], [p["acc_hi"] - p["acc"]]] if p.get("acc_lo") is not None else None
-        yerr = [[p["auc"] - p["auc_lo"]], [p["auc_hi"] - p["auc"]]] if p.get("auc_lo") is not None else None
+        xerr = _bar(p["acc"], p["acc_lo"], p["acc_hi"]) if p.get("acc_lo") is not None else None
+        yerr = _bar(p["auc"], p["auc_lo"], p["auc_hi"]) if p.get("auc_lo") is not None else None
         ax.errorbar([p["acc"]], [p["auc"]], xerr=xerr, yerr=yerr, fmt="o", color=col, ms=8, capsize=3, label=name)
         if len(p.get("seeds", [])) > 1:
             xs, ys = zip(*p["seeds"])
@@ -146,7 +154,7 @@ def plot_paired(panels: dict[str, dict[str, tuple[float, float, float]]], refere
             v, lo, hi = rows[m]
             ok = lo == lo and hi == hi  # no NaN
             excl = ok and (lo > 0 or hi < 0)
-            xerr = [[max(v - lo, 0.0)], [max(hi - v, 0.0)]] if ok else None  # a percentile interval may miss v
+            xerr = _bar(v, lo, hi) if ok else None
             ax.errorbar([v], [y], xerr=xerr, fmt="o", color="C3" if excl else "C0", mfc=None if excl else "white",
                         capsize=2, ms=5)
         ax.axvline(0.0, color="grey", lw=1, ls=":")
@@ -157,15 +165,6 @@ def plot_paired(panels: dict[str, dict[str, tuple[float, float, float]]], refere
     fig.suptitle(f"Paired differences vs {reference} (95% bootstrap interval over prompts; filled red: excludes 0)",
                  fontsize=9)
     return _save(png_bytes(fig), path)
-
-
-def _wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson 95% interval of a proportion k/n."""
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / den
-    return mid - half, mid + half
 
 
 def plot_reliability_panels(runs: dict[str, dict], path: Path | None = None, key: str = "reliability",
@@ -186,9 +185,9 @@ def plot_reliability_panels(runs: dict[str, dict], path: Path | None = None, key
         for lo_e, hi_e, conf, acc, n in zip(edges[:-1], edges[1:], rel["confidence"], rel["accuracy"], rel["count"]):
             if not n or acc is None:
                 continue
-            lo, hi = _wilson(acc * n, n)
+            lo, hi = proportion_interval(acc * n, n)
             ax.bar((lo_e + hi_e) / 2, acc, width=(hi_e - lo_e) * 0.9, color=f"C{i}", alpha=0.55)
-            ax.errorbar([(lo_e + hi_e) / 2], [acc], yerr=[[acc - lo], [hi - acc]], color="k", lw=0.8, capsize=2)
+            ax.errorbar([(lo_e + hi_e) / 2], [acc], yerr=_bar(acc, lo, hi), color="k", lw=0.8, capsize=2)
             ax.text((lo_e + hi_e) / 2, min(hi + 0.02, 0.97), str(n), ha="center", fontsize=6)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)

@@ -11,6 +11,7 @@ import html
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ import torch
 from capo.errors import DataError
 from capo.evaluation import compare, plots
 
-__all__ = ["RunInfo", "load_run", "render_report", "write_report"]
+__all__ = ["RunInfo", "draw_safely", "load_run", "render_report", "write_report"]
 
 # (key, label, format) of the headline table, in order
 SUMMARY_KEYS = [
@@ -453,3 +454,16 @@ def write_report(runs: list[RunInfo], out: Path, title: str = "capo report", com
     tmp.write_text(render_report(runs, title, comparison), encoding="utf-8")
     os.replace(tmp, out)
     return out
+
+
+def draw_safely(draw, what: str, rerender: str) -> bool:
+    """Run ``draw()`` (figures, a report) after a run's results are saved; if it fails, print one line that says
+    what failed, that every result is kept, and the command that draws it again, and return False."""
+    try:
+        draw()
+    except Exception as e:  # noqa: BLE001 - drawing must never cost a finished run its results
+        msg = str(e).splitlines()[0] if str(e) else ""
+        print(f"capo: {what} could not be drawn ({type(e).__name__}: {msg}); every result is saved. "
+              f"Draw it again with: {rerender}", file=sys.stderr, flush=True)
+        return False
+    return True

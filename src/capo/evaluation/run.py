@@ -8,7 +8,8 @@ Run directory layout (``--out DIR``)::
     timing.json          wall-clock seconds spent generating / verifying, summed over sessions
     plots/*.png          reliability diagram, precision-coverage curve, confidence histograms
     report.html          self-contained report
-    metrics.json         written last, atomically: a run is complete exactly when this file exists
+    metrics.json         written atomically once every row is judged: a run is complete exactly when this file
+                         exists; the figures and the report are drawn after it (a drawing failure loses no result)
 
 Resume: rerunning the same command continues where it stopped. Prompts are split into fixed batches
 (``batch_size // k`` prompts each, in dataset order) and batch b is sampled with seed ``seed * 1_000_003 + b``;
@@ -36,10 +37,10 @@ from capo.core.checks import did_you_mean
 from capo.errors import ConfigError, DataError
 from capo.evaluation import plots
 from capo.evaluation.estimators import ESTIMATOR_KNOBS, TOKEN_FIELDS
-from capo.evaluation.metrics import compute_metrics
+from capo.evaluation.metrics import assign_answer_ids, compute_metrics
 import torch
 
-from capo.evaluation.report import RunInfo, render_report
+from capo.evaluation.report import RunInfo, draw_safely, render_report
 from capo.rollout.engine import check_engine
 from capo.rollout.grading import Graded, grade
 from capo.rollout.models import AUTOCAST_MODES
@@ -174,49 +175,43 @@ def _token_fields(smp: Sample) -> dict:
     return out
 
 
-def assign_answer_ids(rows: list[dict], verifier: Verifier) -> None:
-    """Set each row's ``answer_id``: the math-verify equivalence class of its extracted answer among the responses
-    to the same prompt (-1 = no answer), numbered by first occurrence. Votes read it."""
-    by_prompt: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        by_prompt.setdefault(str(r["prompt_id"]), []).append(i)
-    groups = list(by_prompt.values())
-    classes = verifier.equivalence_classes_batch([[rows[i]["answer"] for i in idx] for idx in groups])
-    for idx, ids in zip(groups, classes):
-        for i, a in zip(idx, ids):
-            rows[i]["answer_id"] = a
-
-
 def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, verifier: Verifier,
             timing: dict) -> dict:
-    """Answer classes, metrics, plots, report; metrics.json last."""
+    """Answer classes, metrics, then the figures and the report. Every data file is complete before any figure is
+    drawn: metrics.json (written atomically; a run is complete exactly when it exists) and generations.jsonl with
+    each row's answer class. A figure or report that fails to draw costs one printed line, never a result."""
     t0 = time.perf_counter()
     assign_answer_ids(rows, verifier)
     timing["classes_s"] = time.perf_counter() - t0
     res = compute_metrics(rows, n_bins=s.n_bins, n_boot=s.n_boot, seed=s.seed, keep_fraction=s.keep_fraction,
                           conf_knobs={k: getattr(s, k) for k in ESTIMATOR_KNOBS})
-    pdir = out_dir / "plots"
-    pdir.mkdir(exist_ok=True)
-    one = {"run": res["curves"]}
-    plots.plot_reliability(one, pdir / "reliability.png")
-    plots.plot_selective(one, pdir / "precision_coverage.png")
-    plots.plot_hist(res["curves"], pdir / "confidence_hist.png")
-    if "reliability_verbal" in res["curves"]:
-        plots.plot_reliability({"run": res["curves"]}, pdir / "reliability_verbal.png", key="reliability_verbal",
-                               title="Reliability diagram (verbal confidence)")
-        plots.plot_selective({"run": res["curves"]}, pdir / "precision_coverage_verbal.png", key="selective_verbal",
-                             title="Precision-coverage (verbal confidence)")
     metrics = dict(res["metrics"])
     for key, v in timing.items():
         metrics[f"time_{key}"] = round(float(v), 3)
     payload = {"config": config, "metrics": metrics, "curves": res["curves"]}
-    # the report is rendered from the same payload, before metrics.json marks the run complete
-    tmp_metrics = out_dir / ".metrics.json.pending"
-    atomic_write_text(tmp_metrics, json.dumps(payload, indent=1))
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    atomic_write_text(out_dir / "generations.jsonl", text)
+    atomic_write_text(out_dir / "metrics.json", json.dumps(payload, indent=1))
     info = RunInfo(out_dir.name, out_dir, "eval", metrics, res["curves"], config, rows[: s.n_examples])
-    atomic_write_text(out_dir / "report.html", render_report([info], title=f"capo eval: {out_dir.name}"))
-    os.replace(tmp_metrics, out_dir / "metrics.json")
+    draw_safely(lambda: _draw(out_dir, res["curves"], info), f"the figures and report of {out_dir}",
+                f"capo report {out_dir} --out {out_dir / 'report.html'}")
     return metrics
+
+
+def _draw(out_dir: Path, curves: dict, info: RunInfo) -> None:
+    """plots/*.png and report.html of one eval run (from the data already written)."""
+    pdir = out_dir / "plots"
+    pdir.mkdir(exist_ok=True)
+    one = {"run": curves}
+    plots.plot_reliability(one, pdir / "reliability.png")
+    plots.plot_selective(one, pdir / "precision_coverage.png")
+    plots.plot_hist(curves, pdir / "confidence_hist.png")
+    if "reliability_verbal" in curves:
+        plots.plot_reliability(one, pdir / "reliability_verbal.png", key="reliability_verbal",
+                               title="Reliability diagram (verbal confidence)")
+        plots.plot_selective(one, pdir / "precision_coverage_verbal.png", key="selective_verbal",
+                             title="Precision-coverage (verbal confidence)")
+    atomic_write_text(out_dir / "report.html", render_report([info], title=f"capo eval: {out_dir.name}"))
 
 
 def _load_timing(out_dir: Path) -> dict:
@@ -473,6 +468,4 @@ def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
                 if x["conf"] is not None:
                     row["confidence"] = float(x["conf"])
                 rows.append(row)
-            atomic_write_text(out_dir / "generations.jsonl",
-                              "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
             return _finish(out_dir, rows, s, config, verifier, timing)

@@ -1,0 +1,33 @@
+"""Intervals the evaluation layer draws and reports, from the libraries that maintain them.
+
+- Proportions (a reliability bin's accuracy, an accuracy): :func:`proportion_interval`, statsmodels'
+  ``proportion_confint`` (Wilson score by default, Clopper-Pearson ``"beta"`` on request), then put in order and
+  clipped so that ``0 <= low <= p <= high <= 1`` holds exactly: the score formulas can put a bound a rounding error on
+  the wrong side of ``p`` at k = 0 or k = n, and a plot's error bar ``p - low`` must never be negative.
+- Bootstrap intervals over prompts come from :func:`capo.core.calibration.bootstrap_ci` (the core stays torch-only;
+  tests check it against ``scipy.stats.bootstrap``).
+"""
+
+from __future__ import annotations
+
+import math
+
+PROPORTION_METHODS = ("wilson", "beta")  # statsmodels names: Wilson score, Clopper-Pearson ("beta")
+
+
+def proportion_interval(k: float, n: int, *, alpha: float = 0.05, method: str = "wilson") -> tuple[float, float]:
+    """(low, high) of a 1 - alpha interval for the proportion k/n, with 0 <= low <= k/n <= high <= 1.
+
+    ``k`` may be a float that is an integer up to rounding (accuracy * count); n >= 1."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    if method not in PROPORTION_METHODS:
+        raise ValueError(f"method must be one of {PROPORTION_METHODS}, got {method!r}")
+    if not n >= 1 or not 0 <= k <= n * (1 + 1e-9):
+        raise ValueError(f"need n >= 1 and 0 <= k <= n, got k={k}, n={n}")
+    k = min(float(round(k)), float(n))
+    lo, hi = proportion_confint(k, n, alpha=alpha, method=method)
+    p = k / n
+    lo = 0.0 if math.isnan(lo) else min(max(float(lo), 0.0), p)
+    hi = 1.0 if math.isnan(hi) else max(min(float(hi), 1.0), p)
+    return lo, hi
