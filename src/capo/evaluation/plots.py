@@ -188,7 +188,7 @@ def plot_reliability_panels(runs: dict[str, dict], path: Path | None = None, key
                 continue
             lo, hi = _wilson(acc * n, n)
             ax.bar((lo_e + hi_e) / 2, acc, width=(hi_e - lo_e) * 0.9, color=f"C{i}", alpha=0.55)
-            ax.errorbar([(lo_e + hi_e) / 2], [acc], yerr=[[acc - lo], [hi - acc]], color="k", lw=0.8, capsize=2)
+            ax.errorbar([(lo_e + hi_e) / 2], [acc], yerr=[[max(acc - lo, 0.0)], [max(hi - acc, 0.0)]], color="k", lw=0.8, capsize=2)
             ax.text((lo_e + hi_e) / 2, min(hi + 0.02, 0.97), str(n), ha="center", fontsize=6)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
