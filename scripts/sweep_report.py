@@ -2,6 +2,7 @@
 as the unit.
 
     python scripts/sweep_report.py sweeps/records/NAME --reference grpo [--out docs/figures/sweeps/NAME]
+    python scripts/sweep_report.py docs/figures/compare/default-summary.json --compare-summary --reference grpo
 
 Prints, and writes to OUT/summary.md and OUT/summary.json:
 - per-seed final held-out values of each method;
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -42,22 +45,51 @@ def load_records(folder: Path) -> dict[str, dict[int, dict]]:
 
 def paired(records: dict, method: str, reference: str, measure: str, effect: float) -> dict:
     """Seed-paired difference method - reference over the seeds both finished."""
+    seeds = sorted(set(records[method]) & set(records[reference]))
+    d = [records[method][s]["final"][measure] - records[reference][s]["final"][measure] for s in seeds]
+    return {"seeds": seeds, **seed_paired(d, effect)}
+
+
+def seed_paired(diffs, effect: float) -> dict:
+    """Per-seed differences -> mean, sd, 95% t-interval (n - 1 df), paired t-test p, seeds needed for ``effect``."""
     from scipy import stats
     from statsmodels.stats.power import TTestPower
 
-    seeds = sorted(set(records[method]) & set(records[reference]))
-    d = np.array([records[method][s]["final"][measure] - records[reference][s]["final"][measure] for s in seeds],
-                 dtype=float)
+    d = np.asarray(diffs, dtype=float)
     n = len(d)
-    out = {"n_seeds": n, "seeds": seeds, "diffs": d.tolist(), "mean": float(d.mean()) if n else None}
+    out = {"n_seeds": n, "diffs": d.tolist(), "mean": float(d.mean()) if n else None}
     if n >= 2:
         sd = float(d.std(ddof=1))
         half = float(stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n))
         p = float(stats.ttest_1samp(d, 0.0).pvalue) if sd > 0 else (0.0 if d.mean() != 0 else 1.0)
-        need = (float(TTestPower().solve_power(effect_size=effect / sd, alpha=0.05, power=0.8))
-                if sd > 0 else 2.0)
+        need = None
+        if sd > 0:
+            with warnings.catch_warnings():  # the solver warns (and returns NaN) when 2 seeds already suffice
+                warnings.simplefilter("ignore")
+                need = float(TTestPower().solve_power(effect_size=effect / sd, alpha=0.05, power=0.8))
+            need = None if math.isnan(need) else need
         out |= {"sd": sd, "low": out["mean"] - half, "high": out["mean"] + half, "p": p, "seeds_needed": need}
     return out
+
+
+def from_compare_summary(path: Path, reference: str, effect: float) -> str:
+    """Seed-paired table from a `scripts/compare_table.py` summary JSON (model -> measure -> per-seed list, the same
+    seeds in the same order for every trained model)."""
+    data = json.loads(Path(path).read_text())
+    lines = [f"| model | measure | seeds | difference vs {reference} [95% t-interval over seeds] | sd | p |",
+             "|---|---|---|---|---|---|"]
+    for m in sorted(data):
+        if m in (reference, "base"):
+            continue
+        for k in ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece"):
+            a, b = data[m].get(k), data[reference].get(k)
+            if not a or not b or len(a) != len(b) or None in a or None in b:
+                continue
+            d = seed_paired([x - y for x, y in zip(a, b)], effect)
+            if "sd" in d:
+                lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
+                             f"{d['sd']:.3f} | {d['p']:.3g} |")
+    return "\n".join(lines) + "\n"
 
 
 def summary(records: dict, reference: str, effect: float) -> dict:
@@ -107,8 +139,12 @@ def markdown(s: dict) -> str:
         for k, d in by_k.items():
             if "sd" in d:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
-                             f"| {d['sd']:.3f} | {d['p']:.3g} | {d['seeds_needed']:.0f} |")
+                             f"| {d['sd']:.3f} | {d['p']:.3g} | {_n(d['seeds_needed'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _n(x) -> str:
+    return "<= 2" if x is None else f"{x:.0f}"
 
 
 def _ms(m, sd) -> str:
@@ -161,11 +197,16 @@ def plot_forest(s: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("records", type=Path, help="a sweep's record folder (sweeps/records/NAME)")
+    ap.add_argument("records", type=Path, help="a sweep's record folder (sweeps/records/NAME), or with "
+                    "--compare-summary a scripts/compare_table.py *-summary.json")
+    ap.add_argument("--compare-summary", action="store_true", help="read a compare_table summary JSON instead")
     ap.add_argument("--reference", default="grpo", help="the method every other is paired against")
     ap.add_argument("--effect", type=float, default=0.03, help="difference the power analysis is for")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default: docs/figures/sweeps/NAME)")
     a = ap.parse_args(argv)
+    if a.compare_summary:
+        print(from_compare_summary(a.records, a.reference, a.effect))
+        return 0
     records = load_records(a.records)
     if a.reference not in records:
         sys.exit(f"--reference {a.reference!r} has no records; methods: {', '.join(sorted(records))}")
