@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from capo.cli import main
+from capo.evaluation import plots
 from capo.evaluation.metrics import compute_metrics
 from capo.evaluation.run import atomic_write_text
 
@@ -37,6 +38,23 @@ def fake_eval_run(d, shift: float, seed: int):
     return d
 
 
+def _sentences(text: str) -> list[str]:
+    """Sentences of the conclusion: a full stop followed by a space and a capital or a digit starts the next."""
+    return [x for x in re.split(r"(?<=[.])\s+(?=[A-Z0-9])", " ".join(text.split())) if x]
+
+
+# appended to a copy of the report: after layout, write each figure's rendered and natural size, the forest plot's
+# and a table cell's font size into the DOM that --dump-dom prints
+MEASURE_JS = """<script>window.addEventListener('load', () => {
+  const figs = [...document.images].map(i => ({alt: i.alt, w: i.getBoundingClientRect().width,
+                                               nat: i.naturalWidth}));
+  const td = parseFloat(getComputedStyle(document.querySelector('table.metrics td')).fontSize);
+  const pre = document.createElement('pre'); pre.id = 'measured';
+  pre.textContent = JSON.stringify({figs, td, body: document.body.getBoundingClientRect().width});
+  document.body.appendChild(pre);
+});</script>"""
+
+
 def fake_train_run(d):
     d.mkdir(parents=True)
     rows = [{"step": s, "train/reward": 0.1 * s, "calib/auc_mean": 0.5 + 0.02 * s} for s in range(1, 6)]
@@ -48,9 +66,10 @@ def fake_train_run(d):
 def report(tmp_path):
     a = fake_eval_run(tmp_path / "base", 0.0, 1)
     b = fake_eval_run(tmp_path / "capo", 0.4, 2)
+    c = fake_eval_run(tmp_path / "grpo", 0.2, 3)  # a third model: the forest plot needs two against the reference
     t = fake_train_run(tmp_path / "train")
     out = tmp_path / "cmp.html"
-    assert main(["report", str(a), str(b), str(t), "--out", str(out), "--examples", "2"]) == 0
+    assert main(["report", str(a), str(b), str(c), str(t), "--out", str(out), "--examples", "2"]) == 0
     return out
 
 
@@ -65,15 +84,21 @@ def test_report_content(report, tmp_path):
     assert html.count("<table") >= 5
     assert "<script>" not in html  # model text is escaped
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
-    for name in ("base", "capo", "train"):
+    for name in ("base", "capo", "grpo", "train"):
         assert f"<th>{name}</th>" in html
     # the headline comes first and is computed from the numbers
     assert html.index("id='headline'") < html.index("<img") < html.index("<table")
-    acc = {n: json.loads((tmp_path / n / "metrics.json").read_text())["metrics"]["accuracy"] for n in ("base", "capo")}
-    best, other = sorted(acc, key=lambda n: -acc[n])
+    acc = {n: json.loads((tmp_path / n / "metrics.json").read_text())["metrics"]["accuracy"]
+           for n in ("base", "capo", "grpo")}
+    best, second, _ = sorted(acc, key=lambda n: -acc[n])
     head = re.sub(r"<[^>]+>", "", html[html.index("id='headline'"):html.index("</p>", html.index("id='headline'"))])
-    assert f"{best} has the highest accuracy ({acc[best]:.3f}), {acc[best] - acc[other]:+.3f} vs {other}" in head
+    if best != "base":  # the reference is base: the best model against it
+        assert f"{best} has the highest accuracy ({acc[best]:.3f}), {acc[best] - acc['base']:+.3f} vs base" in head
+    else:
+        assert f"No model beats base on accuracy ({acc['base']:.3f}); the next, {second}, is " in head
     assert "95% interval [" in head and ("excludes 0" in head or "includes 0" in head)
+    assert "AUC-mean" in head and "not over training seeds" in head
+    assert len(_sentences(head)) <= 3, _sentences(head)
     assert "Paired per-prompt differences against base" in html
     assert "&uarr;" in html and "&darr;" in html and 'class="best"' in html
     assert "<td>48</td>" in html and "48.0" not in html  # counts as integers (12 prompts x 4 responses)
@@ -109,6 +134,18 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     for name in ("lpm", "sum_logprob", "min_token_prob", "neg_entropy", "self_certainty", "tail", "bottom_group",
                  "lowest_group", "consistency"):
         assert f"<th class=\"l\">{name}</th>" in html, name
+    # rendered sizes: every figure is shown (not collapsed), the forest plot at full width, and its text (points at the
+    # PNG's dpi, scaled by the rendered / natural width) at least as large as a table cell's text
+    measured_page = tmp_path / "measured.html"
+    measured_page.write_text(report.read_text().replace("</body>", MEASURE_JS + "</body>"))
+    dom2 = subprocess.run(base + ["--window-size=1280,2400", "--dump-dom", measured_page.resolve().as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    m = json.loads(re.search(r"<pre id=\"measured\">(.*?)</pre>", dom2.stdout, re.S).group(1).replace("&quot;", '"'))
+    assert all(f["w"] >= 300 for f in m["figs"]), m["figs"]
+    forest = [f for f in m["figs"] if f["alt"] == "paired differences"]
+    assert len(forest) == 1 and forest[0]["w"] >= 0.9 * min(m["body"], 1100), (m["figs"], m["body"])
+    text_px = plots.FOREST_FONT_PT * 110 / 72 * forest[0]["w"] / forest[0]["nat"]
+    assert text_px >= m["td"], (text_px, m["td"])
     shot = tmp_path / "report.png"  # left in the test's temporary folder for a developer to open
     r = subprocess.run(base + [f"--screenshot={shot}", "--window-size=1280,2400", url], capture_output=True,
                        text=True, timeout=120)

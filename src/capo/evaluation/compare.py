@@ -185,35 +185,45 @@ def _interval(lo: float, hi: float) -> tuple[str, bool]:
     return f"95% interval [{lo:+.3f}, {hi:+.3f}], {'excludes' if excl else 'includes'} 0", excl
 
 
-def _best_sentence(cmp: Comparison, key: str, label: str, sign: int) -> tuple[str, str] | None:
-    """(plain, html) sentence: which model is best on ``key``, by how much over the runner-up, with the interval."""
-    vals = [(m.mean(key), m.name) for m in cmp.models if m.mean(key) is not None]
-    if len(vals) < 2:
+HEADLINE = (("auc_mean", "AUC-mean"), ("accuracy", "accuracy"))  # the headline calibration measure, then accuracy
+
+
+def _versus_reference(cmp: Comparison, key: str, label: str) -> tuple[str, str] | None:
+    """(plain, html) sentence: the best model on ``key`` against the reference, by how much, and whether the paired
+    interval excludes 0; when the reference is the best, the runner-up against it."""
+    vals = sorted(((m.mean(key), m.name) for m in cmp.models if m.mean(key) is not None), key=lambda t: -t[0])
+    if len(vals) < 2 or cmp.reference not in {n for _, n in vals}:
         return None
-    vals.sort(key=lambda t: -sign * t[0])
-    (best_v, best), (second_v, second) = vals[0], vals[1]
-    d = cmp.diff(best, second, key)
-    word = "highest" if sign > 0 else "lowest"
+    best_v, best = vals[0]
+    other = best if best != cmp.reference else vals[1][1]
+    d = cmp.diff(other, cmp.reference, key)
     iv, excl = _interval(d[1], d[2])
-    plain = f"{best} has the {word} {label} ({best_v:.3f}), {_fmt(d[0])} vs {second} ({second_v:.3f}; {iv})."
-    strong = "<strong>" if excl else ""
     esc = html.escape
-    htm = (f"<b>{esc(best)}</b> has the {word} {esc(label)} ({best_v:.3f}), {strong}{_fmt(d[0])}"
-           f"{'</strong>' if excl else ''} vs {esc(second)} ({second_v:.3f}; {esc(iv)}).")
+    if best == cmp.reference:
+        plain = (f"No model beats {cmp.reference} on {label} ({best_v:.3f}); the next, {other}, is {_fmt(d[0])} "
+                 f"({iv}).")
+        htm = (f"No model beats <b>{esc(cmp.reference)}</b> on {esc(label)} ({best_v:.3f}); the next, {esc(other)}, "
+               f"is {_fmt(d[0])} ({esc(iv)}).")
+        return plain, htm
+    plain = f"{best} has the highest {label} ({best_v:.3f}), {_fmt(d[0])} vs {cmp.reference} ({iv})."
+    strong, end = ("<strong>", "</strong>") if excl else ("", "")
+    htm = (f"<b>{esc(best)}</b> has the highest {esc(label)} ({best_v:.3f}), {strong}{_fmt(d[0])}{end} vs "
+           f"{esc(cmp.reference)} ({esc(iv)}).")
     return plain, htm
 
 
 def headline(cmp: Comparison) -> tuple[str, str]:
-    """The conclusion paragraph as (plain text, HTML), written from the numbers: per measure, the best model, its
-    margin over the runner-up and whether the paired interval excludes 0."""
-    n_seeds = max((len(m.runs) for m in cmp.models), default=0)
-    intro = (f"{len(cmp.models)} models on {cmp.prompts} shared held-out prompts"
-             f"{f', mean over up to {n_seeds} seeds' if n_seeds > 1 else ''}; differences are paired over prompts "
-             f"({cmp.n_boot} bootstrap draws).")
-    plain, htm = [intro], [html.escape(intro)]
-    for key, label, sign in MEASURES:
-        s = _best_sentence(cmp, key, label, sign)
+    """The conclusion in at most three sentences, as (plain text, HTML), written from the numbers: the best model on
+    the headline calibration measure (AUC-mean) and on accuracy against the reference, by how much and whether the
+    paired interval excludes 0; then what the intervals resample. Every other measure is in the tables."""
+    plain, htm = [], []
+    for key, label in HEADLINE:
+        s = _versus_reference(cmp, key, label)
         if s:
             plain.append(s[0])
             htm.append(s[1])
-    return " ".join(plain), " ".join(htm)
+    n_seeds = max((len(m.runs) for m in cmp.models), default=0)
+    tail = (f"{len(cmp.models)} models on {cmp.prompts} shared held-out prompts"
+            f"{f', mean over up to {n_seeds} training seeds' if n_seeds > 1 else ''}; intervals: 95% bootstrap over "
+            f"prompts ({cmp.n_boot} draws), not over training seeds.")
+    return " ".join(plain + [tail]), " ".join(htm + [html.escape(tail)])

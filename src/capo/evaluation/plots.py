@@ -138,32 +138,41 @@ def plot_acc_vs_auc(points: dict[str, dict], path: Path | None = None) -> bytes:
     return _save(png_bytes(fig), path)
 
 
+FOREST_FONT_PT = 13  # tick labels and panel titles of the forest plot; the report shows it at full width (>= table text)
+FOREST_COLS = 4  # panels per row: a row of 4 stays legible at the report's width
+
+
 def plot_paired(panels: dict[str, dict[str, tuple[float, float, float]]], reference: str,
-                path: Path | None = None) -> bytes:
+                path: Path | None = None, interval: str = "95% bootstrap interval over prompts") -> bytes:
     """Forest plot of paired differences against ``reference``: one panel per measure (``panels[label][model]`` =
-    (difference, low, high) of model minus reference, a 95% interval), one row per model; filled where the interval
-    excludes 0. The label says which direction is better."""
+    (difference, low, high) of model minus reference, a 95% interval), one row per model, at most
+    :data:`FOREST_COLS` panels per row; filled red where the interval excludes 0. The label says which direction is
+    better; ``interval`` names what the intervals resample."""
     plt = _plt()
     models = list(dict.fromkeys(m for rows in panels.values() for m in rows))
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels) + 1.2, 0.32 * len(models) + 1.6),
+    cols = min(FOREST_COLS, max(1, len(panels)))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.1 * cols + 1.6, nrows * (0.34 * len(models) + 1.1) + 0.5),
                              sharey=True, squeeze=False, layout="constrained")
-    for ax, (label, rows) in zip(axes[0], panels.items()):
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (label, rows) in zip(axes.flat, panels.items()):
         for y, m in enumerate(models):
             if m not in rows:
                 continue
             v, lo, hi = rows[m]
             ok = lo == lo and hi == hi  # no NaN
             excl = ok and (lo > 0 or hi < 0)
-            xerr = _bar(v, lo, hi) if ok else None
-            ax.errorbar([v], [y], xerr=xerr, fmt="o", color="C3" if excl else "C0", mfc=None if excl else "white",
-                        capsize=2, ms=5)
+            ax.errorbar([v], [y], xerr=_bar(v, lo, hi) if ok else None, fmt="o", color="C3" if excl else "C0",
+                        mfc=None if excl else "white", capsize=3, ms=6)
         ax.axvline(0.0, color="grey", lw=1, ls=":")
-        ax.set_title(label, fontsize=8)
-        ax.tick_params(labelsize=7)
-    axes[0][0].set_yticks(range(len(models)), models)
+        ax.set_title(label, fontsize=FOREST_FONT_PT)
+        ax.tick_params(labelsize=FOREST_FONT_PT)
+    for r in range(nrows):
+        axes[r][0].set_yticks(range(len(models)), models, fontsize=FOREST_FONT_PT)
     axes[0][0].invert_yaxis()
-    fig.suptitle(f"Paired differences vs {reference} (95% bootstrap interval over prompts; filled red: excludes 0)",
-                 fontsize=9)
+    fig.suptitle(f"Paired differences vs {reference} ({interval}; filled red: excludes 0)",
+                 fontsize=FOREST_FONT_PT + 1)
     return _save(png_bytes(fig), path)
 
 

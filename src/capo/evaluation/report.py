@@ -69,6 +69,7 @@ th,td{border:1px solid #ccc;padding:4px 8px;text-align:right;vertical-align:top}
 th{background:#f3f3f3}td.l,th.l{text-align:left}
 .plots{display:flex;flex-wrap:wrap;gap:12px}.plots figure{margin:0}
 .plots img{max-width:520px;border:1px solid #eee}.plots.wide img{max-width:1100px}
+figure.full{width:100%}figure.full img{width:100%;max-width:1100px}
 pre{white-space:pre-wrap;word-break:break-word;max-height:220px;overflow:auto;background:#fafafa;margin:0;
 font-size:12px}
 .muted{color:#777;font-size:12px}
@@ -152,9 +153,11 @@ def _fmt(v, fmt: str = "{:.3f}") -> str:
         return html.escape(str(v))
 
 
-def _img(data: bytes, alt: str) -> str:
+def _img(data: bytes, alt: str, full: bool = False) -> str:
+    """An embedded PNG; ``full``: drawn at the page's full width (the forest plot)."""
     b64 = base64.b64encode(data).decode("ascii")
-    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}"></figure>'
+    cls = " class='full'" if full else ""
+    return f'<figure{cls}><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}"></figure>'
 
 
 def _cell(r: RunInfo, key: str, fmt: str, best: bool) -> str:
@@ -359,14 +362,14 @@ def _eval_plots(evals: list[RunInfo], cmp) -> str:
     parts = ["<h2>Figures</h2><div class='plots'>",
              _img(plots.plot_acc_vs_auc(_acc_auc_points(cmp)), "accuracy vs AUC-mean"),
              _img(plots.plot_selective(curves), "precision-coverage curve")]
-    forest = paired_panels(cmp)
-    if forest:
-        parts.append(_img(plots.plot_paired(forest, cmp.reference), "paired differences"))
     if any("selective_verbal" in c for c in curves.values()):
         parts.append(_img(plots.plot_selective(curves, key="selective_verbal",
                                                title="Precision-coverage (verbal confidence)"),
                           "precision-coverage curve verbal"))
     parts.append("</div><div class='plots wide'>")
+    forest = paired_panels(cmp)
+    if forest:  # full width: its text must read at least as large as the tables'
+        parts.append(_img(plots.plot_paired(forest, cmp.reference), "paired differences", full=True))
     parts.append(_img(plots.plot_reliability_panels(curves), "reliability diagrams"))
     if any("reliability_verbal" in c for c in curves.values()):
         parts.append(_img(plots.plot_reliability_panels(curves, key="reliability_verbal", title="verbal confidence"),
