@@ -50,10 +50,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="feed the raw prompt even if the tokenizer has a chat template")
     p.add_argument("--system-prompt", default=None,
                    help="system message (default: asks for the final answer within \\boxed{})")
-    p.add_argument("--answer-format", default="auto", choices=ANSWER_FORMATS,
+    p.add_argument("--answer-format", default=None, choices=ANSWER_FORMATS,
                    help="how to extract the model's answer (default: auto = <answer> tag, else last \\boxed{}, "
                    "else '#### N')")
-    p.add_argument("--fallback-last-number", action="store_true",
+    p.add_argument("--fallback-last-number", action="store_true", default=None,
                    help="use the last number in the response when no answer was found")
     p.add_argument("--autocast", default="auto", choices=AUTOCAST_MODES,
                    help="bf16 autocast (auto: on for CUDA with bf16 and for bf16-capable CPUs with >= 25M params)")
@@ -72,7 +72,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="number of last tokens averaged by the tail estimator (default: 2048, DeepConf's)")
     p.add_argument("--keep-fraction", type=float, default=0.1,
                    help="confidence-filtered vote: fraction of each prompt's responses kept (default: 0.1)")
-    p.add_argument("--out", required=True, help="run directory (created; an existing one is resumed)")
+    p.add_argument("--out", default=None,
+                   help="run directory (created; an existing one is resumed; default: runs/eval/MODEL-DATASET, or "
+                        "runs/eval/rescored-NAME for --generations, printed at the start)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
     return p
 
@@ -82,6 +84,7 @@ def run(args) -> int:
 
     if args.model and args.generations:
         raise ConfigError("--model and --generations are mutually exclusive: give one")
+    _extraction_settings(args)
     s = EvalSettings(
         model=args.model, engine=args.engine, dataset=args.dataset, split=args.split, limit=args.limit, k=args.k,
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
@@ -96,7 +99,9 @@ def run(args) -> int:
     )
     validate_settings(s)  # before loading anything
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    out = Path(args.out)
+    out = Path(args.out) if args.out else _default_out(args)
+    if not args.out:
+        print(f"capo eval: --out not given; writing to {out}", flush=True)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
     t0 = time.perf_counter()
@@ -112,3 +117,43 @@ def run(args) -> int:
           f"AUROC {f('auroc')}  ECE {f('ece')}  Brier {f('brier')}  AURC {f('aurc')}")
     print(f"  report: {out / 'report.html'}")
     return 0
+
+
+# how answers are extracted from a response; recorded in a run's config.json and reused when its generations are
+# re-scored with `--generations RUN/generations.jsonl` (the defaults apply to files from elsewhere)
+EXTRACTION_DEFAULTS = {"answer_format": "auto", "fallback_last_number": False}
+
+
+def _extraction_settings(args) -> None:
+    """Fill --answer-format / --fallback-last-number: the flag when given; for a re-scored capo eval run, the value
+    recorded in its config.json (said on stdout), so that re-scoring never silently judges with other settings;
+    else the default."""
+    recorded = {}
+    if args.generations:
+        cfg_path = Path(args.generations).parent / "config.json"
+        try:
+            recorded = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            recorded = {}
+    for key, default in EXTRACTION_DEFAULTS.items():
+        if getattr(args, key) is not None:
+            continue
+        if key in recorded:
+            setattr(args, key, recorded[key])
+            flag = "--" + key.replace("_", "-")
+            print(f"capo eval: {flag} taken from {cfg_path} ({recorded[key]!r}); pass {flag} to override",
+                  flush=True)
+        else:
+            setattr(args, key, default)
+
+
+def _default_out(args) -> Path:
+    """runs/eval/MODEL-DATASET (names made path-safe), or runs/eval/rescored-RUN for --generations."""
+    def safe(x: str) -> str:
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in x).strip("._") or "run"
+
+    if args.generations:
+        g = Path(args.generations)
+        return Path("runs") / "eval" / f"rescored-{safe(g.parent.name or g.stem)}"
+    model = Path(args.model.rstrip("/")).name if args.model else "model"
+    return Path("runs") / "eval" / f"{safe(model)}-{safe(Path(args.dataset).stem)}"

@@ -447,7 +447,8 @@ def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
     """Compute everything from responses + log-probs produced elsewhere (schema: docs/generations-schema.md)."""
     path, out_dir = Path(path), Path(out_dir)
     norm = _read_generations(path)
-    config = {"generations": str(path), "answer_format": s.answer_format, "n_bins": s.n_bins, "n_boot": s.n_boot,
+    config = {"generations": str(path), "answer_format": s.answer_format,
+              "fallback_last_number": s.fallback_last_number, "n_bins": s.n_bins, "n_boot": s.n_boot,
               "seed": s.seed, "logprob_definition": "as provided in the generations file",
               **{k: getattr(s, k) for k in (*ESTIMATOR_KNOBS, "keep_fraction")}}
     with run_lock(out_dir, "eval"):
