@@ -15,6 +15,7 @@ from capo.core import REWARDS, advantage_step
 from _tiny import VerlProto  # tests/adapters is on sys.path (conftest.py)
 
 B, G, T = 3, 4, 5
+HPARAMS = {"capo": {"tau": 0.6}, "grpo": {}}
 
 
 def _batch():
@@ -32,13 +33,13 @@ def _batch():
     return correct, conf, fmt, rewards, mask, lp, ref
 
 
-def _trainer_path(correct, conf, fmt, rewards, mask, lp, ref):
+def _trainer_path(correct, conf, fmt, rewards, mask, lp, ref, estimator="capo"):
     """capo's trainer: Trainer.advantages (verdicts from the grader) and Trainer.rollout_metrics."""
     from accelerate import Accelerator
 
     from capo.trainer.loop import Trainer
 
-    algo = types.SimpleNamespace(advantage="capo", advantage_kwargs={"tau": 0.6}, noise_mask="fixed",
+    algo = types.SimpleNamespace(advantage=estimator, advantage_kwargs=HPARAMS[estimator], noise_mask="fixed",
                                  group_filter=False, reward="rlcr", reward_kwargs={}, loss="ppo_clip")
     cfg = types.SimpleNamespace(algo=algo, rollout=types.SimpleNamespace(group_size=G),
                                 run=types.SimpleNamespace(on_bad_sample="skip"))
@@ -58,17 +59,20 @@ def _trainer_path(correct, conf, fmt, rewards, mask, lp, ref):
     return adv, {k: v for k, v in metrics.items() if k.startswith("calib/")}
 
 
-def _trl_path(correct, conf, fmt, rewards, mask, lp, ref):
-    """The TRL adapter's step and metrics on the gathered batch (what _generate_and_score_completions calls)."""
+def _trl_path(correct, conf, fmt, rewards, mask, lp, ref, estimator="capo"):
+    """The TRL adapter's step and metrics on the gathered batch (what _generate_and_score_completions calls), with
+    the mask decided by the adapter's config as the trainer subclass decides it."""
     pytest.importorskip("trl")
-    from capo.adapters.trl import CapoGRPOTrainer
+    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
 
-    res = advantage_step("capo", rewards, correct, G, token_logp=lp, mask=mask, ref_token_logp=ref,
-                         mask_thresholds=(1.3, 1.9), valid=torch.ones_like(correct), hparams={"tau": 0.6})
+    cfg = CapoAdvantageConfig(estimator=estimator, noise_mask=True, mask_low=1.3, mask_high=1.9)
+    res = advantage_step(estimator, rewards, correct, G, token_logp=lp, mask=mask, ref_token_logp=ref,
+                         mask_thresholds=(cfg.mask_low, cfg.mask_high) if cfg.uses_mask() else None,
+                         valid=torch.ones_like(correct), hparams=HPARAMS[estimator])
     return res.advantages, CapoGRPOTrainer._capo_metrics(None, res, correct, conf, G)
 
 
-def _verl_path(correct, conf, fmt, rewards, mask, lp, ref):
+def _verl_path(correct, conf, fmt, rewards, mask, lp, ref, estimator="capo"):
     """The verl plugin's registered estimator on verl's tensors; rows shuffled as verl does, verdicts and
     confidences from the reward function's dict (legacy trainer: non_tensor_batch)."""
     import numpy as np
@@ -83,10 +87,11 @@ def _verl_path(correct, conf, fmt, rewards, mask, lp, ref):
                    "confidence": conf[perm].numpy().astype(object)})
     ctx = vp._Ctx(data, temperature=data.meta_info["temperature"])
     uid = np.array([f"u{i // G}" for i in range(len(lp))], dtype=object)[perm.numpy()]
-    cfg = {"capo": {"tau": 0.6, "mask_low": 1.3, "mask_high": 1.9}}
+    cfg = {"capo": {**HPARAMS[estimator], "noise_mask": True, "mask_low": 1.3, "mask_high": 1.9}}
     token = vp._BATCH.set(ctx)
     try:
-        adv, _ = vp._ESTIMATOR_FNS["capo"](tok_rewards[perm], mask[perm].float(), index=uid, config=cfg)
+        verl_name = {core: name for name, core in vp.ESTIMATORS.items()}[estimator]  # capo_grpo -> grpo
+        adv, _ = vp._ESTIMATOR_FNS[verl_name](tok_rewards[perm], mask[perm].float(), index=uid, config=cfg)
     finally:
         vp._BATCH.reset(token)
     out = torch.empty(len(lp), dtype=torch.float64)
@@ -108,3 +113,26 @@ def test_trainer_trl_verl_same_advantages_and_calibration_metrics():
     for k in m_tr:
         assert m_trl[k] == pytest.approx(m_tr[k], abs=1e-12, nan_ok=True), k
         assert m_verl[k] == pytest.approx(m_tr[k], abs=1e-6, nan_ok=True), k
+
+
+def test_grpo_with_capo_mask_is_the_same_on_every_path():
+    """The paper's ablation "GRPO advantage + CAPO's noise mask" means one thing in the trainer, TRL and verl (the
+    rule is capo.core.mask_on): equal advantages, and the mask really removed responses."""
+    batch = _batch()
+    a_tr, _ = _trainer_path(*batch, estimator="grpo")
+    a_trl, _ = _trl_path(*batch, estimator="grpo")
+    a_verl, _ = _verl_path(*batch, estimator="grpo")
+    torch.testing.assert_close(a_trl, a_tr.double(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(a_verl, a_tr.double(), rtol=0, atol=1e-6)  # verl holds float32 tensors
+    correct, _, _, rewards, mask, lp, ref = batch
+    plain = advantage_step("grpo", rewards, correct, G, token_logp=lp, mask=mask).advantages
+    masked = (a_tr == 0) & (plain != 0)
+    assert masked.any(), "the mask must remove at least one response with a nonzero GRPO advantage here"
+    torch.testing.assert_close(a_tr[~masked].double(), plain[~masked].double(), rtol=0, atol=1e-12)
+
+
+def test_mask_rule_defaults():
+    from capo.core import mask_on
+
+    assert mask_on("capo", None) and not mask_on("grpo", None)  # unset: the paper's method only
+    assert mask_on("grpo", True) and not mask_on("capo", False)

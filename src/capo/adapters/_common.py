@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from capo.core import ADVANTAGES, MASK_HIGH, MASK_LOW, REWARDS, ppl_quantile_thresholds
+from capo.core import (ADVANTAGES, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, MASK_RULES, REWARDS, mask_knob_error,
+                       ppl_quantile_thresholds)
 from capo.errors import ConfigError
 from capo.rollout.grading import grade
 
@@ -26,9 +27,6 @@ SCORE_ESTIMATORS = frozenset({"capo", "unlikeliness"})
 TEXT_REWARDS = ("correctness", "rlcr", "ppo_c")
 # Per-response inputs that capo.core.advantage_step supplies (never user hyperparameters).
 STEP_INPUTS = ("scores", "keep", "correct", "partners")
-# How the adapters take CAPO's noise-mask thresholds: the paper's fixed numbers, or quantiles of the reference
-# perplexities of the first training batch (then frozen; at step 0 the policy is the base model).
-MASK_RULES = ("fixed", "quantile")
 # Which log-probs feed lpm and PPL_ref: "raw" = temperature-1 log-probs (the paper's, capo's trainer),
 # "sampling" = the engine's temperature-scaled ones (identical at temperature 1).
 LOGPROB_MODES = ("raw", "sampling")
@@ -134,14 +132,12 @@ class MaskThresholds:
     step the policy is still the base model, so these are the base model's own rollouts, as in the paper.
     """
 
-    def __init__(self, rule: str = "fixed", low: float = MASK_LOW, high: float = MASK_HIGH, q_low: float = 0.25,
-                 q_high: float = 0.75, *, engine: str):
+    def __init__(self, rule: str = "fixed", low: float = MASK_LOW, high: float = MASK_HIGH, q_low: float = MASK_Q_LOW,
+                 q_high: float = MASK_Q_HIGH, *, engine: str):
         if rule not in MASK_RULES:
             raise ConfigError(f"{engine}: mask_rule={rule!r} is not allowed; allowed values: {', '.join(MASK_RULES)}")
-        if not (0.0 <= q_low <= q_high <= 1.0):
-            raise ConfigError(f"{engine}: need 0 <= mask_q_low <= mask_q_high <= 1, got {q_low}, {q_high}")
-        if not (0.0 < low <= high):
-            raise ConfigError(f"{engine}: need 0 < mask_low <= mask_high, got {low}, {high}")
+        if (err := mask_knob_error(low, high, q_low, q_high)) is not None:
+            raise ConfigError(f"{engine}: {err}")
         self.rule, self.q_low, self.q_high = rule, q_low, q_high
         self.value: tuple[float, float] | None = (low, high) if rule == "fixed" else None
 

@@ -60,7 +60,8 @@ from capo.adapters._common import (
     engine_preset,
     score_texts,
 )
-from capo.core import MASK_HIGH, MASK_LOW, advantage_step, calibration_metrics, sequence_logprob_mean
+from capo.core import (MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, advantage_step, calibration_metrics, mask_on,
+                       sequence_logprob_mean)
 from capo.errors import CapoError, ConfigError
 from capo.rollout.method_inputs import method_inputs, needed_data
 
@@ -94,8 +95,9 @@ class CapoAdvantageConfig:
     per reward function (weighted by ``reward_weights`` unless estimator_kwargs gives ``weights``)."""
     estimator_kwargs: dict[str, Any] = field(default_factory=dict)
     """Hyperparameters of the estimator, e.g. {"tau": 0.6} for capo, {"eps": 1e-4} for grpo (TRL's eps)."""
-    noise_mask: bool = True
-    """CAPO's reference-perplexity noise mask (only read when estimator == "capo"); needs reference log-probs."""
+    noise_mask: bool | None = None
+    """CAPO's reference-perplexity noise mask; needs reference log-probs. None: on for estimator "capo" only; True:
+    on for any estimator (e.g. the paper's "GRPO + mask" ablation); False: off (``capo.core.mask_on``)."""
     mask_rule: str = "fixed"
     """"fixed": mask_low/mask_high; "quantile": the mask_q_low/mask_q_high quantiles of the reference perplexities
     of the first training generation batch (the base model's own rollouts at step 0), then frozen."""
@@ -103,9 +105,9 @@ class CapoAdvantageConfig:
     """Keep an incorrect response only if PPL_ref >= mask_low (paper value for Qwen2.5-Math)."""
     mask_high: float = MASK_HIGH
     """Keep a correct response only if PPL_ref <= mask_high (paper value for Qwen2.5-Math)."""
-    mask_q_low: float = 0.25
+    mask_q_low: float = MASK_Q_LOW
     """Quantile giving mask_low under mask_rule="quantile"."""
-    mask_q_high: float = 0.75
+    mask_q_high: float = MASK_Q_HIGH
     """Quantile giving mask_high under mask_rule="quantile"."""
     verdict_reward: str | None = None
     """Where correct/incorrect comes from when no capo reward function (CorrectnessReward, RLCRReward) is used:
@@ -118,7 +120,7 @@ class CapoAdvantageConfig:
     """Log calib/* metrics each generation batch (needs the rollout log-probs: may cost the extra forward)."""
 
     def uses_mask(self) -> bool:
-        return self.estimator == "capo" and self.noise_mask
+        return mask_on(self.estimator, self.noise_mask)
 
     def needs_reference(self) -> bool:
         """Reference log-probs: CAPO's noise mask, or an estimator input built from them (ACE)."""

@@ -24,7 +24,7 @@ What it registers
 
 Hyperparameters come from ``algorithm.capo`` (add with ``+algorithm.capo.tau=0.6`` on verl's command line):
   tau, surrogate, norm, masked_partners (CAPO, see ``capo.core.capo_advantage``);
-  noise_mask (default true), mask_rule ("fixed" or "quantile"), mask_low (1.05), mask_high (2.5), mask_q_low
+  noise_mask (unset: on for capo only; true: on for any estimator, e.g. GRPO + CAPO's mask), mask_rule ("fixed" or "quantile"), mask_low (1.05), mask_high (2.5), mask_q_low
   (0.25), mask_q_high (0.75) (CAPO's reference-perplexity mask); logprobs ("raw": refuse verl's temperature-scaled
   log-probs at a rollout temperature != 1; "sampling": accept them);
   eps, std_ddof, scale (capo_grpo; scale defaults to "group" or "none" following
@@ -73,9 +73,12 @@ from capo.core import (
     ADVANTAGES,
     MASK_HIGH,
     MASK_LOW,
+    MASK_Q_HIGH,
+    MASK_Q_LOW,
     POLICY_LOSSES,
     advantage_step,
     calibration_metrics,
+    mask_on,
     sequence_logprob_mean,
 )
 from capo.errors import ConfigError
@@ -105,8 +108,8 @@ _V1: contextvars.ContextVar = contextvars.ContextVar("capo_verl_v1", default=Non
 _TARGET = "verl.trainer.ppo.ray_trainer"
 _TARGET_V1 = "verl.trainer.ppo.v1.trainer_base"
 # the plugin's own knobs in algorithm.capo (the rest are the estimator's hyperparameters)
-_OPTION_DEFAULTS = {"noise_mask": True, "mask_rule": "fixed", "mask_low": MASK_LOW, "mask_high": MASK_HIGH,
-                    "mask_q_low": 0.25, "mask_q_high": 0.75, "logprobs": "raw", "reward": "correctness",
+_OPTION_DEFAULTS = {"noise_mask": None, "mask_rule": "fixed", "mask_low": MASK_LOW, "mask_high": MASK_HIGH,
+                    "mask_q_low": MASK_Q_LOW, "mask_q_high": MASK_Q_HIGH, "logprobs": "raw", "reward": "correctness",
                     "format_failure_reward": -1.0}
 _lock = threading.Lock()
 
@@ -137,7 +140,7 @@ def _options(hp: dict, core_name: str, config) -> dict[str, Any]:
     """Pop the plugin's own knobs out of ``hp`` (what is left are the estimator's hyperparameters)."""
     opts = {k: hp.pop(k) for k in _OPTION_DEFAULTS if k in hp}
     opts = {**_OPTION_DEFAULTS, **opts}
-    opts["noise_mask"] = core_name == "capo" and bool(opts["noise_mask"])
+    opts["noise_mask"] = mask_on(core_name, opts["noise_mask"])  # unset: capo only; true: any estimator
     if opts["reward"] not in TEXT_REWARDS:
         raise ConfigError(f"algorithm.capo.reward={opts['reward']!r} is not allowed; allowed values (the core reward "
                           f"your reward function computes): {', '.join(TEXT_REWARDS)}")
@@ -271,14 +274,16 @@ def _make_estimator(verl_name: str):
         order, g = _group_order([list(index)[i] for i in rows.tolist()], rows.numel())
         rows = rows[order]  # real rows, grouped by uid
         rewards = token_level_rewards.sum(dim=-1).double()  # [N] outcome reward (verl puts it on the last token)
-        correct = _verdicts(ctx, rewards, need=core_name == "capo" or "confidence" in need, who=verl_name)
+        correct = _verdicts(ctx, rewards, need=core_name == "capo" or opts["noise_mask"] or "confidence" in need,
+                            who=verl_name)
         _check_temperature(ctx, opts)
         lp, ref = _log_probs(ctx, "old_log_probs", n, t), _log_probs(ctx, "ref_log_prob", n, t)
         if (core_name in SCORE_ESTIMATORS or "token_logp" in need) and lp is None:
             raise ConfigError(f"verl estimator {verl_name!r} needs old_log_probs (or rollout_log_probs) in the "
                               "batch: keep verl's actor log-prob recomputation on")
         if opts["noise_mask"] and ref is None:
-            raise ConfigError(f"verl estimator 'capo' with its noise mask needs ref_log_prob in the batch: {_ENABLE_REF}")
+            raise ConfigError(f"verl estimator {verl_name!r} with CAPO's noise mask needs ref_log_prob in the batch: "
+                              f"{_ENABLE_REF}")
         mask = response_mask[rows]
         inputs = _method_inputs(ctx, core_name, verl_name, opts, rows, rewards, correct, lp, ref, mask, g)
         thresholds = None

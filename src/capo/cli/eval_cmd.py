@@ -50,33 +50,39 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="feed the raw prompt even if the tokenizer has a chat template")
     p.add_argument("--system-prompt", default=None,
                    help="system message (default: asks for the final answer within \\boxed{})")
-    p.add_argument("--answer-format", default=None, choices=ANSWER_FORMATS,
-                   help="how to extract the model's answer (default: auto = <answer> tag, else last \\boxed{}, "
-                   "else '#### N')")
-    p.add_argument("--fallback-last-number", action="store_true", default=None,
-                   help="use the last number in the response when no answer was found")
     p.add_argument("--autocast", default="auto", choices=AUTOCAST_MODES,
                    help="bf16 autocast (auto: on for CUDA with bf16 and for bf16-capable CPUs with >= 25M params)")
-    p.add_argument("--verify-timeout", type=float, default=5.0, help="hard timeout per answer judgement, s")
-    p.add_argument("--verify-workers", type=int, default=None, help="verifier processes (default: min(4, cpus))")
-    p.add_argument("--n-bins", type=int, default=10, help="equal-width bins for ECE and reliability (default: 10)")
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates for intervals; 0 = none")
-    p.add_argument("--no-token-stats", dest="token_stats", action="store_false",
-                   help="do not write per-token log-probs / entropy / self-certainty / DeepConf confidence into "
-                   "generations.jsonl (smaller files; only lpm, verbal and consistency estimators then)")
-    p.add_argument("--conf-window", type=int, default=2048,
-                   help="sliding-window length in tokens of DeepConf's group confidences (default: 2048, DeepConf's)")
-    p.add_argument("--conf-fraction", type=float, default=0.1,
-                   help="bottom fraction of the windows averaged by the bottom_group estimator (default: 0.1)")
-    p.add_argument("--conf-tail", type=int, default=2048,
-                   help="number of last tokens averaged by the tail estimator (default: 2048, DeepConf's)")
-    p.add_argument("--keep-fraction", type=float, default=0.1,
-                   help="confidence-filtered vote: fraction of each prompt's responses kept (default: 0.1)")
+    _add_scoring_flags(p)
     p.add_argument("--out", default=None,
                    help="run directory (created; an existing one is resumed; default: runs/eval/MODEL-DATASET, or "
                         "runs/eval/rescored-NAME for --generations, printed at the start)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
     return p
+
+
+def _add_scoring_flags(p: argparse.ArgumentParser) -> None:
+    """How answers are judged and the metrics computed (the same for sampled runs and --generations)."""
+    g = p.add_argument_group("judging and metrics")
+    g.add_argument("--answer-format", default=None, choices=ANSWER_FORMATS,
+                   help="how to extract the model's answer (default: auto = <answer> tag, else last \\boxed{}, "
+                   "else '#### N')")
+    g.add_argument("--fallback-last-number", action="store_true", default=None,
+                   help="use the last number in the response when no answer was found")
+    g.add_argument("--verify-timeout", type=float, default=5.0, help="hard timeout per answer judgement, s")
+    g.add_argument("--verify-workers", type=int, default=None, help="verifier processes (default: min(4, cpus))")
+    g.add_argument("--n-bins", type=int, default=10, help="equal-width bins for ECE and reliability (default: 10)")
+    g.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates for intervals; 0 = none")
+    g.add_argument("--no-token-stats", dest="token_stats", action="store_false",
+                   help="do not write per-token log-probs / entropy / self-certainty / DeepConf confidence into "
+                   "generations.jsonl (smaller files; only lpm, verbal and consistency estimators then)")
+    g.add_argument("--conf-window", type=int, default=2048,
+                   help="sliding-window length in tokens of DeepConf's group confidences (default: 2048, DeepConf's)")
+    g.add_argument("--conf-fraction", type=float, default=0.1,
+                   help="bottom fraction of the windows averaged by the bottom_group estimator (default: 0.1)")
+    g.add_argument("--conf-tail", type=int, default=2048,
+                   help="number of last tokens averaged by the tail estimator (default: 2048, DeepConf's)")
+    g.add_argument("--keep-fraction", type=float, default=0.1,
+                   help="confidence-filtered vote: fraction of each prompt's responses kept (default: 0.1)")
 
 
 def run(args) -> int:

@@ -14,7 +14,8 @@ from capo.core.loss_variants import (
 )
 from capo.core.losses import AGGREGATIONS, aggregate, kl_penalty, policy_loss
 from capo.core.confidence import ConfidenceInputs, TokenStatistics, compute_confidence, token_statistics
-from capo.core.masks import MASK_HIGH, MASK_LOW, capo_noise_mask, ppl_quantile_thresholds
+from capo.core.masks import (MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, MASK_RULES, capo_noise_mask, mask_knob_error,
+                             mask_on, ppl_quantile_thresholds)
 from capo.core.registry import ADVANTAGES, CONFIDENCES, POLICY_LOSSES, REWARDS, Registry, UnknownNameError
 from capo.core.rewards import ppo_c_reward, rlcr_components
 from capo.core.rollout_correction import logprob_mismatch, truncated_is_weights
@@ -22,7 +23,8 @@ from capo.core.scores import sequence_logprob_mean, sequence_logprob_sum, sequen
 from capo.core.step import StepResult, advantage_step, calibration_metrics
 
 __all__ = [
-    "ADVANTAGES", "CONFIDENCES", "POLICY_LOSSES", "REWARDS", "AGGREGATIONS", "MASK_HIGH", "MASK_LOW", "Registry",
+    "ADVANTAGES", "CONFIDENCES", "POLICY_LOSSES", "REWARDS", "AGGREGATIONS", "MASK_HIGH", "MASK_LOW", "MASK_Q_HIGH",
+    "MASK_Q_LOW", "MASK_RULES", "mask_knob_error", "mask_on", "Registry",
     "UnknownNameError", "ConfidenceInputs", "TokenStatistics", "compute_confidence", "token_statistics",
     "aggregate", "capo_advantage", "capo_noise_mask", "compute_advantages", "dr_grpo_advantage",
     "grpo_advantage", "informative_groups", "kl_penalty", "overlong_penalty", "policy_loss",

@@ -16,8 +16,29 @@ import torch
 
 from capo.core import checks
 
-# The paper's fixed thresholds (Qwen2.5-Math): the defaults of every fixed-mask knob (trainer, TRL, verl).
+# The one place for the mask's rules and defaults; capo's trainer, the TRL adapter and the verl plugin read them here.
+# The paper's fixed thresholds (Qwen2.5-Math): the defaults of every fixed-mask knob.
 MASK_LOW, MASK_HIGH = 1.05, 2.5
+# The quantile rule's defaults: the paper describes its thresholds as the base model's PPL quartiles.
+MASK_Q_LOW, MASK_Q_HIGH = 0.25, 0.75
+# How the thresholds are set: the fixed numbers, or quantiles of the base model's rollout perplexities.
+MASK_RULES = ("fixed", "quantile")
+
+
+def mask_on(estimator: str, requested: bool | None) -> bool:
+    """Whether the noise mask applies to ``estimator``: to any estimator when asked (``requested=True``: e.g. the
+    paper's "GRPO advantage + CAPO mask" ablation), to none when refused; left unset (None) it is on for ``capo``
+    only, the method the paper defines it for. The same rule in the trainer, TRL and verl."""
+    return estimator == "capo" if requested is None else bool(requested)
+
+
+def mask_knob_error(low: float, high: float, q_low: float, q_high: float) -> str | None:
+    """What is wrong with a set of mask knobs (the message names them), or None. Callers prefix their own names."""
+    if not 0.0 < low <= high:
+        return f"need 0 < mask_low <= mask_high, got {low}, {high}"
+    if not 0.0 <= q_low <= q_high <= 1.0:
+        return f"need 0 <= mask_q_low <= mask_q_high <= 1, got {q_low}, {q_high}"
+    return None
 
 
 def capo_noise_mask(ref_ppl: torch.Tensor, correct: torch.Tensor, *, low: float, high: float) -> torch.Tensor:
@@ -38,7 +59,8 @@ def capo_noise_mask(ref_ppl: torch.Tensor, correct: torch.Tensor, *, low: float,
     return torch.where(correct, ref_ppl <= high, ref_ppl >= low)
 
 
-def ppl_quantile_thresholds(base_ppl: torch.Tensor, q_low: float = 0.25, q_high: float = 0.75) -> tuple[float, float]:
+def ppl_quantile_thresholds(base_ppl: torch.Tensor, q_low: float = MASK_Q_LOW,
+                            q_high: float = MASK_Q_HIGH) -> tuple[float, float]:
     """(low, high) = (quantile(PPL, q_low), quantile(PPL, q_high)) of the base model's rollout perplexities.
 
     Shapes: base_ppl [M] floating, finite values only are used (M >= 2 of them). Quantiles use linear

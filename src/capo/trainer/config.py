@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from capo.core import ADVANTAGES, AGGREGATIONS, MASK_HIGH, MASK_LOW, POLICY_LOSSES, REWARDS
+from capo.core import (ADVANTAGES, AGGREGATIONS, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, MASK_RULES,
+                       POLICY_LOSSES, REWARDS, mask_knob_error)
 from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError
@@ -112,8 +113,8 @@ class AlgorithmConfig:
                                   "quantile (measured on the reference model's own rollouts)")
     mask_low: float = knob(MASK_LOW, "fixed mask: keep an incorrect response only if PPL_ref >= mask_low")
     mask_high: float = knob(MASK_HIGH, "fixed mask: keep a correct response only if PPL_ref <= mask_high")
-    mask_q_low: float = knob(0.25, "quantile mask: low threshold = this quantile of the base model's PPL")
-    mask_q_high: float = knob(0.75, "quantile mask: high threshold = this quantile of the base model's PPL")
+    mask_q_low: float = knob(MASK_Q_LOW, "quantile mask: low threshold = this quantile of the base model's PPL")
+    mask_q_high: float = knob(MASK_Q_HIGH, "quantile mask: high threshold = this quantile of the base model's PPL")
     mask_calib_prompts: int = knob(64, "quantile mask: prompts (x group_size samples) used to measure the quantiles")
 
 
@@ -251,17 +252,14 @@ class TrainConfig:
             _choice("algo.reward", a.reward, REWARDS.names())
         _choice("algo.reward_errors", a.reward_errors, ("fail", "zero"))
         _choice("algo.kl_estimator", a.kl_estimator, ("k1", "k2", "k3"))
-        _choice("algo.noise_mask", a.noise_mask, ("off", "fixed", "quantile"))
+        _choice("algo.noise_mask", a.noise_mask, ("off", *MASK_RULES))
         if a.kl_coef < 0:
             raise ConfigError(f"algo.kl_coef must be >= 0, got {a.kl_coef}")
         if a.overlong_cache is not None and not 0 < a.overlong_cache <= r.max_new_tokens:
             raise ConfigError(f"algo.overlong_cache must be in [1, rollout.max_new_tokens={r.max_new_tokens}], "
                               f"got {a.overlong_cache}")
-        if not 0 < a.mask_low <= a.mask_high:
-            raise ConfigError(f"need 0 < algo.mask_low <= algo.mask_high, got {a.mask_low}, {a.mask_high}")
-        if not 0 <= a.mask_q_low <= a.mask_q_high <= 1:
-            raise ConfigError(f"need 0 <= algo.mask_q_low <= algo.mask_q_high <= 1, got {a.mask_q_low}, "
-                              f"{a.mask_q_high}")
+        if (err := mask_knob_error(a.mask_low, a.mask_high, a.mask_q_low, a.mask_q_high)) is not None:
+            raise ConfigError(err.replace("mask_", "algo.mask_"))
         if a.advantage == "capo" and "tau" in a.advantage_kwargs:
             tau = a.advantage_kwargs["tau"]
             if not isinstance(tau, (int, float)) or tau <= 0:
