@@ -101,3 +101,12 @@ def test_registry_duplicate_and_unknown():
     with pytest.raises(UnknownNameError, match="unknown widget 'b'; allowed values: a"):
         reg.get("b")
     assert REWARDS.names() == ["correctness", "ppo_c", "rlcr"]
+
+
+def test_registry_says_which_estimators_read_scores():
+    """Which estimators need per-response scores is declared once, at registration; engines read it there."""
+    from capo.core import ADVANTAGES
+
+    assert {n for n in ADVANTAGES.names() if "scores" in ADVANTAGES.reads(n)} == {"capo", "unlikeliness"}
+    with pytest.raises(ValueError, match="unknown advantage estimator"):
+        ADVANTAGES.reads("nope")

@@ -20,8 +20,6 @@ from capo.core import (ADVANTAGES, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW,
 from capo.errors import ConfigError
 from capo.rollout.grading import grade
 
-# Estimators that read per-response scores (mean token log-prob under the rollout policy).
-SCORE_ESTIMATORS = frozenset({"capo", "unlikeliness"})
 # The core rewards the adapters compute from text (TRL reward functions, verl compute_score_*); the ones after
 # "correctness" read RLCR's <answer>/<confidence> tags.
 TEXT_REWARDS = ("correctness", "rlcr", "ppo_c")

@@ -52,7 +52,6 @@ import torch
 
 from capo.adapters._common import (
     LOGPROB_MODES,
-    SCORE_ESTIMATORS,
     MaskThresholds,
     ScoredBatch,
     check_estimator,
@@ -60,8 +59,8 @@ from capo.adapters._common import (
     engine_preset,
     score_texts,
 )
-from capo.core import (MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, advantage_step, calibration_metrics, mask_on,
-                       sequence_logprob_mean)
+from capo.core import (ADVANTAGES, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, advantage_step, calibration_metrics,
+                       mask_on, sequence_logprob_mean)
 from capo.errors import CapoError, ConfigError
 from capo.rollout.method_inputs import method_inputs, needed_data
 
@@ -127,7 +126,7 @@ class CapoAdvantageConfig:
         return self.uses_mask() or "ref_token_logp" in needed_data(self.estimator)
 
     def needs_scores(self) -> bool:
-        return (self.estimator in SCORE_ESTIMATORS or "token_logp" in needed_data(self.estimator)
+        return ("scores" in ADVANTAGES.reads(self.estimator) or "token_logp" in needed_data(self.estimator)
                 or self.calibration_metrics)
 
 

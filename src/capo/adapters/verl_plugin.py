@@ -62,7 +62,6 @@ import torch
 
 from capo.adapters._common import (
     LOGPROB_MODES,
-    SCORE_ESTIMATORS,
     TEXT_REWARDS,
     MaskThresholds,
     check_estimator,
@@ -263,7 +262,7 @@ def _make_estimator(verl_name: str):
         n, t = token_level_rewards.shape
         ctx = _BATCH.get()
         need = needed_data(core_name, reward=opts["reward"])
-        if (core_name in SCORE_ESTIMATORS or need) and ctx is None:
+        if ("scores" in ADVANTAGES.reads(core_name) or need) and ctx is None:
             raise ConfigError(
                 f"verl estimator {verl_name!r} was called outside verl's compute_advantage, so it cannot see the "
                 "batch's old_log_probs/ref_log_prob: load the plugin through verl (entry point group verl.plugins, "
@@ -278,7 +277,7 @@ def _make_estimator(verl_name: str):
                             who=verl_name)
         _check_temperature(ctx, opts)
         lp, ref = _log_probs(ctx, "old_log_probs", n, t), _log_probs(ctx, "ref_log_prob", n, t)
-        if (core_name in SCORE_ESTIMATORS or "token_logp" in need) and lp is None:
+        if ("scores" in ADVANTAGES.reads(core_name) or "token_logp" in need) and lp is None:
             raise ConfigError(f"verl estimator {verl_name!r} needs old_log_probs (or rollout_log_probs) in the "
                               "batch: keep verl's actor log-prob recomputation on")
         if opts["noise_mask"] and ref is None:

@@ -182,7 +182,7 @@ def gdpo_advantage(
     return _apply_keep(s, keep)
 
 
-@ADVANTAGES.register("unlikeliness")
+@ADVANTAGES.register("unlikeliness", reads=("scores",))
 def unlikeliness_advantage(
     rewards: torch.Tensor,
     group_size: int,

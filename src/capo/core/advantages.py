@@ -107,7 +107,7 @@ def rloo_advantage(
     return _apply_keep((r - baseline).reshape(-1), keep)
 
 
-@ADVANTAGES.register("capo")
+@ADVANTAGES.register("capo", reads=("scores",))
 def capo_advantage(
     rewards: torch.Tensor,
     group_size: int,

@@ -21,12 +21,16 @@ class Registry(Generic[F]):
     def __init__(self, kind: str):
         self.kind = kind
         self._fns: dict[str, F] = {}
+        self._reads: dict[str, frozenset[str]] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
+    def register(self, name: str, *, reads: tuple[str, ...] = ()) -> Callable[[F], F]:
+        """Decorator. ``reads``: the optional per-response inputs of the uniform signature that the function actually
+        uses (e.g. ``("scores",)``), so engines know what to compute; the one place this is said."""
         def deco(fn: F) -> F:
             if name in self._fns:
                 raise ValueError(f"duplicate {self.kind} name {name!r}: already registered to {self._fns[name]!r}")
             self._fns[name] = fn
+            self._reads[name] = frozenset(reads)
             return fn
 
         return deco
@@ -39,6 +43,11 @@ class Registry(Generic[F]):
                 f"unknown {self.kind} {name!r}{did_you_mean(name, self._fns)}; allowed values: "
                 f"{', '.join(sorted(self._fns))}"
             ) from None
+
+    def reads(self, name: str) -> frozenset[str]:
+        """The optional inputs ``name`` uses (declared at registration)."""
+        self.get(name)
+        return self._reads[name]
 
     def names(self) -> list[str]:
         return sorted(self._fns)
