@@ -51,24 +51,23 @@ def paired(records: dict, method: str, reference: str, measure: str, effect: flo
 
 
 def seed_paired(diffs, effect: float) -> dict:
-    """Per-seed differences -> mean, sd, 95% t-interval (n - 1 df), paired t-test p, seeds needed for ``effect``."""
-    from scipy import stats
+    """Per-seed differences -> mean, sd, 95% t-interval and p (capo.evaluation.stats.seed_paired_interval, the one
+    implementation the report uses too) and the seeds a paired t-test needs for ``effect`` at 80% power."""
     from statsmodels.stats.power import TTestPower
 
-    d = np.asarray(diffs, dtype=float)
-    n = len(d)
-    out = {"n_seeds": n, "diffs": d.tolist(), "mean": float(d.mean()) if n else None}
-    if n >= 2:
-        sd = float(d.std(ddof=1))
-        half = float(stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n))
-        p = float(stats.ttest_1samp(d, 0.0).pvalue) if sd > 0 else (0.0 if d.mean() != 0 else 1.0)
+    from capo.evaluation.stats import seed_paired_interval
+
+    d = [float(x) for x in diffs]
+    out = {"n_seeds": len(d), "diffs": d, "mean": float(np.mean(d)) if d else None}
+    r = seed_paired_interval(d)
+    if r is not None:
         need = None
-        if sd > 0:
+        if r["sd"] > 0:
             with warnings.catch_warnings():  # the solver warns (and returns NaN) when 2 seeds already suffice
                 warnings.simplefilter("ignore")
-                need = float(TTestPower().solve_power(effect_size=effect / sd, alpha=0.05, power=0.8))
+                need = float(TTestPower().solve_power(effect_size=effect / r["sd"], alpha=0.05, power=0.8))
             need = None if math.isnan(need) else need
-        out |= {"sd": sd, "low": out["mean"] - half, "high": out["mean"] + half, "p": p, "seeds_needed": need}
+        out |= {"sd": r["sd"], "low": r["low"], "high": r["high"], "p": r["p"], "seeds_needed": need}
     return out
 
 

@@ -72,7 +72,7 @@ def test_report_reference_flag(tmp_path, capsys):
     out = tmp_path / "r.html"
     assert main(["report", *[str(r.path) for r in runs], "--out", str(out), "--reference", "capo"]) == 0
     html = out.read_text()
-    assert "Paired per-prompt differences against capo" in html
+    assert "Paired differences against capo" in html
     assert "grpo &minus; capo" in html and "majority-vote accuracy" in html
     assert 'alt="paired differences"' in html  # the forest plot, with two models against the reference
     assert main(["report", *[str(r.path) for r in runs], "--out", str(tmp_path / "x.html"), "--reference", "cap"]) == 2

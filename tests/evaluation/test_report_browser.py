@@ -99,7 +99,7 @@ def test_report_content(report, tmp_path):
     assert "95% interval [" in head and ("excludes 0" in head or "includes 0" in head)
     assert "AUC-mean" in head and "not over training seeds" in head
     assert len(_sentences(head)) <= 3, _sentences(head)
-    assert "Paired per-prompt differences against base" in html
+    assert "Paired differences against base" in html and "training seed" in html
     assert "&uarr;" in html and "&darr;" in html and 'class="best"' in html
     assert "<td>48</td>" in html and "48.0" not in html  # counts as integers (12 prompts x 4 responses)
 

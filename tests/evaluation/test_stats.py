@@ -63,3 +63,37 @@ def test_core_cluster_bootstrap_agrees_with_scipy():
     ref = sps.bootstrap((per_prompt,), np.mean, n_resamples=4000, method="percentile", random_state=2)
     assert lo == pytest.approx(ref.confidence_interval.low, abs=0.01)
     assert hi == pytest.approx(ref.confidence_interval.high, abs=0.01)
+
+
+def test_seed_paired_interval_hand_computed():
+    # differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t(0.975, 2) = 4.302652729911275 -> 0.2 +- 0.248414
+    from capo.evaluation.stats import seed_paired_interval
+
+    r = seed_paired_interval([0.1, 0.2, 0.3])
+    half = 4.302652729911275 * 0.1 / 3 ** 0.5
+    assert (r["mean"], r["sd"], r["n"]) == (pytest.approx(0.2, abs=1e-12), pytest.approx(0.1, abs=1e-12), 3)
+    # 0.1, 0.2, 0.3 are not exact in binary: the sample sd is 0.1 to ~1e-16 relative, the half-width to ~1e-11
+    assert (r["low"], r["high"]) == pytest.approx((0.2 - half, 0.2 + half), abs=1e-10)
+    assert r["p"] == pytest.approx(sps.ttest_1samp([0.1, 0.2, 0.3], 0.0).pvalue, abs=1e-12)
+    assert seed_paired_interval([0.1]) is None and seed_paired_interval([0.1, float("nan")]) is None
+
+
+def test_comparison_pairs_runs_by_training_seed():
+    """Comparison.seed_diff pairs runs by their -seedN (not by position) and subtracts a one-run reference from
+    every seed."""
+    from types import SimpleNamespace as NS
+
+    from capo.evaluation.compare import Comparison, Model
+
+    def run(name, auc):
+        return NS(name=name, metrics={"auc_mean": auc})
+
+    capo = Model("capo", runs=[run("capo-seed2", 0.73), run("capo-seed0", 0.70), run("capo-seed1", 0.76)])
+    grpo = Model("grpo", runs=[run("grpo-seed0", 0.60), run("grpo-seed1", 0.56), run("grpo-seed2", 0.43)])
+    base = Model("base", runs=[run("base", 0.50)])
+    cmp = Comparison([capo, grpo, base], "grpo", 10, 0, {})
+    d = cmp.seed_diff("capo", "grpo", "auc_mean")  # per seed: 0.10, 0.20, 0.30
+    assert d["n"] == 3 and d["mean"] == pytest.approx(0.2) and d["sd"] == pytest.approx(0.1)
+    b = cmp.seed_diff("capo", "base", "auc_mean")  # 0.20, 0.26, 0.23
+    assert b["mean"] == pytest.approx((0.20 + 0.26 + 0.23) / 3)
+    assert cmp.seed_diff("base", "grpo", "auc_mean") is None  # one seed: no interval over seeds

@@ -23,6 +23,7 @@ from capo.core import voting
 from capo.core.checks import did_you_mean
 from capo.errors import ConfigError
 from capo.evaluation.metrics import assign_answer_ids, columns
+from capo.evaluation.stats import seed_paired_interval
 
 __all__ = ["MEASURES", "Model", "Comparison", "compare", "headline", "model_name"]
 
@@ -40,6 +41,12 @@ MEASURES = [
     ("max_confidence_lpm", "accuracy of the most confident sample (lpm)", 1),
     ("confidence_weighted_vote", "verbal-confidence-weighted vote accuracy", 1),
 ]
+
+
+def _seed_of(run_name: str) -> str:
+    """The training seed of a run name (``"capo-seed3"`` -> ``"3"``), or the name itself."""
+    m = re.search(r"-seed(\d+)", run_name)
+    return m.group(1) if m else run_name
 
 
 def model_name(run_name: str) -> str:
@@ -75,6 +82,19 @@ class Comparison:
     prompts: int  # prompts common to every model (the bootstrap resamples these)
     n_boot: int
     draws: dict[str, dict[str, torch.Tensor]]  # model -> measure -> [n_boot] values on the resampled prompts
+
+    def seed_diff(self, a: str, b: str, key: str) -> dict | None:
+        """Model a minus model b on ``key`` with the training seed as the unit: per-seed differences (runs paired by
+        their ``-seedN``; a reference with one run, e.g. the base, is subtracted from every seed) and their t-interval
+        (:func:`capo.evaluation.stats.seed_paired_interval`). None with fewer than 2 seeds."""
+        va = {_seed_of(r.name): r.metrics.get(key) for r in self._model(a).runs}
+        vb = {_seed_of(r.name): r.metrics.get(key) for r in self._model(b).runs}
+        if len(vb) == 1:
+            (only,) = vb.values()
+            vb = {s: only for s in va}
+        diffs = [va[s] - vb[s] for s in sorted(set(va) & set(vb), key=str)
+                 if isinstance(va[s], (int, float)) and isinstance(vb[s], (int, float))]
+        return seed_paired_interval(diffs)
 
     def diff(self, a: str, b: str, key: str) -> tuple[float, float, float] | None:
         """(value, low, high) of model a minus model b on ``key``: value from the full data (means over seeds),

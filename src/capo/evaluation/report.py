@@ -308,13 +308,18 @@ def _paired_table(cmp) -> str:
                 continue
             sig = not math.isnan(d[1]) and (d[1] > 0 or d[2] < 0)
             cls = ' class="sig"' if sig else ""
-            cells.append(f"<td{cls}>{d[0]:+.3f} <span class='ci'>[{d[1]:+.3f}, "
-                         f"{d[2]:+.3f}]</span></td>")
+            s = cmp.seed_diff(m.name, cmp.reference, key)
+            seeds = ("" if s is None else f"<br><span class='ci'>seeds [{s['low']:+.3f}, {s['high']:+.3f}] "
+                     f"n={s['n']}</span>")
+            cells.append(f"<td{cls}>{d[0]:+.3f} <span class='ci'>prompts [{d[1]:+.3f}, "
+                         f"{d[2]:+.3f}]</span>{seeds}</td>")
         arrow = " &uarr;" if sign > 0 else " &darr;"
         rows.append(f'<tr><th class="l" title="{key}">{html.escape(label)}{arrow}</th>{"".join(cells)}</tr>')
-    return (f"<h2>Paired per-prompt differences against {html.escape(cmp.reference)}</h2><p class='muted'>The same "
-            f"{cmp.prompts} prompts resampled for both models ({cmp.n_boot} draws, mean over seeds); bold: the 95% "
-            "interval excludes 0.</p><table class='metrics paired'><thead><tr><th class='l'>difference</th>"
+    return (f"<h2>Paired differences against {html.escape(cmp.reference)}</h2><p class='muted'>prompts: 95% "
+            f"bootstrap interval, the same {cmp.prompts} prompts resampled for both models ({cmp.n_boot} draws, mean "
+            "over seeds; bold: it excludes 0) -- it says nothing about retraining with another seed. seeds (where a "
+            "model has 2 or more training seeds): 95% t-interval over the per-seed differences, the training seed "
+            "as the unit (n seeds) -- the interval to compare methods by.</p><table class='metrics paired'><thead><tr><th class='l'>difference</th>"
             f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 

@@ -4,6 +4,8 @@
   ``proportion_confint`` (Wilson score by default, Clopper-Pearson ``"beta"`` on request), then put in order and
   clipped so that ``0 <= low <= p <= high <= 1`` holds exactly: the score formulas can put a bound a rounding error on
   the wrong side of ``p`` at k = 0 or k = n, and a plot's error bar ``p - low`` must never be negative.
+- Intervals over training seeds (the unit when methods are compared): :func:`seed_paired_interval`, a t-interval
+  (scipy) of the per-seed differences, same seeds for both models.
 - Bootstrap intervals over prompts come from :func:`capo.core.calibration.bootstrap_ci` (the core stays torch-only;
   tests check it against ``scipy.stats.bootstrap``).
 """
@@ -31,3 +33,20 @@ def proportion_interval(k: float, n: int, *, alpha: float = 0.05, method: str = 
     lo = 0.0 if math.isnan(lo) else min(max(float(lo), 0.0), p)
     hi = 1.0 if math.isnan(hi) else max(min(float(hi), 1.0), p)
     return lo, hi
+
+
+def seed_paired_interval(diffs, *, alpha: float = 0.05) -> dict | None:
+    """Per-training-seed differences (model - reference, the same seeds) -> {"mean", "sd", "low", "high", "p", "n"}:
+    the mean, its 1 - alpha t-interval with n - 1 degrees of freedom, and the two-sided one-sample t-test p-value.
+    None for fewer than 2 finite differences."""
+    from scipy import stats
+
+    d = [float(x) for x in diffs if x is not None and math.isfinite(float(x))]
+    n = len(d)
+    if n < 2:
+        return None
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * sd / math.sqrt(n)
+    p = float(stats.ttest_1samp(d, 0.0).pvalue) if sd > 0 else (0.0 if mean != 0 else 1.0)
+    return {"mean": mean, "sd": sd, "low": mean - half, "high": mean + half, "p": p, "n": n}
