@@ -114,3 +114,16 @@ def test_reliability_panel_at_bin_edges_draws(acc_count):
     acc, n = acc_count
     rel = {"bin_edges": [0.0, 0.5, 1.0], "confidence": [0.25, 0.75], "accuracy": [acc, acc], "count": [n, n]}
     assert plots.plot_reliability_panels({"m": {"reliability": rel}})[:4] == b"\x89PNG"
+
+
+def test_drawing_leaves_the_matplotlib_backend_alone():
+    """Figures are drawn without pyplot: a user's interactive backend is not switched to Agg by capo."""
+    import subprocess
+    import sys
+
+    code = ("import matplotlib; matplotlib.use('svg'); from capo.evaluation import plots; "
+            "rel = {'bin_edges': [0, 0.5, 1], 'confidence': [0.2, 0.8], 'accuracy': [0.5, 1.0], 'count': [2, 3]}; "
+            "assert plots.plot_reliability_panels({'m': {'reliability': rel}})[:4] == b'\\x89PNG'; "
+            "import sys; print(matplotlib.get_backend(), 'matplotlib.pyplot' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["svg", "False"]

@@ -1,4 +1,5 @@
-"""PNG plots (matplotlib, Agg backend) from the ``curves`` of metrics.json: one run, or several overlaid."""
+"""PNG plots from the ``curves`` of metrics.json: one run, or several overlaid. Drawn on matplotlib ``Figure``
+objects with their own Agg canvas: the process's matplotlib backend is never switched."""
 
 from __future__ import annotations
 
@@ -12,19 +13,21 @@ __all__ = ["plot_acc_vs_auc", "plot_bands", "plot_hist", "plot_paired", "plot_re
            "plot_selective", "plot_training", "png_bytes"]
 
 
-def _plt():
-    import matplotlib
+def _subplots(*args, layout: str | None = None, **kwargs):
+    """A figure and its axes without pyplot: a ``matplotlib.figure.Figure`` with an Agg canvas of its own, so drawing
+    never switches the process's matplotlib backend (a user's interactive session keeps its own) and needs no
+    closing. Arguments as ``Figure.subplots``; ``figsize`` and ``layout`` go to the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=kwargs.pop("figsize", None), layout=layout)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(*args, **kwargs)
 
 
 def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    _plt().close(fig)
     return buf.getvalue()
 
 
@@ -46,8 +49,7 @@ def _save(data: bytes, path: Path | None) -> bytes:
 def plot_reliability(runs: dict[str, dict], path: Path | None = None, key: str = "reliability",
                      title: str = "Reliability diagram (perplexity confidence exp(lpm))") -> bytes:
     """Accuracy vs mean confidence per bin, one line per run (marker size ~ bin count); the diagonal is perfect."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 4.5))
+    fig, ax = _subplots(figsize=(5, 4.5))
     ax.plot([0, 1], [0, 1], "--", color="grey", lw=1, label="perfect calibration")
     single = len(runs) == 1
     for name, curves in runs.items():
@@ -79,8 +81,7 @@ def plot_reliability(runs: dict[str, dict], path: Path | None = None, key: str =
 def plot_selective(runs: dict[str, dict], path: Path | None = None, key: str = "selective",
                    title: str = "Precision-coverage (answer the most confident first)") -> bytes:
     """Precision (accuracy on answered) vs coverage, thresholding the confidence score; one line per run."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 4.5))
+    fig, ax = _subplots(figsize=(5, 4.5))
     for name, curves in runs.items():
         sel = curves.get(key)
         if not sel or not sel["x"]:
@@ -97,8 +98,7 @@ def plot_selective(runs: dict[str, dict], path: Path | None = None, key: str = "
 
 def plot_hist(curves: dict, path: Path | None = None, title: str = "Confidence exp(lpm): correct vs incorrect") -> bytes:
     """Histograms of the perplexity confidence of correct and incorrect responses."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = _subplots(figsize=(5, 3.5))
     h = curves.get("hist", {})
     bins = [i / 20 for i in range(21)]
     for label, color in (("correct", "C2"), ("incorrect", "C3")):
@@ -117,11 +117,12 @@ def plot_acc_vs_auc(points: dict[str, dict], path: Path | None = None) -> bytes:
     """Accuracy (x) against AUC-mean (y), one point per model (mean over seeds) with its 95% interval bars, and
     each seed as a small point. ``points[name]``: acc, auc, acc_lo, acc_hi, auc_lo, auc_hi (None = no bar) and
     seeds [(acc, auc), ...]."""
-    plt = _plt()
+    from matplotlib import colormaps
+
     many = len(points) > 10  # the default cycle has 10 colours: switch to 20 distinct ones and a larger figure
-    fig, ax = plt.subplots(figsize=(7, 6) if many else (5, 4.5))
+    fig, ax = _subplots(figsize=(7, 6) if many else (5, 4.5))
     for i, (name, p) in enumerate(points.items()):
-        col = plt.get_cmap("tab20")(i % 20) if many else f"C{i}"
+        col = colormaps["tab20"](i % 20) if many else f"C{i}"
         xerr = _bar(p["acc"], p["acc_lo"], p["acc_hi"]) if p.get("acc_lo") is not None else None
         yerr = _bar(p["auc"], p["auc_lo"], p["auc_hi"]) if p.get("auc_lo") is not None else None
         ax.errorbar([p["acc"]], [p["auc"]], xerr=xerr, yerr=yerr, fmt="o", color=col, ms=8, capsize=3, label=name)
@@ -148,11 +149,10 @@ def plot_paired(panels: dict[str, dict[str, tuple[float, float, float]]], refere
     (difference, low, high) of model minus reference, a 95% interval), one row per model, at most
     :data:`FOREST_COLS` panels per row; filled red where the interval excludes 0. The label says which direction is
     better; ``interval`` names what the intervals resample."""
-    plt = _plt()
     models = list(dict.fromkeys(m for rows in panels.values() for m in rows))
     cols = min(FOREST_COLS, max(1, len(panels)))
     nrows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(3.1 * cols + 1.6, nrows * (0.34 * len(models) + 1.1) + 0.5),
+    fig, axes = _subplots(nrows, cols, figsize=(3.1 * cols + 1.6, nrows * (0.34 * len(models) + 1.1) + 0.5),
                              sharey=True, squeeze=False, layout="constrained")
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
@@ -180,11 +180,10 @@ def plot_reliability_panels(runs: dict[str, dict], path: Path | None = None, key
                             title: str = "confidence exp(lpm)") -> bytes:
     """One reliability panel per run: accuracy per confidence bin (bars at the bin's mean confidence) with a Wilson
     95% interval and the bin's response count printed above; the diagonal is perfect calibration."""
-    plt = _plt()
     names = [n for n, c in runs.items() if c.get(key)]
     cols = min(4, max(1, len(names)))
     rows = max(1, -(-len(names) // cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.1 * rows), squeeze=False)
+    fig, axes = _subplots(rows, cols, figsize=(3.2 * cols, 3.1 * rows), squeeze=False)
     for ax in axes.flat[len(names):]:
         ax.axis("off")
     for i, (ax, name) in enumerate(zip(axes.flat, names)):
@@ -224,10 +223,9 @@ def plot_training(series: dict[str, list[tuple[list, list]]], key: str, path: Pa
     (trailing moving average over ~10% of the steps) as a line, and a band from the lowest to the highest seed
     (smoothed) where there are several seeds. Steps are integers. Held-out eval keys (few points) are drawn as
     markers joined by lines, unsmoothed."""
-    plt = _plt()
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = _subplots(figsize=(5, 3.5))
     sparse = all(len(xs) <= 6 for runs in series.values() for xs, _ in runs)
     for i, (name, runs) in enumerate(series.items()):
         col = f"C{i}"
@@ -258,8 +256,7 @@ def plot_bands(runs: dict[str, list[tuple[list[float], list[float]]]], path: Pat
                ylabel: str, reference: float | None = None, reference_label: str = "base") -> bytes:
     """One line per name (the mean over its runs at each x every run has) with a band from the min to the max over
     the runs (seeds); ``reference`` draws a dashed horizontal line (e.g. the base model's value)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = _subplots(figsize=(5, 3.5))
     for k, (name, curves) in enumerate(runs.items()):
         common = sorted(set.intersection(*(set(xs) for xs, _ in curves))) if curves else []
         if not common:
