@@ -1,4 +1,5 @@
-"""The calibration-collapse sweep on the coin_sum testbed (issue 14; docs/results.md has the commands and tables).
+"""The calibration-collapse sweep on the coin_sum testbed (commands and tables: docs/results.md, "The
+calibration-collapse testbed (coin_sum)").
 
 One training job at a time (the machine is small and shared), each a plain ``capo train --config collapse`` with the
 setting's overrides; held-out metrics come from the trainer's own evaluations (``eval/*`` every ``run.eval_every``

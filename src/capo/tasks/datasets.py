@@ -237,7 +237,7 @@ def load_problems(
         if split not in ("train", "test", "eval"):
             raise DataError(f"split={split!r} is not allowed for 'default'; allowed values: train, test")
         return default_problems("train" if split == "train" else "eval", limit or 500, seed=0)
-    if dataset == "coin_sum":  # the calibration-collapse testbed, default options (docs/results.md, issue 14)
+    if dataset == "coin_sum":  # the calibration-collapse testbed, default options (docs/results.md)
         from capo.tasks.coin_sum import coin_problems
 
         if split not in ("train", "test", "eval"):
