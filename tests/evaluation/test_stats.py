@@ -97,3 +97,15 @@ def test_comparison_pairs_runs_by_training_seed():
     b = cmp.seed_diff("capo", "base", "auc_mean")  # 0.20, 0.26, 0.23
     assert b["mean"] == pytest.approx((0.20 + 0.26 + 0.23) / 3)
     assert cmp.seed_diff("base", "grpo", "auc_mean") is None  # one seed: no interval over seeds
+
+
+def test_one_resampling_scheme_same_draws_as_before():
+    """bootstrap_draws is the one resampling scheme (core bootstrap_ci and the model comparison): its [n_boot, G]
+    draw equals n_boot sequential [G] draws from the same generator, the scheme both used before, so no interval
+    moved when they were made one."""
+    gen = torch.Generator().manual_seed(7)
+    before = torch.stack([torch.randint(13, (13,), generator=gen) for _ in range(50)])
+    assert torch.equal(cal.bootstrap_draws(13, 50, 7), before)
+    v = torch.tensor([3.0, 1.0, 2.0, float("nan"), 4.0], dtype=torch.float64)
+    lo, hi = cal.percentile_interval(v, 0.5)  # quartiles of 1, 2, 3, 4 (linear): 1.75, 3.25
+    assert (lo, hi) == pytest.approx((1.75, 3.25), abs=1e-12)

@@ -47,6 +47,8 @@ __all__ = [
     "aurc",
     "auroc",
     "bootstrap_ci",
+    "bootstrap_draws",
+    "percentile_interval",
     "brier",
     "confidence_from_logprob",
     "debiased_l2_ce",
@@ -573,6 +575,19 @@ def _check_boot(n_boot, alpha) -> None:
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
 
 
+def bootstrap_draws(n_groups: int, n_boot: int, seed: int | torch.Generator = 0) -> torch.Tensor:
+    """[n_boot, n_groups] question indices, each row one replicate's draw of n_groups questions uniformly with
+    replacement: the one resampling scheme of every prompt bootstrap in capo (:func:`bootstrap_ci`, the model
+    comparison). ``seed``: an int or a CPU ``torch.Generator`` (advanced in place)."""
+    return torch.randint(n_groups, (n_boot, n_groups), generator=_generator(seed))
+
+
+def percentile_interval(values: torch.Tensor, alpha: float = 0.05) -> tuple[float, float]:
+    """(alpha/2, 1 - alpha/2) quantiles (linear interpolation) of the replicate values, NaN dropped; (NaN, NaN)
+    when none is left. The one percentile rule of every bootstrap interval in capo."""
+    return _percentile_interval(values, alpha)
+
+
 def _percentile_interval(values: torch.Tensor, alpha: float) -> tuple[float, float]:
     v = values[~torch.isnan(values)]
     if v.numel() == 0:
@@ -630,8 +645,7 @@ def bootstrap_ci(
     table = order[torch.where(valid, starts[:, None] + j[None, :], torch.zeros((), dtype=torch.int64))]  # [G, M]
     new_ids = torch.arange(n_groups)[:, None].expand_as(table)  # [G, M] draw position -> new question label
     values = torch.empty(n_boot, dtype=F64)
-    for b in range(n_boot):
-        draw = torch.randint(n_groups, (n_groups,), generator=gen)  # [G] question indices
+    for b, draw in enumerate(bootstrap_draws(n_groups, n_boot, gen)):  # draw: [G] question indices
         keep = valid[draw]  # [G, M]
         rows = table[draw][keep]  # [N'] response rows of the drawn questions, in draw order
         args = [t[rows.to(t.device)] for t in ts]

@@ -110,7 +110,7 @@ class Comparison:
         diffs = diffs[~torch.isnan(diffs)]
         if diffs.numel() < 10:
             return va - vb, math.nan, math.nan
-        lo, hi = torch.quantile(diffs, torch.tensor([0.025, 0.975], dtype=diffs.dtype)).tolist()
+        lo, hi = cal.percentile_interval(diffs, 0.05)
         return va - vb, lo, hi
 
     def _model(self, name: str) -> Model:
@@ -162,10 +162,9 @@ def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:
 
 
 def _bootstrap(models: list[Model], prompts: list[str], n_boot: int, seed: int) -> dict:
-    gen = torch.Generator().manual_seed(seed)
     out = {m.name: {k: torch.empty(n_boot, dtype=torch.float64) for k, _, _ in MEASURES} for m in models}
-    for b in range(n_boot):
-        drawn = [prompts[i] for i in torch.randint(len(prompts), (len(prompts),), generator=gen).tolist()]
+    for b, draw in enumerate(cal.bootstrap_draws(len(prompts), n_boot, seed)):  # the core's resampling scheme
+        drawn = [prompts[i] for i in draw.tolist()]
         for m in models:
             per_seed = [_measures_on(s, drawn) for s in m.seeds]
             for k, _, _ in MEASURES:
