@@ -90,8 +90,10 @@ def test_options_are_validated():
         c.check_options({"p_one": 1.5})
     from capo.trainer.config import load_config
 
-    with pytest.raises(ConfigError, match="only for dataset 'coin_sum'"):
+    with pytest.raises(ConfigError, match="the 'default' task takes no options"):
         load_config("default", {"data.task_options": "{p_one: 0.5}"})
+    with pytest.raises(ConfigError, match="only for a task generated in code"):
+        load_config("default", {"data.dataset": "gsm8k", "data.task_options": "{p_one: 0.5}"})
     with pytest.raises(ConfigError, match="coin_frac must be"):
         load_config("collapse", {"data.task_options": "{coin_frac: -1}"})
     cfg = load_config("collapse", {"data.task_options": "{p_one: 0.8}"})

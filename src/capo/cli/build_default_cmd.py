@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-BUILD_TASKS = ("default", "coin_sum")
+from capo.tasks.datasets import GENERATED_TASKS as BUILD_TASKS  # each generated task ships a model built here
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -22,15 +22,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--task", default="default", choices=BUILD_TASKS,
-                   help="which task model: 'default' (chain_sum, from scratch) or 'coin_sum' (the default fine-tuned "
-                        "on chain sums with a hidden coin; the calibration-collapse testbed)")
+                   help="which task model: 'default' (chain_sum, from scratch), 'coin_sum' (the default fine-tuned "
+                        "on chain sums with a hidden coin; the calibration-collapse testbed) or 'word_problems' (a "
+                        "5M Qwen2-shaped model pre-trained from scratch on multi-step word-problem traces; the "
+                        "reasoning testbed, ~1 hour on 2 threads)")
     p.add_argument("--out", required=True, help="output folder (created; existing model files are overwritten)")
     p.add_argument("--seed", type=int, default=0, help="seed for initialisation, data order and confidences (default 0)")
     p.add_argument("--steps", type=int, default=None, help="warm-up steps (default: the shipped model's)")
     p.add_argument("--batch-size", type=int, default=None, help="warm-up batch size (default 64)")
     p.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default: the shipped model's)")
-    p.add_argument("--eval-prompts", type=int, default=256,
-                   help="held-out prompts to measure the built model on, 8 samples each (0 to skip; default 256)")
+    p.add_argument("--eval-prompts", type=int, default=None,
+                   help="held-out prompts to measure the built model on, 8 samples each (0 to skip; default 256, "
+                        "word_problems 128)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: the tiny model gains little from more, and results are "
                         "bit-identical only for the same thread count)")
@@ -48,6 +51,8 @@ def run(args) -> int:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.lr is not None and not args.lr > 0:
         raise ConfigError(f"--lr must be > 0, got {args.lr}")
+    if args.eval_prompts is None:
+        args.eval_prompts = 128 if args.task == "word_problems" else 256
     if args.eval_prompts < 0:
         raise ConfigError(f"--eval-prompts must be >= 0, got {args.eval_prompts}")
     if args.threads < 1:
@@ -71,16 +76,19 @@ def build_and_measure(out: str, seed: int, eval_prompts: int, task: str = "defau
     from pathlib import Path
 
     from capo.evaluation.default_task import evaluate_default
-    from capo.tasks import coin_sum
-    from capo.tasks.default import build_default_model, default_problems, load_default
+    from capo.tasks import coin_sum, word_problems
+    from capo.tasks.default import build_default_model, load_default
+    from capo.tasks.generated import generated_task
 
     t0 = time.perf_counter()
-    build, problems = ((coin_sum.build_coin_model, coin_sum.coin_problems) if task == "coin_sum"
-                       else (build_default_model, default_problems))
+    build = {"coin_sum": coin_sum.build_coin_model, "word_problems": word_problems.build_word_model}.get(
+        task, build_default_model)
     stats = build(out, seed=seed, log=lambda s: print(s, file=sys.stderr, flush=True), **kwargs)
     if eval_prompts > 0:
         model, tok = load_default(model_dir=out)
-        ev = evaluate_default(model, tok, problems("eval", eval_prompts, seed=0), group_size=8, seed=seed)
+        spec = generated_task(task)
+        ev = evaluate_default(model, tok, spec.problems("eval", eval_prompts, seed=0), group_size=8, seed=seed,
+                              max_new_tokens=spec.max_new_tokens, dataset=task)
         stats["eval"] = {k: v for k, v in ev.items() if k != "samples"}
         stats["total_seconds"] = round(time.perf_counter() - t0, 1)
         (Path(out) / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")

@@ -13,7 +13,12 @@ from capo.errors import ConfigError
 # Measured on the 2-core reference machine (docs/results.md); only used for the up-front estimate.
 SECONDS_PER_STEP_ESTIMATE = 2.0
 SECONDS_PER_EVAL_ESTIMATE = 30.0
-DEMO_TASKS = ("default", "collapse")  # preset names; the preset names the base model and the task
+DEMO_TASKS = ("default", "collapse", "word_problems")  # preset names; the preset names the base model and the task
+# Algorithms compared when --algos is not given: the reasoning testbed's steps cost ~10x the default's, so its demo
+# compares GRPO and CAPO only (10 minutes on 2 cores).
+DEMO_ALGOS = {"default": "grpo,capo,rlcr", "collapse": "grpo,capo,rlcr", "word_problems": "grpo,capo"}
+# Steps per run when --steps is not given (None: the preset's).
+DEMO_STEPS = {"word_problems": 30}
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -27,11 +32,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--task", default="default", choices=DEMO_TASKS,
-                   help="which preset/task: 'default' (chain sums) or 'collapse' (coin_sum, the calibration-collapse "
-                        "testbed: half of the problems end in a hidden fair coin)")
+                   help="which preset/task: 'default' (chain sums), 'collapse' (coin_sum, the calibration-collapse "
+                        "testbed: half of the problems end in a hidden fair coin) or 'word_problems' (the reasoning "
+                        "testbed: multi-step word problems, a 5M model, GRPO vs CAPO for 30 steps)")
     p.add_argument("--out", default="runs/demo", help="output folder (one run folder per algorithm and seed)")
-    p.add_argument("--algos", default="grpo,capo,rlcr", help="comma-separated algorithm presets to compare")
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the preset's)")
+    p.add_argument("--algos", default=None, help="comma-separated algorithm presets to compare (default: "
+                   + "; ".join(f"{t}: {a}" for t, a in DEMO_ALGOS.items()) + ")")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the preset's; "
+                   + ", ".join(f"{t}: {n}" for t, n in DEMO_STEPS.items()) + ")")
     p.add_argument("--seeds", default="0", help="comma-separated seeds; each algorithm is trained once per seed")
     p.add_argument("--eval-problems", type=int, default=100, help="held-out problems for the final evaluation")
     p.add_argument("--eval-k", type=int, default=8, help="samples per held-out problem in the final evaluation")
@@ -46,7 +54,7 @@ def _parse(args):
     from capo.core.checks import did_you_mean
     from capo.core.presets import ALGORITHMS
 
-    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    algos = [a.strip() for a in (args.algos or DEMO_ALGOS[args.task]).split(",") if a.strip()]
     for a in algos:
         if a not in ALGORITHMS:
             raise ConfigError(f"--algos: {a!r} is not an algorithm{did_you_mean(a, ALGORITHMS)}; allowed: {', '.join(ALGORITHMS)}")
@@ -77,7 +85,7 @@ def run(args) -> int:
 
     algos, seeds, extra = _parse(args)
     out = Path(args.out)
-    cfgs = _configs(algos, seeds, extra, out, args.steps, args.task)
+    cfgs = _configs(algos, seeds, extra, out, args.steps or DEMO_STEPS.get(args.task), args.task)
     with run_lock(out, "demo"):
         t0 = time.perf_counter()
         _train_all(cfgs, algos, seeds, args)
@@ -97,11 +105,12 @@ def _configs(algos, seeds, extra, out: Path, steps, preset: str = "default") -> 
             if steps is not None:
                 ov["run.steps"] = steps
             cfgs[(algo, seed)] = load_config(preset, ov)
-    opts = next(iter(cfgs.values())).data.task_options
-    if opts:
-        from capo.tasks.coin_sum import check_options
+    first = next(iter(cfgs.values())).data
+    if first.task_options:
+        from capo.tasks.generated import generated_task
 
-        if check_options(opts) != check_options(None):
+        check_options = generated_task(first.dataset).check_options
+        if check_options(first.task_options) != check_options(None):
             raise ConfigError("--set data.task_options: the final held-out evaluation uses the task's default "
                               f"options {check_options(None)}; train with them, or use scripts/collapse_sweep.py")
     return cfgs

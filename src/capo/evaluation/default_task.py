@@ -21,7 +21,8 @@ __all__ = ["evaluate_default"]
 
 @torch.no_grad()
 def evaluate_default(model, tokenizer, problems: list[Problem], *, group_size: int = 8, temperature: float = 1.0,
-                     max_new_tokens: int = 64, seed: int = 0, batch_prompts: int = 64) -> dict:
+                     max_new_tokens: int = 64, seed: int = 0, batch_prompts: int = 64,
+                     dataset: str = "default") -> dict:
     """Sample ``group_size`` responses per problem and measure accuracy, format rate, the fraction of prompts with
     mixed outcomes, and the AUROC of lpm (pooled, and per prompt averaged: AUC-mean). Returns a dict of numbers
     (``n_prompts`` ... ``mean_confidence``) and ``samples`` (one record per response)."""
@@ -31,7 +32,7 @@ def evaluate_default(model, tokenizer, problems: list[Problem], *, group_size: i
     with Verifier(workers=1) as verifier:
         for b in range(0, len(problems), batch_prompts):
             chunk = problems[b : b + batch_prompts]
-            prompts = [render_problem(tokenizer, p, dataset="default") for p in chunk]
+            prompts = [render_problem(tokenizer, p, dataset=dataset) for p in chunk]
             ro = engine.sample(prompts, k=group_size, max_new_tokens=max_new_tokens, temperature=temperature)
             g = grade(ro.texts, [p.answer for p in chunk for _ in range(group_size)], verifier, answer_format="rlcr")
             lpm = sequence_logprob_mean(ro.gen_logp, ro.response_mask).tolist()

@@ -14,18 +14,18 @@ from pathlib import Path
 import torch
 
 from capo.errors import ConfigError
+from capo.tasks.datasets import GENERATED_TASKS
 
 __all__ = ["AUTOCAST_MODES", "autocast_context", "check_model_spec", "eos_token_ids", "load_model", "merge_eos_ids"]
 
 AUTOCAST_MODES = ("auto", "on", "off")  # the one list of bf16 autocast policies (`capo eval --autocast`)
-BUILTIN_MODELS = ("default", "coin_sum")  # model specs naming a model shipped in capo/assets
+BUILTIN_MODELS = GENERATED_TASKS  # model specs naming a model shipped in capo/assets: one per generated task
 
 
 def _builtin_model_dir(spec: str) -> Path:
-    from capo.tasks.coin_sum import COIN_MODEL_DIR
-    from capo.tasks.default import DEFAULT_MODEL_DIR
+    from capo.tasks.generated import generated_task
 
-    return {"default": DEFAULT_MODEL_DIR, "coin_sum": COIN_MODEL_DIR}[spec]
+    return generated_task(spec).model_dir
 
 
 def check_model_spec(spec: str) -> None:

@@ -40,6 +40,7 @@ from capo.tasks import default as d
 from capo.tasks.problem import Problem
 
 __all__ = ["COIN_MODEL_DIR", "TASK_NAME", "DEFAULT_OPTIONS", "WARMUP_P_ONE", "check_options", "coin_problems",
+           "format_prompt",
            "coin_trace", "format_response", "build_coin_model"]
 
 TASK_NAME = "coin_sum"
@@ -48,6 +49,7 @@ COIN = "+?"
 # p_one: P(hidden coin = 1); coin_frac: fraction of problems that carry a coin.
 DEFAULT_OPTIONS: dict[str, float] = {"p_one": 0.5, "coin_frac": 0.5}
 WARMUP_P_ONE = 0.5
+format_prompt = d.format_prompt  # the chain-sum prompt; the coin is part of the problem text ("5+8-9+?=")
 
 
 def check_options(options: dict | None) -> dict[str, float]:

@@ -53,7 +53,7 @@ BUILTIN_DATASETS: dict[str, dict] = {
 }
 
 # Tasks generated in code that share the default's raw prompt format and tokenizer (no chat template).
-GENERATED_TASKS = ("default", "coin_sum")
+GENERATED_TASKS = ("default", "coin_sum", "word_problems")  # capo.tasks.generated holds each one's functions
 DATASET_NAMES = (*GENERATED_TASKS, *BUILTIN_DATASETS)  # the one list of dataset names (trainer config, `capo eval`)
 
 
@@ -215,7 +215,9 @@ def load_problems(
     """Load a dataset as a list of :class:`Problem` (file order; the first ``limit`` rows when given).
 
     Args:
-        dataset: ``"default"`` (the embedded task), ``"coin_sum"`` (the default with a hidden coin), ``"gsm8k"``, ``"math500"``, or a path to a ``.jsonl``/``.json``/``.parquet`` file.
+        dataset: a task generated in code (``"default"``, ``"coin_sum"``, ``"word_problems"``:
+            :mod:`capo.tasks.generated`), ``"gsm8k"``, ``"math500"``, or a path to a ``.jsonl``/``.json``/``.parquet``
+            file.
         split: split of a built-in dataset (``train``/``test`` for gsm8k, ``test`` for math500); ignored for files.
         prompt_field, answer_field: field names in a file (built-ins use their own fields).
         answer_format: for files, how the gold answer is stored: ``plain``, ``gsm8k`` (``#### N``), ``boxed``.
@@ -231,18 +233,12 @@ def load_problems(
         raise DataError(f"limit must be an integer >= 1, got {limit!r}")
     if source not in ("auto", "local", "hub"):
         raise DataError(f"source={source!r} is not allowed; allowed values: auto, local, hub")
-    if dataset == "default":  # the embedded chain-sum task: "test" is its held-out "eval" split
-        from capo.tasks.default import default_problems
+    if dataset in GENERATED_TASKS:  # generated in code, default options: "test" is the held-out "eval" split
+        from capo.tasks.generated import generated_task
 
         if split not in ("train", "test", "eval"):
-            raise DataError(f"split={split!r} is not allowed for 'default'; allowed values: train, test")
-        return default_problems("train" if split == "train" else "eval", limit or 500, seed=0)
-    if dataset == "coin_sum":  # the calibration-collapse testbed, default options (docs/results.md)
-        from capo.tasks.coin_sum import coin_problems
-
-        if split not in ("train", "test", "eval"):
-            raise DataError(f"split={split!r} is not allowed for 'coin_sum'; allowed values: train, test")
-        return coin_problems("train" if split == "train" else "eval", limit or 500, seed=0)
+            raise DataError(f"split={split!r} is not allowed for {dataset!r}; allowed values: train, test")
+        return generated_task(dataset).problems("train" if split == "train" else "eval", limit or 500, seed=0)
     if dataset in BUILTIN_DATASETS:
         return _load_builtin(dataset, split, limit, source)
     path = Path(dataset).expanduser()

@@ -75,7 +75,16 @@ def _split_of(expression: str) -> str:
     return "eval" if h % EVAL_BUCKETS == 0 else "train"
 
 
-def default_problems(split: str, n: int, seed: int = 0) -> list[Problem]:
+def check_options(options: dict | None) -> dict:
+    """The chain-sum task has no options: ConfigError for any."""
+    if options:
+        from capo.errors import ConfigError
+
+        raise ConfigError(f"data.task_options: the 'default' task takes no options, got {sorted(options)}")
+    return {}
+
+
+def default_problems(split: str, n: int, seed: int = 0, options: dict | None = None) -> list[Problem]:
     """``n`` chain-sum problems of ``split`` ("train" or "eval"), reproducible for a given ``seed``.
 
     Train and eval are disjoint by construction (hash of the expression). Eval problems are unique within a call;
@@ -83,6 +92,7 @@ def default_problems(split: str, n: int, seed: int = 0) -> list[Problem]:
     ``Problem.prompt`` is the compact expression without spaces (``"5+8-9+7"``); ``answer`` is a plain integer
     string; ``meta`` keeps reasoning-gym's question, expression, num_terms and num_digits.
     """
+    check_options(options)
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not allowed; allowed values: {', '.join(SPLITS)}")
     if n < 0:
@@ -153,7 +163,7 @@ def format_response(problem: Problem, confidence: str) -> str:
 # ---------------------------------------------------------------------------------------------------- tokenizer
 
 
-def build_tokenizer():
+def build_tokenizer(model_max_length: int = 256):
     """Character-level ``PreTrainedTokenizerFast``: printable ASCII + newline, the four RLCR tags as single tokens,
     ``<s>`` (BOS, added in front of every encoded text), ``</s>`` (EOS), ``<pad>``, ``<unk>``. Decoding is exact."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -178,7 +188,7 @@ def build_tokenizer():
         unk_token=UNK,
         padding_side="left",
         clean_up_tokenization_spaces=False,
-        model_max_length=256,
+        model_max_length=model_max_length,
     )
     return fast
 
@@ -186,7 +196,7 @@ def build_tokenizer():
 # -------------------------------------------------------------------------------------------------------- model
 
 
-def _model_config(tokenizer, hidden: int, layers: int, heads: int, intermediate: int):
+def _model_config(tokenizer, hidden: int, layers: int, heads: int, intermediate: int, max_positions: int = 256):
     """The architecture trained: Qwen2 (q/k/v biases, RMSNorm, SwiGLU, RoPE), tied embeddings."""
     from transformers import Qwen2Config
 
@@ -197,7 +207,7 @@ def _model_config(tokenizer, hidden: int, layers: int, heads: int, intermediate:
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -245,13 +255,13 @@ def _export_llama(qwen):
 
 
 def _sft_batch(problems: list[Problem], rng: random.Random, tokenizer,
-               respond=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               respond=None, prompt_fn=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded (input_ids, attention_mask, labels); labels are -100 on the prompt and padding.
     ``respond(problem, rng) -> text`` writes the target (default: :func:`format_response` with a uniform confidence)."""
     respond = respond or (lambda p, r: format_response(p, r.choice(CONFIDENCE_GRID)))
     seqs, labs = [], []
     for p in problems:
-        pr = tokenizer(format_prompt(p))["input_ids"]
+        pr = tokenizer((prompt_fn or format_prompt)(p))["input_ids"]
         resp = tokenizer(respond(p, rng), add_special_tokens=False)["input_ids"]
         resp = resp + [tokenizer.eos_token_id]
         seqs.append(pr + resp)
@@ -268,14 +278,17 @@ def _sft_batch(problems: list[Problem], rng: random.Random, tokenizer,
 
 
 def _warmup(model, train: list[Problem], tokenizer, rng: random.Random, *, steps: int, batch_size: int, lr: float,
-            warmup_steps: int, log_every: int, log, respond=None) -> list[float]:
-    """Supervised warm-up (AdamW, linear LR warm-up, grad-norm clip 1); returns the per-step losses."""
+            warmup_steps: int, log_every: int, log, respond=None, prompt_fn=None, on_step=None) -> list[float]:
+    """Supervised warm-up (AdamW, linear LR warm-up then constant, grad-norm clip 1); returns the per-step losses.
+    The first k steps of a run do not depend on ``steps`` (so a longer run's step k is the shorter run).
+    ``on_step(step, model)`` (optional) runs after each optimizer step (checkpoints, measurements)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)))
     model.train()
     losses = []
     for step in range(steps):
-        ids, att, lab = _sft_batch(train[step * batch_size : (step + 1) * batch_size], rng, tokenizer, respond)
+        ids, att, lab = _sft_batch(train[step * batch_size : (step + 1) * batch_size], rng, tokenizer, respond,
+                                   prompt_fn)
         loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -285,6 +298,8 @@ def _warmup(model, train: list[Problem], tokenizer, rng: random.Random, *, steps
         losses.append(loss.item())
         if log is not None and (step + 1) % log_every == 0:
             log(f"step {step + 1}/{steps} loss {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f}")
+        if on_step is not None:
+            on_step(step + 1, model)
     model.eval()
     return losses
 

@@ -34,14 +34,15 @@ def render_prompt(tokenizer, prompt: str, *, chat_template: bool = True, system:
 
 def render_problem(tokenizer, problem: Problem, *, dataset: str, chat_template: bool = True,
                    system: str | None = SYSTEM_BOXED) -> str:
-    """The prompt for ``problem`` of ``dataset``: the embedded default task (and ``coin_sum``) uses its own raw format (it was trained
-    on it: ``"7-1-3="``, no system text, no template); every other dataset goes through :func:`render_prompt`."""
+    """The prompt for ``problem`` of ``dataset``: a task generated in code (:mod:`capo.tasks.generated`) uses the raw
+    format its model was trained on (``"7-1-3="``, no system text, no template); every other dataset goes through
+    :func:`render_prompt`."""
     from capo.tasks.datasets import GENERATED_TASKS
 
     if dataset in GENERATED_TASKS:
-        from capo.tasks.default import format_prompt
+        from capo.tasks.generated import generated_task
 
-        return _bos(tokenizer) + format_prompt(problem)
+        return _bos(tokenizer) + generated_task(dataset).prompt(problem)
     return render_prompt(tokenizer, problem.prompt, chat_template=chat_template, system=system)
 
 

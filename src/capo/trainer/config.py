@@ -40,7 +40,8 @@ def knob(default, help: str, **kw):
 @dataclass
 class ModelConfig:
     path: str = knob("default", "policy to train: 'default' (the embedded tiny model), 'coin_sum' (its "
-                     "calibration-collapse testbed fine-tune), a Hugging Face folder, a Hub id, or DIR/FILE.gguf")
+                     "calibration-collapse testbed fine-tune), 'word_problems' (the 5M reasoning testbed), a Hugging "
+                     "Face folder, a Hub id, or DIR/FILE.gguf")
     ref_path: str | None = knob(None, "frozen reference model for the KL term and CAPO's noise mask; None = a frozen "
                                 "copy of the initial policy")
     dtype: str = knob("float32", "parameter dtype: float32 or bfloat16")
@@ -62,7 +63,8 @@ class DataConfig:
     system_prompt: str | None = knob(None, "system message for chat-template models (None = the built-in one "
                                      "asking for the answer in the RLCR or \\boxed{} format)")
     task_options: dict = knob({}, "options of a task generated in code, e.g. coin_sum: {p_one: 0.5, coin_frac: 0.5} "
-                              "(P(hidden coin = 1), fraction of problems with a coin)")
+                              "(P(hidden coin = 1), fraction of problems with a coin); word_problems: min_ops, "
+                              "max_ops, max_start, max_value, distractors (capo.tasks.word_problems)")
     n_train: int = knob(20000, "number of training problems drawn")
     n_eval: int = knob(128, "number of held-out problems for periodic evaluation")
 
@@ -216,11 +218,13 @@ class TrainConfig:
             raise ConfigError(f"data.dataset={d.dataset!r} is neither a built-in dataset ({', '.join(DATASET_NAMES)})"
                               f" nor an existing JSONL/parquet file{did_you_mean(d.dataset, DATASET_NAMES)}")
         if d.task_options:
-            if d.dataset != "coin_sum":
-                raise ConfigError(f"data.task_options is only for dataset 'coin_sum', not {d.dataset!r}")
-            from capo.tasks.coin_sum import check_options
+            from capo.tasks.datasets import GENERATED_TASKS
+            from capo.tasks.generated import generated_task
 
-            check_options(d.task_options)
+            if d.dataset not in GENERATED_TASKS:
+                raise ConfigError(f"data.task_options is only for a task generated in code "
+                                  f"({', '.join(GENERATED_TASKS)}), not {d.dataset!r}")
+            generated_task(d.dataset).check_options(d.task_options)
         _choice("data.answer_format", d.answer_format, ANSWER_FORMATS)
         _choice("data.gold_format", d.gold_format, FILE_ANSWER_FORMATS)
         _at_least("data.n_train", d.n_train, 1)

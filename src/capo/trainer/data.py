@@ -8,17 +8,14 @@ from capo.tasks.prompts import default_system, render_problem
 
 def load_problems(data, seed: int) -> tuple[list[Problem], list[Problem]]:
     """(train, held-out eval) problems for a DataConfig; the two sets are disjoint."""
-    if data.dataset == "default":
-        from capo.tasks.default import default_problems
-
-        return default_problems("train", data.n_train, seed=seed), default_problems("eval", data.n_eval, seed=0)
-    if data.dataset == "coin_sum":
-        from capo.tasks.coin_sum import coin_problems
-
-        opts = data.task_options
-        return (coin_problems("train", data.n_train, seed=seed, options=opts),
-                coin_problems("eval", data.n_eval, seed=0, options=opts))
     from capo.tasks import datasets
+
+    if data.dataset in datasets.GENERATED_TASKS:
+        from capo.tasks.generated import generated_task
+
+        task, opts = generated_task(data.dataset), data.task_options
+        return (task.problems("train", data.n_train, seed=seed, options=opts),
+                task.problems("eval", data.n_eval, seed=0, options=opts))
 
     kw = dict(prompt_field=data.prompt_field, answer_field=data.answer_field)
     builtin = datasets.BUILTIN_DATASETS.get(data.dataset)

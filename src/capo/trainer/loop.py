@@ -376,7 +376,21 @@ class Trainer:
         t = self.acc.gather_for_metrics
         s = summarize(t(lpm).cpu(), t(g.correct.to(self.acc.device)).cpu(), t(gid.to(self.acc.device)).cpu(),
                       verbal_conf=t(g.confidence.to(self.acc.device)).cpu())
+        ent_sum, n_tok = self._entropy_sum(ro)
+        s["entropy"] = float(self.acc.reduce(ent_sum, "sum") / self.acc.reduce(n_tok, "sum").clamp(min=1))
         return {f"eval/{key}": float(v) for key, v in s.items()}
+
+    @torch.no_grad()
+    def _entropy_sum(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum over real response tokens of the policy's next-token entropy at temperature 1, token count)."""
+        model = self.acc.unwrap_model(self.model)
+        total = torch.zeros((), device=self.acc.device)
+        for idx in self._micro_batches(torch.arange(len(ro.texts))):
+            _, ent = token_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
+                                    ro.response_mask[idx], autocast_bf16=self.cfg.model.autocast_bf16,
+                                    with_entropy=True, share_prefix=self.cfg.rollout.share_prefix)
+            total = total + (ent.float() * ro.response_mask[idx]).sum()
+        return total, ro.response_mask.sum().to(total)
 
     def calibrate_mask(self) -> tuple[float, float]:
         """CAPO's mask thresholds: fixed numbers, or quantiles of the reference model's PPL on its own rollouts."""
