@@ -11,11 +11,11 @@ import types
 import pytest
 import torch
 
-from capo.core import REWARDS, advantage_step
+from capo.core import REWARDS, capo_noise_mask, compute_advantages, sequence_logprob_mean
 from _tiny import VerlProto  # tests/adapters is on sys.path (conftest.py)
 
 B, G, T = 3, 4, 5
-HPARAMS = {"capo": {"tau": 0.6}, "grpo": {}}
+LOW, HIGH = 1.3, 1.9  # fixed mask thresholds inside this batch's PPL_ref range (some rows masked, most kept)
 
 
 def _batch():
@@ -33,48 +33,51 @@ def _batch():
     return correct, conf, fmt, rewards, mask, lp, ref
 
 
-def _trainer_path(correct, conf, fmt, rewards, mask, lp, ref, estimator="capo"):
-    """capo's trainer: Trainer.advantages (verdicts from the grader) and Trainer.rollout_metrics."""
+def _trainer_path(est, hp, correct, conf, fmt, rewards, mask, lp, ref):
+    """capo's trainer: Trainer.advantages (verdicts from the grader), its noise mask on (any estimator)."""
     from accelerate import Accelerator
 
     from capo.trainer.loop import Trainer
+    from capo.verify import Verdict
 
-    algo = types.SimpleNamespace(advantage=estimator, advantage_kwargs=HPARAMS[estimator], noise_mask="fixed",
-                                 group_filter=False, reward="rlcr", reward_kwargs={}, loss="ppo_clip")
+    algo = types.SimpleNamespace(advantage=est, advantage_kwargs=hp, noise_mask="fixed", group_filter=False,
+                                 reward="rlcr", reward_kwargs={}, loss="ppo_clip")
     cfg = types.SimpleNamespace(algo=algo, rollout=types.SimpleNamespace(group_size=G),
                                 run=types.SimpleNamespace(on_bad_sample="skip"))
-    self = types.SimpleNamespace(cfg=cfg, acc=Accelerator(cpu=True), mask_thresholds=(1.3, 1.9), step=0,
+    self = types.SimpleNamespace(cfg=cfg, acc=Accelerator(cpu=True), mask_thresholds=(LOW, HIGH), step=0,
                                  verifier=None)
-    for name in ("_guard", "_method_inputs", "_mean"):
+    for name in ("_step_spec", "_check_bad", "_mean"):
         setattr(self, name, types.MethodType(getattr(Trainer, name), self))
     ro = types.SimpleNamespace(gen_logp=lp, response_mask=mask, lengths=mask.sum(-1), truncated=torch.zeros(len(lp)),
                                texts=[""] * len(lp))
-    from capo.verify import Verdict
-
     verdicts = [Verdict.CORRECT if c else Verdict.INCORRECT for c in correct.tolist()]
     g = types.SimpleNamespace(correct=correct, confidence=conf, format_ok=fmt, reward_errors=0, verdicts=verdicts,
                               answers=[None] * len(correct))
-    adv, _, _ = Trainer.advantages(self, ro, g, rewards, ref, None)
-    metrics = Trainer.rollout_metrics(self, ro, g, rewards)
-    return adv, {k: v for k, v in metrics.items() if k.startswith("calib/")}
+    batch, stats = Trainer.advantages(self, ro, g, rewards, ref, None)
+    return batch.advantages, {k: v for k, v in stats.items() if k.startswith("calib/")}
 
 
-def _trl_path(correct, conf, fmt, rewards, mask, lp, ref, estimator="capo"):
-    """The TRL adapter's step and metrics on the gathered batch (what _generate_and_score_completions calls), with
-    the mask decided by the adapter's config as the trainer subclass decides it."""
+def _trl_path(est, hp, correct, conf, fmt, rewards, mask, lp, ref):
+    """The TRL adapter: its mask rule and step inputs on the gathered batch (what _generate_and_score_completions
+    calls), with the mask switched on explicitly (needed for a non-capo estimator)."""
     pytest.importorskip("trl")
-    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
+    from accelerate import Accelerator
 
-    cfg = CapoAdvantageConfig(estimator=estimator, noise_mask=True, mask_low=1.3, mask_high=1.9)
-    res = advantage_step(estimator, rewards, correct, G, token_logp=lp, mask=mask, ref_token_logp=ref,
-                         mask_thresholds=(cfg.mask_low, cfg.mask_high) if cfg.uses_mask() else None,
-                         valid=torch.ones_like(correct), hparams=HPARAMS[estimator])
-    return res.advantages, CapoGRPOTrainer._capo_metrics(None, res, correct, conf, G)
+    from capo.adapters import trl
+    from capo.rollout.step import StepBatch, step_advantages
+
+    cfg = trl.CapoAdvantageConfig(estimator=est, estimator_kwargs=hp, noise_mask=True, mask_low=LOW, mask_high=HIGH)
+    self = types.SimpleNamespace(capo=cfg, reward_funcs=[], reward_weights=torch.ones(1),
+                                 accelerator=Accelerator(cpu=True), _capo_thresholds=trl.mask_thresholds(cfg))
+    batch = StepBatch(rewards=rewards, group_size=G, mask=mask, correct=correct, token_logp=lp, ref_token_logp=ref,
+                      valid=torch.ones_like(correct), confidence=conf)
+    step = step_advantages(*trl.CapoGRPOTrainer._capo_step_inputs(self, rewards[:, None], batch))
+    return step.result.advantages, {k: v for k, v in step.metrics.items() if k.startswith("calib/")}
 
 
-def _verl_path(correct, conf, fmt, rewards, mask, lp, ref, estimator="capo"):
+def _verl_path(est, hp, correct, conf, fmt, rewards, mask, lp, ref):
     """The verl plugin's registered estimator on verl's tensors; rows shuffled as verl does, verdicts and
-    confidences from the reward function's dict (legacy trainer: non_tensor_batch)."""
+    confidences from the reward function's dict (legacy trainer: non_tensor_batch); the mask switched on."""
     import numpy as np
 
     from capo.adapters import verl_plugin as vp
@@ -83,30 +86,36 @@ def _verl_path(correct, conf, fmt, rewards, mask, lp, ref, estimator="capo"):
     tok_rewards = torch.zeros(len(lp), T)
     tok_rewards[torch.arange(len(lp)), mask.sum(-1) - 1] = rewards.float()
     data = VerlProto({"old_log_probs": lp[perm].float(), "ref_log_prob": ref[perm].float()},
-                  {"correct": correct[perm].float().numpy().astype(object),
-                   "confidence": conf[perm].numpy().astype(object)})
-    ctx = vp._Ctx(data, temperature=data.meta_info["temperature"])
+                     {"correct": correct[perm].float().numpy().astype(object),
+                      "confidence": conf[perm].numpy().astype(object)})
+    ctx = vp.BatchContext(data, run=vp.CapoRun(), temperature=data.meta_info["temperature"])
     uid = np.array([f"u{i // G}" for i in range(len(lp))], dtype=object)[perm.numpy()]
-    cfg = {"capo": {**HPARAMS[estimator], "noise_mask": True, "mask_low": 1.3, "mask_high": 1.9}}
-    token = vp._BATCH.set(ctx)
-    try:
-        verl_name = {core: name for name, core in vp.ESTIMATORS.items()}[estimator]  # capo_grpo -> grpo
-        adv, _ = vp._ESTIMATOR_FNS[verl_name](tok_rewards[perm], mask[perm].float(), index=uid, config=cfg)
-    finally:
-        vp._BATCH.reset(token)
+    cfg = {"capo": {**hp, "noise_mask": True, "mask_low": LOW, "mask_high": HIGH}}
+    with vp.batch_context(ctx):
+        adv, _ = vp.ESTIMATOR_FNS["capo" if est == "capo" else f"capo_{est}"](
+            tok_rewards[perm], mask[perm].float(), index=uid, config=cfg)
     out = torch.empty(len(lp), dtype=torch.float64)
     out[perm] = adv.double().sum(-1) / mask[perm].sum(-1)
-    return out, ctx.metrics
+    return out, {k: v for k, v in ctx.metrics.items() if k.startswith("calib/")}
 
 
-def test_trainer_trl_verl_same_advantages_and_calibration_metrics():
+@pytest.mark.parametrize("est,hp", [("capo", {"tau": 0.6}), ("grpo", {})])
+def test_trainer_trl_verl_same_advantages_and_calibration_metrics(est, hp):
+    """CAPO, and GRPO + CAPO's mask (the paper's ablation): the three paths give the same advantages, equal to the
+    core estimator with the mask computed by hand, and the same calib/*."""
     batch = _batch()
-    correct, rewards = batch[0], batch[3]
+    correct, conf, _, rewards, mask, lp, ref = batch
     assert ((rewards < 0.5) & correct).any(), "a correct answer with a low RLCR reward must be in the batch"
-    a_tr, m_tr = _trainer_path(*batch)
-    a_trl, m_trl = _trl_path(*batch)
-    a_verl, m_verl = _verl_path(*batch)
-    assert (a_tr.abs() > 1e-6).any()
+    keep = capo_noise_mask(torch.exp(-sequence_logprob_mean(ref, mask)), correct, low=LOW, high=HIGH)
+    assert 0 < int((~keep).sum()) < len(keep) // 2, "the mask must drop some rows, not most"
+    kw = {"scores": sequence_logprob_mean(lp, mask), "correct": correct} if est == "capo" else {}
+    want = compute_advantages(est, rewards, G, keep=keep, **kw, **hp)
+    assert (want - compute_advantages(est, rewards, G, **kw, **hp)).abs().max() > 1e-3, "the mask must matter here"
+    a_tr, m_tr = _trainer_path(est, hp, *batch)
+    a_trl, m_trl = _trl_path(est, hp, *batch)
+    a_verl, m_verl = _verl_path(est, hp, *batch)
+    torch.testing.assert_close(a_tr.double(), want, rtol=0, atol=1e-12)
+    assert (a_tr[~keep] == 0).all()
     torch.testing.assert_close(a_trl, a_tr.double(), rtol=0, atol=1e-12)
     torch.testing.assert_close(a_verl, a_tr.double(), rtol=0, atol=1e-6)  # verl holds float32 tensors
     assert set(m_tr) == set(m_trl) == set(m_verl) and "calib/verbal_brier" in m_tr
@@ -115,24 +124,16 @@ def test_trainer_trl_verl_same_advantages_and_calibration_metrics():
         assert m_verl[k] == pytest.approx(m_tr[k], abs=1e-6, nan_ok=True), k
 
 
-def test_grpo_with_capo_mask_is_the_same_on_every_path():
-    """The paper's ablation "GRPO advantage + CAPO's noise mask" means one thing in the trainer, TRL and verl (the
-    rule is capo.core.mask_on): equal advantages, and the mask really removed responses."""
-    batch = _batch()
-    a_tr, _ = _trainer_path(*batch, estimator="grpo")
-    a_trl, _ = _trl_path(*batch, estimator="grpo")
-    a_verl, _ = _verl_path(*batch, estimator="grpo")
-    torch.testing.assert_close(a_trl, a_tr.double(), rtol=0, atol=1e-12)
-    torch.testing.assert_close(a_verl, a_tr.double(), rtol=0, atol=1e-6)  # verl holds float32 tensors
-    correct, _, _, rewards, mask, lp, ref = batch
-    plain = advantage_step("grpo", rewards, correct, G, token_logp=lp, mask=mask).advantages
-    masked = (a_tr == 0) & (plain != 0)
-    assert masked.any(), "the mask must remove at least one response with a nonzero GRPO advantage here"
-    torch.testing.assert_close(a_tr[~masked].double(), plain[~masked].double(), rtol=0, atol=1e-12)
+def test_mask_is_on_by_default_for_capo_only_on_every_path():
+    """One rule (capo.core.mask_applies): unset means on for capo, off for grpo; an explicit setting wins."""
+    pytest.importorskip("trl")
+    from capo.adapters.trl import CapoAdvantageConfig
+    from capo.adapters.verl_plugin.estimators import _options
+    from capo.core import mask_applies
 
-
-def test_mask_rule_defaults():
-    from capo.core import mask_on
-
-    assert mask_on("capo", None) and not mask_on("grpo", None)  # unset: the paper's method only
-    assert mask_on("grpo", True) and not mask_on("capo", False)
+    for est, default in (("capo", True), ("grpo", False), ("unlikeliness", False)):
+        assert mask_applies(est, None) is default
+        assert CapoAdvantageConfig(estimator=est).uses_mask() is default
+        assert _options({}, est, None)["noise_mask"] is default
+        assert CapoAdvantageConfig(estimator=est, noise_mask=not default).uses_mask() is (not default)
+        assert _options({"noise_mask": not default}, est, None)["noise_mask"] is (not default)

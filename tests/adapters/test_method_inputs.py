@@ -16,7 +16,8 @@ import torch
 
 from capo.core import ADVANTAGES, REWARDS, advantage_step
 from capo.errors import ConfigError
-from capo.rollout.method_inputs import method_inputs, needed_data
+from capo.rollout.method_inputs import StepBatch, StepSpec, method_inputs, needed_data
+from capo.rollout.step import step_advantages
 from _tiny import VerlProto  # tests/adapters is on sys.path (conftest.py)
 
 B, G, T = 3, 4, 5
@@ -63,13 +64,13 @@ def _trainer_path(est, hp, reward, b, verifier):
     cfg = types.SimpleNamespace(algo=algo, rollout=types.SimpleNamespace(group_size=G),
                                 run=types.SimpleNamespace(on_bad_sample="skip"))
     self = types.SimpleNamespace(cfg=cfg, acc=Accelerator(cpu=True), mask_thresholds=None, step=0, verifier=verifier)
-    for name in ("_guard", "_method_inputs", "_mean"):
+    for name in ("_step_spec", "_check_bad", "_mean"):
         setattr(self, name, types.MethodType(getattr(Trainer, name), self))
     ro = types.SimpleNamespace(gen_logp=b["lp"], response_mask=b["mask"], texts=[""] * len(b["lp"]))
     g = types.SimpleNamespace(correct=b["correct"], confidence=b["conf"], format_ok=b["fmt"], answers=ANSWERS)
     ref = b["ref"] if "ref_token_logp" in needed_data(est) else None
-    adv, _, _ = Trainer.advantages(self, ro, g, b["rewards"], ref, None)
-    return adv.double()
+    batch, _ = Trainer.advantages(self, ro, g, b["rewards"], ref, None)
+    return batch.advantages.double()
 
 
 def _trl_self(est, hp, reward_fn, weights):
@@ -79,11 +80,11 @@ def _trl_self(est, hp, reward_fn, weights):
 
     return types.SimpleNamespace(capo=CapoAdvantageConfig(estimator=est, estimator_kwargs=hp),
                                  reward_funcs=reward_fn, reward_weights=torch.tensor(weights),
-                                 accelerator=Accelerator(cpu=True))
+                                 accelerator=Accelerator(cpu=True), _capo_thresholds=None)
 
 
 def _trl_path(est, hp, reward, b, verifier):
-    """The TRL adapter's _capo_method_inputs + step on the gathered batch (what _generate_and_score_completions
+    """The TRL adapter's _capo_step_inputs + the step on the gathered batch (what _generate_and_score_completions
     calls), the verdicts/answers recorded by capo's reward function."""
     pytest.importorskip("trl")
     from capo.adapters._common import ScoredBatch
@@ -95,19 +96,16 @@ def _trl_path(est, hp, reward, b, verifier):
     self = _trl_self(est, hp, [fn], [1.0])
     ref = b["ref"] if self.capo.needs_reference() else None
     conf = b["conf"].double() if reward == "rlcr" else None
-    inputs, hparams = CapoGRPOTrainer._capo_method_inputs(self, b["rewards"][:, None], b["rewards"], b["correct"],
-                                                          conf, b["lp"], ref, b["mask"], G)
-    res = advantage_step(est, b["rewards"], b["correct"], G, token_logp=b["lp"], mask=b["mask"], ref_token_logp=ref,
-                         valid=torch.ones_like(b["correct"]), hparams=hparams, inputs=inputs)
-    return res.advantages
+    batch = StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"], correct=b["correct"], token_logp=b["lp"],
+                      ref_token_logp=ref, valid=torch.ones_like(b["correct"]), confidence=conf)
+    return step_advantages(*CapoGRPOTrainer._capo_step_inputs(self, b["rewards"][:, None], batch)).result.advantages
 
 
-def _verl_call(verl_name, b, cfg, non_tensor, with_ref, verifier, monkeypatch):
+def _verl_call(verl_name, b, cfg, non_tensor, with_ref, verifier):
     import numpy as np
 
     from capo.adapters import verl_plugin as vp
 
-    monkeypatch.setattr(vp, "_verifier", verifier)
     n = len(b["lp"])
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))  # verl reorders rows
     tok_rewards = torch.zeros(n, T)
@@ -116,13 +114,10 @@ def _verl_call(verl_name, b, cfg, non_tensor, with_ref, verifier, monkeypatch):
     if with_ref:
         tensors["ref_log_prob"] = b["ref"][perm].float()
     nt = {k: np.array(v, dtype=object)[perm.numpy()] for k, v in non_tensor.items()}
-    ctx = vp._Ctx(VerlProto(tensors, nt), temperature=1.0)
+    ctx = vp.BatchContext(VerlProto(tensors, nt), run=vp.CapoRun(verifier=verifier), temperature=1.0)
     uid = np.array([f"u{i // G}" for i in range(n)], dtype=object)[perm.numpy()]
-    token = vp._BATCH.set(ctx)
-    try:
-        adv, _ = vp._ESTIMATOR_FNS[verl_name](tok_rewards[perm], b["mask"][perm].float(), index=uid, config=cfg)
-    finally:
-        vp._BATCH.reset(token)
+    with vp.batch_context(ctx):
+        adv, _ = vp.ESTIMATOR_FNS[verl_name](tok_rewards[perm], b["mask"][perm].float(), index=uid, config=cfg)
     out = torch.empty(n, dtype=torch.float64)
     out[perm] = adv.double().sum(-1) / b["mask"][perm].sum(-1)
     return out
@@ -135,12 +130,12 @@ def _reward_dicts(b):
 
 
 @pytest.mark.parametrize("est,hp,reward", CASES)
-def test_trainer_trl_verl_same_advantages(est, hp, reward, verifier, monkeypatch):
+def test_trainer_trl_verl_same_advantages(est, hp, reward, verifier):
     b = _batch(reward)
     a_tr = _trainer_path(est, hp, reward, b, verifier)
     a_trl = _trl_path(est, hp, reward, b, verifier)
     cfg = {"capo": {**hp, "reward": reward}}
-    a_verl = _verl_call(f"capo_{est}", b, cfg, _reward_dicts(b), est == "ace", verifier, monkeypatch)
+    a_verl = _verl_call(f"capo_{est}", b, cfg, _reward_dicts(b), est == "ace", verifier)
     grpo = advantage_step("grpo", b["rewards"], b["correct"], G, token_logp=b["lp"], mask=b["mask"]).advantages
     assert (a_tr - grpo).abs().max() > 1e-3, "the method must differ from GRPO on this batch"
     torch.testing.assert_close(a_trl, a_tr, rtol=0, atol=1e-12)
@@ -151,51 +146,55 @@ def test_method_inputs_by_hand(verifier):
     """The inputs themselves: ACE's shift sums the real tokens' log-ratios, SEED's clusters are math-verify classes
     (1/2 == 0.5; no answer = -1), GDPO's RLCR components; C2GSPG's loss gets the rewards."""
     b = _batch("rlcr")
-    x = method_inputs("ace", "c2gspg", rewards=b["rewards"], group_size=G, mask=b["mask"], token_logp=b["lp"],
-                      ref_token_logp=b["ref"])
+    x = method_inputs(StepSpec("ace", loss="c2gspg"), StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"],
+                                                                 token_logp=b["lp"], ref_token_logp=b["ref"]))
     row = 3
     want = sum(float(b["lp"][row, t] - b["ref"][row, t]) for t in range(T) if b["mask"][row, t])
     assert float(x.advantage["confidence_shift"][row]) == pytest.approx(want, abs=1e-12)
     assert x.loss["rewards"] is b["rewards"]
-    s = method_inputs("seed_grpo", rewards=b["rewards"], group_size=G, mask=b["mask"], answers=ANSWERS,
-                      verifier=verifier)
+    s = method_inputs(StepSpec("seed_grpo"), StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"],
+                                                       answers=ANSWERS, verifier=verifier))
     assert s.advantage["cluster_ids"].tolist() == [0, 0, 1, -1, 0, 0, 0, 1, 0, 1, 2, 3]
-    c = method_inputs("gdpo", rewards=b["rewards"], group_size=G, mask=b["mask"], correct=b["correct"],
-                      confidence=b["conf"], format_ok=b["fmt"], reward="rlcr")
+    c = method_inputs(StepSpec("gdpo", reward="rlcr"), StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"],
+                                                                 correct=b["correct"], confidence=b["conf"],
+                                                                 format_ok=b["fmt"]))
     comp = c.advantage["components"]
     assert comp.shape == (B * G, 2) and comp[3, 1] == -1.0  # no answer: RLCR's format-failure value
     torch.testing.assert_close(comp.sum(1)[b["fmt"]], b["rewards"][b["fmt"]])
-    assert method_inputs("grpo", "ppo_clip", rewards=b["rewards"], group_size=G, mask=b["mask"]).advantage == {}
+    plain = StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"])
+    assert method_inputs(StepSpec("grpo", loss="ppo_clip"), plain).advantage == {}
 
 
 def test_missing_inputs_say_what_to_enable():
     b = _batch("rlcr")
-    kw = dict(rewards=b["rewards"], group_size=G, mask=b["mask"], engine="eng", hints={
-        "ref_token_logp": "turn the reference on", "answers": "use capo's reward", "confidence": "use rlcr"})
+    batch = StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"])
+    kw = dict(engine="eng", hints={"ref_token_logp": "turn the reference on", "answers": "use capo's reward",
+                                   "confidence": "use rlcr"})
     with pytest.raises(ConfigError, match="eng: advantage estimator 'ace' needs reference-model log-probs.*: turn "
                                           "the reference on"):
-        method_inputs("ace", token_logp=b["lp"], **kw)
+        method_inputs(StepSpec("ace", **kw), StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"],
+                                                       token_logp=b["lp"]))
     with pytest.raises(ConfigError, match="'seed_grpo' needs the extracted answers.*: use capo's reward"):
-        method_inputs("seed_grpo", **kw)
+        method_inputs(StepSpec("seed_grpo", **kw), batch)
     with pytest.raises(ConfigError, match="'gdpo' with the rlcr reward needs the verdicts.*: use rlcr"):
-        method_inputs("gdpo", reward="rlcr", **kw)
+        method_inputs(StepSpec("gdpo", reward="rlcr", **kw), batch)
     assert needed_data("ace") == {"token_logp", "ref_token_logp"} and needed_data("seed_grpo") == {"answers"}
     assert needed_data("gdpo") == set() and needed_data("gdpo", reward="rlcr") == {"confidence", "format_ok"}
 
 
-def test_verl_errors_name_the_setting(verifier, monkeypatch):
+def test_verl_errors_name_the_setting(verifier):
     b = _batch("correctness")
     with pytest.raises(ConfigError, match="capo_ace.*reference-model log-probs.*use_kl_loss=True"):
-        _verl_call("capo_ace", b, {}, _reward_dicts(b), False, verifier, monkeypatch)
+        _verl_call("capo_ace", b, {}, _reward_dicts(b), False, verifier)
     no_pred = {k: v for k, v in _reward_dicts(b).items() if k != "pred"}
     with pytest.raises(ConfigError, match="capo_seed_grpo.*extracted answers.*compute_score"):
-        _verl_call("capo_seed_grpo", b, {}, no_pred, False, verifier, monkeypatch)
+        _verl_call("capo_seed_grpo", b, {}, no_pred, False, verifier)
     r = _batch("rlcr")
     with pytest.raises(ConfigError, match="algorithm.capo.reward='brier' is not allowed; allowed values .*: "
                                           "correctness, rlcr, ppo_c"):
-        _verl_call("capo_gdpo", r, {"capo": {"reward": "brier"}}, _reward_dicts(r), False, verifier, monkeypatch)
+        _verl_call("capo_gdpo", r, {"capo": {"reward": "brier"}}, _reward_dicts(r), False, verifier)
     with pytest.raises(ConfigError, match="capo_gdpo.*verdicts and verbal confidences.*compute_score_rlcr"):
-        _verl_call("capo_gdpo", r, {"capo": {"reward": "rlcr"}}, {"correct": CORRECT}, False, verifier, monkeypatch)
+        _verl_call("capo_gdpo", r, {"capo": {"reward": "rlcr"}}, {"correct": CORRECT}, False, verifier)
 
 
 def test_trl_gdpo_one_component_per_reward_function():
@@ -208,12 +207,11 @@ def test_trl_gdpo_one_component_per_reward_function():
     rpf = torch.stack([b["rewards"], torch.linspace(0, 1, B * G, dtype=torch.float64)], dim=1)
     rpf[5, 1] = math.nan
     self = _trl_self("gdpo", {}, [lambda **k: None, lambda **k: None], [1.0, 0.5])
-    inputs, hp = CapoGRPOTrainer._capo_method_inputs(self, rpf, b["rewards"], b["correct"], None, b["lp"], None,
-                                                     b["mask"], G)
-    assert hp == {"weights": [1.0, 0.5]}
+    batch = StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"], correct=b["correct"], token_logp=b["lp"])
+    batch, spec = CapoGRPOTrainer._capo_step_inputs(self, rpf, batch)
+    assert spec.hparams == {"weights": [1.0, 0.5]}
     want = ADVANTAGES.get("gdpo")(b["rewards"], G, components=torch.nan_to_num(rpf), weights=[1.0, 0.5])
-    got = advantage_step("gdpo", b["rewards"], b["correct"], G, token_logp=b["lp"], mask=b["mask"], hparams=hp,
-                         inputs=inputs).advantages
+    got = step_advantages(batch, spec).result.advantages
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 

@@ -67,9 +67,9 @@ def _expected(data, name, **hp):
     kw = {}
     if name == "capo":
         kw["scores"] = sequence_logprob_mean(data.batch["old_log_probs"].double(), mask)[order]
-        if low is not None:
-            ppl = torch.exp(-sequence_logprob_mean(data.batch["ref_log_prob"].double(), mask))
-            kw["keep"] = capo_noise_mask(ppl, r > 0.5, low=low, high=high)[order]
+    if low is not None:  # CAPO's noise mask, on any estimator
+        ppl = torch.exp(-sequence_logprob_mean(data.batch["ref_log_prob"].double(), mask))
+        kw["keep"] = capo_noise_mask(ppl, r > 0.5, low=low, high=high)[order]
     adv_sorted = compute_advantages(name, r[order], G, **kw, **hp)
     adv = torch.empty_like(adv_sorted)
     adv[order] = adv_sorted
@@ -102,6 +102,21 @@ def test_capo_through_verl_compute_advantage_equals_core():
     nomask = _expected(data, "capo", tau=0.6)
     assert not torch.allclose(got, nomask, atol=1e-3)
     assert torch.equal(out.batch["returns"], got)
+
+
+def test_grpo_with_capos_mask_through_verl_compute_advantage():
+    """The paper's ablation, GRPO advantages x CAPO's mask: on when asked (+algorithm.capo.noise_mask=true), off by
+    default for capo_grpo; the same rule as capo's trainer and the TRL adapter (capo.core.mask_applies)."""
+    rt = _ray_trainer()
+    data = _batch(seed=6)
+    mask_cfg = {"noise_mask": True, "mask_low": 1.6, "mask_high": 2.2}
+    got = rt.compute_advantage(_copy(data), adv_estimator="capo_grpo",
+                               config=OmegaConf.create({"capo": mask_cfg})).batch["advantages"]
+    exp = _expected(data, "grpo", eps=1e-6, mask_low=1.6, mask_high=2.2)
+    assert torch.allclose(got, exp, atol=TOL, rtol=0), (got - exp).abs().max()
+    plain = rt.compute_advantage(_copy(data), adv_estimator="capo_grpo", config=OmegaConf.create({})).batch
+    assert torch.allclose(plain["advantages"], _expected(data, "grpo", eps=1e-6), atol=TOL, rtol=0)
+    assert not torch.allclose(got, plain["advantages"], atol=1e-3), "the mask must change this batch"
 
 
 def test_capo_without_mask_needs_no_reference():
@@ -216,7 +231,7 @@ def test_example_launch_script_composes_with_verls_config(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# issue 13: verdicts (never a thresholded reward), padding rows, temperature, quantile mask, verl's v1 trainer
+# verdicts (never a thresholded reward), padding rows, temperature, quantile mask, verl's v1 trainer
 # ------------------------------------------------------------------------------------------------------------------
 
 
@@ -279,20 +294,34 @@ def test_temperature_scaled_log_probs_need_the_knob():
     assert torch.allclose(got, _expected(data, "capo"), atol=TOL, rtol=0)
 
 
-def test_quantile_mask_thresholds_come_from_the_first_batch_and_stay():
-    from capo.adapters import verl_plugin
+def _quantiles(data, q_low, q_high):
     from capo.core import ppl_quantile_thresholds
 
+    ppl = torch.exp(-sequence_logprob_mean(data.batch["ref_log_prob"].double(), data.batch["response_mask"]))
+    return ppl_quantile_thresholds(ppl, q_low, q_high)
+
+
+def test_quantile_mask_thresholds_come_from_the_first_batch_and_stay():
+    """Within a run (the legacy trainer's fit makes its run current) the thresholds freeze on the first batch; a
+    call outside any run is a run of its own."""
+    from capo.adapters.verl_plugin import CapoRun
+
     rt = _ray_trainer()
-    verl_plugin._mask_states.clear()
     cfg = OmegaConf.create({"capo": {"mask_rule": "quantile", "mask_q_low": 0.3, "mask_q_high": 0.7}})
     first, second = _batch(seed=4), _batch(seed=5)
-    ppl = torch.exp(-sequence_logprob_mean(first.batch["ref_log_prob"].double(), first.batch["response_mask"]))
-    low, high = ppl_quantile_thresholds(ppl, 0.3, 0.7)
-    for data in (first, second):
-        got = rt.compute_advantage(data, adv_estimator="capo", config=cfg).batch["advantages"]
-        assert torch.allclose(got, _expected(data, "capo", mask_low=low, mask_high=high), atol=TOL, rtol=0)
-    assert verl_plugin._mask_states[("quantile", 1.05, 2.5, 0.3, 0.7)].value == (low, high)
+    low, high = _quantiles(first, 0.3, 0.7)
+    run = CapoRun()
+    with run.active():
+        for data in (first, second):
+            got = rt.compute_advantage(_copy(data), adv_estimator="capo", config=cfg).batch["advantages"]
+            assert torch.allclose(got, _expected(data, "capo", mask_low=low, mask_high=high), atol=TOL, rtol=0)
+    opts = {"mask_rule": "quantile", "mask_low": 1.05, "mask_high": 2.5, "mask_q_low": 0.3, "mask_q_high": 0.7}
+    assert run.mask(opts, engine="test").value == (low, high)
+    own = _quantiles(second, 0.3, 0.7)
+    assert own != (low, high)
+    got = rt.compute_advantage(_copy(second), adv_estimator="capo", config=cfg).batch["advantages"]
+    assert torch.allclose(got, _expected(second, "capo", mask_low=own[0], mask_high=own[1]), atol=TOL, rtol=0)
+    assert getattr(rt.RayPPOTrainer.fit, "__capo_wrapped__", False), "RayPPOTrainer.fit was not wrapped"
 
 
 class _FakeTQ:
@@ -404,7 +433,7 @@ def test_verl_v1_trainer_advantage_step_with_padding_rows_and_reward_loop(monkey
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# issue 18: the methods with extra inputs inside verl's compute_advantage; presets as verl overrides
+# the methods with extra inputs inside verl's compute_advantage; presets as verl overrides
 # ------------------------------------------------------------------------------------------------------------------
 
 
@@ -420,7 +449,7 @@ def _by_hand(data, name, **kw):
     return out.float()[:, None] * data.batch["response_mask"]
 
 
-def test_issue18_estimators_through_verl_compute_advantage():
+def test_method_input_estimators_through_verl_compute_advantage():
     """capo_ace (confidence shift from old_log_probs and ref_log_prob) and capo_unlikeliness (ranks by the old
     policy's lpm) inside verl's real compute_advantage, against the core with the inputs computed by hand."""
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY

@@ -246,8 +246,10 @@ def test_unlikeliness_beta_zero_is_grpo_and_depends_only_on_ranks(rg, seed, shif
 
 
 def test_unlikeliness_needs_scores():
-    with pytest.raises(ValueError, match="scores"):
+    with pytest.raises(TypeError, match="required keyword-only argument: 'scores'"):
         unlikeliness_advantage(t(1, 0), 2)
+    with pytest.raises(ValueError, match="scores .* are required"):
+        unlikeliness_advantage(t(1, 0), 2, scores=None)
     with pytest.raises(ValueError, match="beta must be >= 0"):
         unlikeliness_advantage(t(1, 0), 2, scores=t(0, 0), beta=-0.1)
 

@@ -271,8 +271,10 @@ def test_errors_name_the_problem():
         capo_advantage(r, 2, scores=torch.zeros(4), tau=0.0)
     with pytest.raises(ValueError, match="tau must be > 0"):
         capo_advantage(r, 2, scores=torch.zeros(4), tau=-1.0)
-    with pytest.raises(ValueError, match="scores .* are required"):
+    with pytest.raises(TypeError, match="required keyword-only argument: 'scores'"):
         capo_advantage(r, 2)
+    with pytest.raises(ValueError, match="scores .* are required"):
+        capo_advantage(r, 2, scores=None)
     with pytest.raises(ValueError, match="NaN"):
         grpo_advantage(torch.tensor([1.0, float("nan")]), 2)
     with pytest.raises(ValueError, match="allowed values: 'group', 'batch', 'none'"):

@@ -1,5 +1,7 @@
 """Numerical guards, user reward functions and the run-directory lock."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -23,12 +25,13 @@ def test_nan_reward_and_inf_logprob_never_reach_parameters(tiny_model, tmp_path)
     ro, g, rewards = _fixed_batch(tr)
     rewards[1] = float("nan")  # group 0
     ro.gen_logp[9, 0] = float("-inf")  # group 2
-    adv, active, stats = tr.advantages(ro, g, rewards, None, None)
+    batch, stats = tr.advantages(ro, g, rewards, None, None)
+    adv, active = batch.advantages, batch.active
     assert stats["train/bad_samples"] == 2
     assert active.view(4, 4).all(1).tolist() == [False, True, False, True]
     assert torch.isfinite(adv).all() and (adv[~active] == 0).all()
     grads = record_grads(tr)
-    tr.update(ro, adv, active, None, None)
+    tr.update(batch)
     assert all(torch.isfinite(p).all() for p in tr.model.parameters())
     assert torch.isfinite(grads[0]).all()
 
@@ -44,9 +47,9 @@ def test_bad_sample_fail_mode_names_the_sample(tiny_model, tmp_path):
 def test_nan_gradient_skips_the_optimizer_step(tiny_model, tmp_path):
     tr = Trainer(cfg_for(tiny_model, tmp_path, **{"rollout.prompts_per_step": 4, "run.resume": False}))
     ro, g, rewards = _fixed_batch(tr)
-    adv, active, _ = tr.advantages(ro, g, rewards, None, None)
+    batch, _ = tr.advantages(ro, g, rewards, None, None)
     before = [p.detach().clone() for p in tr.model.parameters()]
-    out = tr.update(ro, adv * float("nan"), active, None, None)  # poison the loss
+    out = tr.update(dataclasses.replace(batch, advantages=batch.advantages * float("nan")))  # poison the loss
     assert out["policy/skipped_updates"] == 1 and out["policy/updates"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, tr.model.parameters()))
 

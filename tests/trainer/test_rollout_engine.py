@@ -52,11 +52,11 @@ def _one_update(model, out, shift=None, **kw):
                           max_new_tokens=10)
     rewards = torch.rand(16, generator=torch.Generator().manual_seed(5)).round()
     g, _ = tr.reward(ro, tr.train_set[:4])
-    adv, active, _ = tr.advantages(ro, g, rewards, None, None)
+    batch, _ = tr.advantages(ro, g, rewards, None, None)
     seen, step = [], tr.opt.step
     tr.opt.step = lambda *a, **k: (seen.append(torch.cat([p.grad.flatten() for p in tr.model.parameters()])),
                                    step(*a, **k))[1]
-    stats = tr.update(ro, adv, active, None, None)
+    stats = tr.update(batch)
     return seen[0], stats
 
 

@@ -75,9 +75,9 @@ def test_grad_accumulation_invariance(tiny_model, tmp_path, algo, extra):
         tr = Trainer(cfg_for(tiny_model, tmp_path / f"m{micro}", **kw))
         ro, g, rewards = _fixed_batch(tr)
         old = None if tr.cfg.single_update else tr.logprobs(tr.model, ro)
-        adv, keep, _ = tr.advantages(ro, g, rewards, None, old)
+        batch, _ = tr.advantages(ro, g, rewards, None, old)
         grads.append(record_grads(tr))
-        tr.update(ro, adv, keep, old, None)
+        tr.update(batch)
     assert len(grads[0]) == tr.cfg.optim.ppo_epochs * tr.cfg.optim.mini_batches
     for i, (a, b) in enumerate(zip(*grads)):
         assert a.abs().max() > 1e-4  # the update did something

@@ -36,7 +36,7 @@ def main():
     per = B // tr.world * G
     rows = torch.arange(tr.rank * per, (tr.rank + 1) * per)
     ro, g.correct, rewards = ro.select(rows), g.correct[rows], rewards[rows]
-    adv, keep, _ = tr.advantages(ro, g, rewards, None, None)
+    batch, _ = tr.advantages(ro, g, rewards, None, None)
     seen, step = [], tr.opt.step
 
     def wrapped(*args, **kwargs):  # the gradient the optimizer receives (Adam would amplify float noise)
@@ -44,7 +44,7 @@ def main():
         return step(*args, **kwargs)
 
     tr.opt.step = wrapped
-    tr.update(ro, adv, keep, None, None)
+    tr.update(batch)
     if tr.acc.is_main_process:
         torch.save(seen[0], out)
     tr.acc.wait_for_everyone()

@@ -1,8 +1,10 @@
 """Engine-independent pieces shared by the TRL and verl adapters.
 
 Everything here works on plain tensors and strings: rewards from verdicts (built on ``capo.verify`` and the core's
-``REWARDS``), the rule for CAPO's noise-mask thresholds, and the checks that turn a bad estimator name or
-missing input into a :class:`capo.errors.ConfigError` that says what to enable. Neither engine is imported here.
+``REWARDS``), the presets as an engine can run them, and the checks that turn a bad estimator name or missing input
+into a :class:`capo.errors.ConfigError` that says what to enable. Neither engine is imported here. The rules both
+adapters share with capo's trainer live below them: the noise mask's in :mod:`capo.core.masks`, which estimators
+read scores in :func:`capo.core.needs_scores`, the one step in :mod:`capo.rollout.step`.
 """
 
 from __future__ import annotations
@@ -13,18 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from capo.core import (ADVANTAGES, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, MASK_RULES, REWARDS, mask_knob_error,
-                       ppl_quantile_thresholds)
+from capo.core import ADVANTAGES, REWARDS, STEP_INPUTS
 from capo.errors import ConfigError
 from capo.rollout.grading import grade
+from capo.verify import DEFAULT_ANSWER_FORMAT
 
 # The core rewards the adapters compute from text (TRL reward functions, verl compute_score_*); the ones after
 # "correctness" read RLCR's <answer>/<confidence> tags.
 TEXT_REWARDS = ("correctness", "rlcr", "ppo_c")
-# Per-response inputs that capo.core.advantage_step supplies (never user hyperparameters).
-STEP_INPUTS = ("scores", "keep", "correct", "partners")
 # Which log-probs feed lpm and PPL_ref: "raw" = temperature-1 log-probs (the paper's, capo's trainer),
 # "sampling" = the engine's temperature-scaled ones (identical at temperature 1).
 LOGPROB_MODES = ("raw", "sampling")
@@ -83,7 +81,7 @@ def score_texts(
     *,
     kind: str,
     verifier=None,
-    answer_format: str = "auto",
+    answer_format: str = DEFAULT_ANSWER_FORMAT,
     format_failure_reward: float = -1.0,
     reward_kwargs: dict | None = None,
 ) -> ScoredBatch:
@@ -119,35 +117,6 @@ def completion_text(completion) -> str:
             parts.append(c)
         return "".join(parts)
     raise TypeError(f"a completion must be a string or a list of messages, got {type(completion).__name__}")
-
-
-class MaskThresholds:
-    """CAPO's noise-mask thresholds (low, high) for an adapter, by rule (``MASK_RULES``):
-
-    "fixed": ``low`` and ``high`` as given (the paper's 1.05 and 2.5 for Qwen2.5-Math by default);
-    "quantile": the (``q_low``, ``q_high``) quantiles of the reference perplexities of the first batch this object
-    sees (:func:`capo.core.ppl_quantile_thresholds`), then frozen for the rest of the run. At the first training
-    step the policy is still the base model, so these are the base model's own rollouts, as in the paper.
-    """
-
-    def __init__(self, rule: str = "fixed", low: float = MASK_LOW, high: float = MASK_HIGH, q_low: float = MASK_Q_LOW,
-                 q_high: float = MASK_Q_HIGH, *, engine: str):
-        if rule not in MASK_RULES:
-            raise ConfigError(f"{engine}: mask_rule={rule!r} is not allowed; allowed values: {', '.join(MASK_RULES)}")
-        if (err := mask_knob_error(low, high, q_low, q_high)) is not None:
-            raise ConfigError(f"{engine}: {err}")
-        self.rule, self.q_low, self.q_high = rule, q_low, q_high
-        self.value: tuple[float, float] | None = (low, high) if rule == "fixed" else None
-
-    def resolve(self, ref_ppl: torch.Tensor) -> tuple[float, float] | None:
-        """(low, high) for this batch; ``ref_ppl`` [N] are the reference perplexities of its existing rows (read
-        once for "quantile"; a batch with fewer than 2 finite ones is left unmasked and the next one is read)."""
-        if self.value is None:
-            ppl = ref_ppl.double().cpu()
-            if int(torch.isfinite(ppl).sum()) < 2:
-                return None
-            self.value = ppl_quantile_thresholds(ppl, self.q_low, self.q_high)
-        return self.value
 
 
 # ---------------------------------------------------------------------------------------------------------------

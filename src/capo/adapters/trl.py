@@ -13,11 +13,10 @@ Use :class:`CapoGRPOTrainer` in place of ``trl.GRPOTrainer``::
     )
 
 What it changes in TRL, and nothing else: after TRL's ``_generate_and_score_completions`` has generated, scored and
-computed its own GRPO advantages, the advantages are recomputed on the full gathered batch by capo's one CAPO-input
-step (:func:`capo.core.advantage_step`, shared with capo's trainer and the verl plugin) with the estimator named in
-:class:`CapoAdvantageConfig` (the extra inputs of ACE, SEED-GRPO and GDPO come from
-:func:`capo.rollout.method_inputs.method_inputs`, as in capo's trainer and the verl plugin); this process's slice
-replaces ``out["advantages"]`` and the completions table shows capo's values. Presets by name: :func:`capo_preset`
+computed its own GRPO advantages, the advantages are recomputed on the full gathered batch by capo's one step
+(:func:`capo.rollout.step.step_advantages`, shared with capo's trainer and the verl plugin: numerical guard, CAPO's
+noise mask, the extra inputs of ACE, SEED-GRPO and GDPO, the estimator, ``calib/*``) with the estimator named in
+:class:`CapoAdvantageConfig`; this process's slice replaces ``out["advantages"]`` and the completions table shows capo's values. Presets by name: :func:`capo_preset`
 (a policy loss other than TRL's own -- c2gspg, clip_cov, kl_cov -- is refused with the reason). TRL's rollout,
 loss, clipping, aggregation and optimizer loop are untouched. Correct/incorrect is the verifier's verdict (capo's
 reward functions, or ``verdict_reward``), never a thresholded reward.
@@ -52,17 +51,17 @@ import torch
 
 from capo.adapters._common import (
     LOGPROB_MODES,
-    MaskThresholds,
     ScoredBatch,
     check_estimator,
     completion_text,
     engine_preset,
     score_texts,
 )
-from capo.core import (ADVANTAGES, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, advantage_step, calibration_metrics,
-                       mask_on, sequence_logprob_mean)
+from capo.core import MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, mask_applies, needs_scores
 from capo.errors import CapoError, ConfigError
-from capo.rollout.method_inputs import method_inputs, needed_data
+from capo.rollout.method_inputs import advantage_inputs, needed_data
+from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
+from capo.verify import DEFAULT_ANSWER_FORMAT
 
 try:
     from trl import GRPOTrainer
@@ -95,8 +94,9 @@ class CapoAdvantageConfig:
     estimator_kwargs: dict[str, Any] = field(default_factory=dict)
     """Hyperparameters of the estimator, e.g. {"tau": 0.6} for capo, {"eps": 1e-4} for grpo (TRL's eps)."""
     noise_mask: bool | None = None
-    """CAPO's reference-perplexity noise mask; needs reference log-probs. None: on for estimator "capo" only; True:
-    on for any estimator (e.g. the paper's "GRPO + mask" ablation); False: off (``capo.core.mask_on``)."""
+    """CAPO's reference-perplexity noise mask on the estimator's advantages (A_i * keep_i): True/False for any
+    estimator (GRPO + mask is the paper's ablation); None = the default, on for capo only
+    (``capo.core.mask_on_by_default``). Needs reference log-probs."""
     mask_rule: str = "fixed"
     """"fixed": mask_low/mask_high; "quantile": the mask_q_low/mask_q_high quantiles of the reference perplexities
     of the first training generation batch (the base model's own rollouts at step 0), then frozen."""
@@ -119,15 +119,23 @@ class CapoAdvantageConfig:
     """Log calib/* metrics each generation batch (needs the rollout log-probs: may cost the extra forward)."""
 
     def uses_mask(self) -> bool:
-        return mask_on(self.estimator, self.noise_mask)
+        return mask_applies(self.estimator, self.noise_mask)
 
     def needs_reference(self) -> bool:
         """Reference log-probs: CAPO's noise mask, or an estimator input built from them (ACE)."""
         return self.uses_mask() or "ref_token_logp" in needed_data(self.estimator)
 
     def needs_scores(self) -> bool:
-        return ("scores" in ADVANTAGES.reads(self.estimator) or "token_logp" in needed_data(self.estimator)
-                or self.calibration_metrics)
+        return needs_scores(self.estimator) or "token_logp" in needed_data(self.estimator) or self.calibration_metrics
+
+
+def mask_thresholds(cfg: CapoAdvantageConfig) -> MaskThresholds | None:
+    """The run's noise-mask state (quantile thresholds freeze on its first batch), or None when the mask does not
+    apply to ``cfg.estimator`` (:func:`capo.core.mask_applies`)."""
+    if not cfg.uses_mask():
+        return None
+    return MaskThresholds(cfg.mask_rule, cfg.mask_low, cfg.mask_high, cfg.mask_q_low, cfg.mask_q_high,
+                          engine="CapoGRPOTrainer")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -138,7 +146,7 @@ class CapoAdvantageConfig:
 class _TextReward:
     kind = ""
 
-    def __init__(self, answer_key: str = "answer", *, verifier=None, answer_format: str = "auto",
+    def __init__(self, answer_key: str = "answer", *, verifier=None, answer_format: str = DEFAULT_ANSWER_FORMAT,
                  format_failure_reward: float = -1.0, reward_kwargs: dict | None = None):
         self.answer_key = answer_key
         self.reward_kwargs = dict(reward_kwargs or {})  # the core reward's other knobs (PPO-C: weight, threshold)
@@ -246,8 +254,7 @@ class CapoGRPOTrainer(GRPOTrainer):
         if self.capo.logprobs not in LOGPROB_MODES:
             raise ConfigError(f"CapoGRPOTrainer: logprobs={self.capo.logprobs!r} is not allowed; allowed values: "
                               f"{', '.join(LOGPROB_MODES)}")
-        self._capo_thresholds = MaskThresholds(self.capo.mask_rule, self.capo.mask_low, self.capo.mask_high,
-                                               self.capo.mask_q_low, self.capo.mask_q_high, engine="CapoGRPOTrainer")
+        self._capo_thresholds = mask_thresholds(self.capo)
         super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if self.multi_objective_aggregation != "sum_then_normalize":
             raise ConfigError(
@@ -375,9 +382,8 @@ class CapoGRPOTrainer(GRPOTrainer):
         sl = slice(acc.process_index * n_local, (acc.process_index + 1) * n_local)  # as TRL slices
         # truncated rows under mask_truncated_completions have an all-zero mask: the step drops them as partners
         mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
-        timings: dict[str, float] = {}  # time/* and train/masked_frac
-        lp = self._capo_old_logps(out, bs, timings) if cfg.needs_scores() else torch.zeros(mask.shape,
-                                                                                             device=mask.device)
+        timings: dict[str, float] = {}  # time/*
+        lp = self._capo_old_logps(out, bs, timings) if cfg.needs_scores() else None
         ref = None
         if cfg.needs_reference():
             t0 = time.perf_counter()
@@ -385,55 +391,50 @@ class CapoGRPOTrainer(GRPOTrainer):
             ref = self._capo_ref_token_logps(out, bs)
             timings["time/capo_ref_forward_s"] = time.perf_counter() - t0
         lp, full_mask, ref = (self._capo_gather_rows(x) for x in (lp, mask, ref))
-        thresholds = None
-        if cfg.uses_mask():
-            ppl = torch.exp(-sequence_logprob_mean(ref, full_mask))
-            thresholds = self._capo_thresholds.resolve(ppl[scored & full_mask.bool().any(-1)])
-        inputs, hparams = self._capo_method_inputs(rpf, rewards, correct, conf, lp, ref, full_mask, g)
-        res = advantage_step(cfg.estimator, rewards, correct, g, token_logp=lp, mask=full_mask, ref_token_logp=ref,
-                             mask_thresholds=thresholds, valid=scored, hparams=hparams, inputs=inputs)
+        batch = StepBatch(rewards=rewards, group_size=g, mask=full_mask, correct=correct, token_logp=lp,
+                          ref_token_logp=ref, valid=scored, confidence=conf)
+        step = step_advantages(*self._capo_step_inputs(rpf, batch))
+        res = step.result
         trl_local = out["advantages"]
         out["advantages"] = res.advantages[sl].to(device=trl_local.device, dtype=trl_local.dtype)
         self._capo_log_table_advantages(res.advantages)
         self.capo_last_batch = {
             "rewards": rewards, "correct": correct, "valid": res.valid, "scores": res.scores, "keep": res.keep,
             "advantages": res.advantages, "trl_advantages_local": trl_local, "process_slice": sl, "group_size": g,
-            "mask_thresholds": thresholds, "ref_ppl": res.ref_ppl,
+            "mask_thresholds": step.thresholds, "ref_ppl": res.ref_ppl,
         }
-        if thresholds is not None:
-            timings["train/masked_frac"] = float((~res.keep[res.valid]).double().mean())
-        metrics = self._capo_metrics(res, correct, conf, g) if cfg.calibration_metrics else {}
-        for k, v in {**metrics, **timings}.items():
+        for k, v in {**step.metrics, **timings}.items():
             if not math.isnan(v):  # e.g. AUC-mean when no prompt has both classes: absent rather than NaN
                 self._metrics[mode][k].append(v)
         return out
 
-    def _capo_method_inputs(self, rpf, rewards, correct, conf, lp, ref, mask, g) -> tuple[dict, dict]:
-        """(the estimator's extra inputs, its hyperparameters) on the gathered batch, built by the function capo's
-        trainer and the verl plugin use (:func:`capo.rollout.method_inputs.method_inputs`). Answers and format flags
-        come from capo's reward function; GDPO's components are RLCR's two terms with RLCRReward alone, else one per
-        reward function (unscored = 0), weighted by TRL's ``reward_weights`` unless ``weights`` is given."""
-        hp = dict(self.capo.estimator_kwargs)
+    def _capo_step_inputs(self, rpf: torch.Tensor, batch: StepBatch) -> tuple[StepBatch, StepSpec]:
+        """``batch`` (the gathered verdicts, rewards and log-probs) with what the estimator's extra inputs are built
+        from, and the step's spec. Answers and format flags come from capo's reward function; GDPO's components are
+        RLCR's two terms with RLCRReward alone, else one per reward function (``rpf`` [N, F]; unscored = 0), weighted
+        by TRL's ``reward_weights`` unless ``weights`` is given."""
+        cfg = self.capo
+        hp = dict(cfg.estimator_kwargs)
         funcs = [f for f in self.reward_funcs if isinstance(f, _TextReward) and f.last is not None]
         f = funcs[0] if funcs else None
         rlcr = len(self.reward_funcs) == 1 and isinstance(f, RLCRReward)
-        need = needed_data(self.capo.estimator, reward="rlcr" if rlcr else "terms")  # gather only what is read
-        answers = fmt = None
+        need = needed_data(cfg.estimator, reward="rlcr" if rlcr else "terms")  # gather only what is read
         if f is not None and "answers" in need:
             from accelerate.utils import gather_object
 
-            answers = gather_object(list(f.last.answers))
+            batch.answers = gather_object(list(f.last.answers))
         if f is not None and "format_ok" in need:
-            fmt = self.accelerator.gather(torch.tensor(f.last.format_ok, device=self.accelerator.device)).cpu()
-        x = method_inputs(self.capo.estimator, rewards=rewards, group_size=g, mask=mask, token_logp=lp,
-                          ref_token_logp=ref, answers=answers, correct=correct, confidence=conf, format_ok=fmt,
-                          verifier=f.verifier if f is not None else None, reward="rlcr" if rlcr else "terms",
-                          reward_kwargs={"format_failure_reward": f.format_failure_reward} if rlcr else None,
-                          reward_terms=torch.nan_to_num(rpf.double().cpu()), engine="CapoGRPOTrainer",
-                          hints=_HINTS)
-        if "components" in x.advantage and not rlcr:
+            batch.format_ok = self.accelerator.gather(torch.tensor(f.last.format_ok,
+                                                                   device=self.accelerator.device)).cpu()
+        batch.verifier = f.verifier if f is not None else None
+        batch.reward_terms = torch.nan_to_num(rpf.double().cpu())
+        if "components" in advantage_inputs(cfg.estimator) and not rlcr:
             hp.setdefault("weights", [float(w) for w in self.reward_weights])
-        return x.advantage, hp
+        spec = StepSpec(cfg.estimator, hparams=hp, reward="rlcr" if rlcr else "terms",
+                        reward_kwargs={"format_failure_reward": f.format_failure_reward} if rlcr else {},
+                        mask=self._capo_thresholds, calibration=cfg.calibration_metrics, engine="CapoGRPOTrainer",
+                        hints=_HINTS)
+        return batch, spec
 
     def _capo_gather_rows(self, x):
         """This process's [n_local, T] rows -> the whole batch's [N, T_max] (completions are padded per process)."""
@@ -487,11 +488,3 @@ class CapoGRPOTrainer(GRPOTrainer):
                 "reward function with CapoAdvantageConfig(verdict_reward=...)"
             )
         return v == 1, None
-
-    def _capo_metrics(self, res, correct, conf, g) -> dict[str, float]:
-        ok = res.valid & ~res.bad  # rows that exist and have a finite lpm
-        if not bool(ok.any()):
-            return {}
-        group_ids = torch.arange(correct.numel()) // g
-        return calibration_metrics(res.scores[ok], correct[ok], group_ids[ok],
-                                   verbal_conf=None if conf is None else conf[ok])

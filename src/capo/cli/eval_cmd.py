@@ -13,7 +13,8 @@ from capo.errors import ConfigError
 from capo.rollout.engine import ENGINES
 from capo.rollout.models import AUTOCAST_MODES
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
-from capo.verify import ANSWER_FORMATS
+from capo.core.voting import KEEP_FRACTION
+from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -81,8 +82,8 @@ def _add_scoring_flags(p: argparse.ArgumentParser) -> None:
                    help="bottom fraction of the windows averaged by the bottom_group estimator (default: 0.1)")
     g.add_argument("--conf-tail", type=int, default=2048,
                    help="number of last tokens averaged by the tail estimator (default: 2048, DeepConf's)")
-    g.add_argument("--keep-fraction", type=float, default=0.1,
-                   help="confidence-filtered vote: fraction of each prompt's responses kept (default: 0.1)")
+    g.add_argument("--keep-fraction", type=float, default=KEEP_FRACTION,
+                   help=f"confidence-filtered vote: fraction of each prompt's responses kept (default: {KEEP_FRACTION})")
 
 
 def run(args) -> int:
@@ -127,7 +128,7 @@ def run(args) -> int:
 
 # how answers are extracted from a response; recorded in a run's config.json and reused when its generations are
 # re-scored with `--generations RUN/generations.jsonl` (the defaults apply to files from elsewhere)
-EXTRACTION_DEFAULTS = {"answer_format": "auto", "fallback_last_number": False}
+EXTRACTION_DEFAULTS = {"answer_format": DEFAULT_ANSWER_FORMAT, "fallback_last_number": False}
 
 
 def _extraction_settings(args) -> None:

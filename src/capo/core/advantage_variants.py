@@ -187,7 +187,7 @@ def unlikeliness_advantage(
     rewards: torch.Tensor,
     group_size: int,
     *,
-    scores: torch.Tensor | None = None,
+    scores: torch.Tensor,
     keep: torch.Tensor | None = None,
     beta: float = 0.25,
     eps: float = 1e-6,

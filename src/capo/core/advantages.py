@@ -7,7 +7,8 @@ Uniform signature (every estimator, so callers never special-case one)::
 - ``rewards``: [N] floating, N = B*G; rows n*G..(n+1)*G-1 are the G responses of prompt n.
 - ``group_size``: G >= 2, must divide N.
 - ``scores``: [N] floating sequence confidences (mean token log-prob ``lpm`` from rollout-time log-probs, treated
-  as constants). Only CAPO reads them; the others accept and ignore them.
+  as constants). An estimator that reads them declares ``scores`` without a default (CAPO, unlikeliness); that is
+  the one rule callers read (:func:`capo.core.step.needs_scores`). The others accept and ignore them.
 - ``keep``: [N] bool noise mask (CAPO's reference-perplexity mask, ``capo.core.masks``). Every estimator returns
   ``A_i * keep_i``; CAPO can also drop masked responses as pair partners.
 - returns [N] advantages, in the dtype of ``rewards``; broadcast to tokens by the policy loss.
@@ -112,7 +113,7 @@ def capo_advantage(
     rewards: torch.Tensor,
     group_size: int,
     *,
-    scores: torch.Tensor | None = None,
+    scores: torch.Tensor,
     keep: torch.Tensor | None = None,
     tau: float = 0.6,
     surrogate: str = "logistic",

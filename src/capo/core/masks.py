@@ -8,6 +8,12 @@ The final advantage is A_i * keep_i (every estimator in ``capo.core.advantages``
 The paper's thresholds (low = 1.05, high = 2.5 for Qwen2.5-Math) are described as quartiles of the base model's
 PPL distribution, so they are model specific. :func:`ppl_quantile_thresholds` measures them on the base model's
 own rollouts; fixed numbers remain an option.
+
+This module owns every rule of the mask, read by capo's trainer, the TRL adapter and the verl plugin alike:
+its defaults (``MASK_LOW``/``MASK_HIGH``, ``MASK_Q_LOW``/``MASK_Q_HIGH``), the allowed ranges of its knobs
+(:func:`mask_knob_problem`), how adapters obtain thresholds (``MASK_RULES``) and which estimators it applies to
+(:func:`mask_applies`: any estimator when enabled, the paper's "GRPO + mask" ablation included; on by default only
+for an estimator whose same-named algorithm preset turns it on, i.e. CAPO).
 """
 
 from __future__ import annotations
@@ -15,29 +21,39 @@ from __future__ import annotations
 import torch
 
 from capo.core import checks
+from capo.core.presets import ALGORITHMS
 
-# The one place for the mask's rules and defaults; capo's trainer, the TRL adapter and the verl plugin read them here.
-# The paper's fixed thresholds (Qwen2.5-Math): the defaults of every fixed-mask knob.
+# The paper's fixed thresholds (Qwen2.5-Math): the defaults of every fixed-mask knob (trainer, TRL, verl).
 MASK_LOW, MASK_HIGH = 1.05, 2.5
-# The quantile rule's defaults: the paper describes its thresholds as the base model's PPL quartiles.
+# The quartiles the paper describes its thresholds as: the defaults of every quantile-mask knob.
 MASK_Q_LOW, MASK_Q_HIGH = 0.25, 0.75
-# How the thresholds are set: the fixed numbers, or quantiles of the base model's rollout perplexities.
+# How the adapters take the thresholds: the fixed numbers, or quantiles of the reference perplexities of the first
+# training batch (then frozen; at step 0 the policy is the base model). capo's trainer measures its quantiles on the
+# reference model's own rollouts before training instead (it can sample them; an adapter cannot).
 MASK_RULES = ("fixed", "quantile")
 
 
-def mask_on(estimator: str, requested: bool | None) -> bool:
-    """Whether the noise mask applies to ``estimator``: to any estimator when asked (``requested=True``: e.g. the
-    paper's "GRPO advantage + CAPO mask" ablation), to none when refused; left unset (None) it is on for ``capo``
-    only, the method the paper defines it for. The same rule in the trainer, TRL and verl."""
-    return estimator == "capo" if requested is None else bool(requested)
+def mask_on_by_default(estimator: str) -> bool:
+    """Whether the noise mask is on when a setting leaves it unset: iff the algorithm preset named like the
+    estimator uses that estimator and turns the mask on (``capo.core.presets.ALGORITHMS``; only ``capo``)."""
+    p = ALGORITHMS.get(estimator)
+    return p is not None and p["advantage"] == estimator and p.get("noise_mask", "off") != "off"
 
 
-def mask_knob_error(low: float, high: float, q_low: float, q_high: float) -> str | None:
-    """What is wrong with a set of mask knobs (the message names them), or None. Callers prefix their own names."""
-    if not 0.0 < low <= high:
-        return f"need 0 < mask_low <= mask_high, got {low}, {high}"
-    if not 0.0 <= q_low <= q_high <= 1.0:
-        return f"need 0 <= mask_q_low <= mask_q_high <= 1, got {q_low}, {q_high}"
+def mask_applies(estimator: str, enabled: bool | None) -> bool:
+    """Whether CAPO's noise mask multiplies ``estimator``'s advantages: ``enabled`` when set (any estimator: the
+    mask is estimator independent, A_i * keep_i), else :func:`mask_on_by_default`."""
+    return mask_on_by_default(estimator) if enabled is None else bool(enabled)
+
+
+def mask_knob_problem(low: float, high: float, q_low: float = MASK_Q_LOW, q_high: float = MASK_Q_HIGH, *,
+                      prefix: str = "") -> str | None:
+    """What is wrong with the mask knobs (``prefix`` + mask_low, mask_high, mask_q_low, mask_q_high), or None.
+    Allowed: 0 < mask_low <= mask_high (perplexities are >= 1) and 0 <= mask_q_low <= mask_q_high <= 1."""
+    if not 0 < low <= high:
+        return f"need 0 < {prefix}mask_low <= {prefix}mask_high, got {low}, {high}"
+    if not 0 <= q_low <= q_high <= 1:
+        return f"need 0 <= {prefix}mask_q_low <= {prefix}mask_q_high <= 1, got {q_low}, {q_high}"
     return None
 
 

@@ -1,8 +1,10 @@
 """The one CAPO-input step: a batch's verdicts, rewards and log-probs -> advantages and calibration metrics.
 
-capo's trainer, the TRL adapter (``capo.adapters.trl``) and the verl plugin (``capo.adapters.verl_plugin``) all call
-:func:`advantage_step` and :func:`calibration_metrics`, so "core == trainer == TRL == verl" holds by construction:
-the engines differ only in how they collect the inputs (which rows, which log-probs, which verdicts).
+capo's trainer, the TRL adapter (``capo.adapters.trl``) and the verl plugin (``capo.adapters.verl_plugin``) all reach
+:func:`guard_batch`, :func:`estimate` and :func:`calibration_metrics` through one function,
+:func:`capo.rollout.step.step_advantages`, so "core == trainer == TRL == verl" holds by construction: the engines
+differ only in how they collect the inputs (which rows, which log-probs, which verdicts). This module also owns
+the rule of which estimators read scores (:func:`needs_scores`).
 
 Conventions every caller follows (docs/papers.md, "Adapters: one CAPO-input step"):
 - Correct/incorrect is the verifier's verdict ``correct``; a reward is never thresholded to decide it.
@@ -14,38 +16,136 @@ Conventions every caller follows (docs/papers.md, "Adapters: one CAPO-input step
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from capo.core import checks
 from capo.core.advantages import compute_advantages
 from capo.core.calibration import summarize
+from capo.core.dapo import informative_groups
 from capo.core.masks import capo_noise_mask
 from capo.core.registry import ADVANTAGES
 from capo.core.scores import sequence_logprob_mean
 
 
+# Per-response inputs the step supplies to an estimator (never user hyperparameters).
+STEP_INPUTS = ("scores", "keep", "correct", "partners")
+
+
+def needs_scores(estimator: str) -> bool:
+    """Whether ``estimator`` reads per-response scores (lpm under the rollout policy): what it declared when it was
+    registered (``ADVANTAGES.register(name, reads=("scores",))``: capo, unlikeliness). Every other estimator accepts
+    and ignores them."""
+    return "scores" in ADVANTAGES.reads(estimator)
+
+
 @dataclass(frozen=True)
 class StepResult:
-    """What :func:`advantage_step` returns; every tensor is [N].
+    """What :func:`guard_batch` and :func:`advantage_step` return; every tensor is [N].
 
-    advantages: the estimator's advantages (zero for masked, inactive and non-existing rows).
-    scores: lpm = mean token log-prob under the rollout policy (0 where ``bad``).
+    advantages: the estimator's advantages (zero for masked, inactive and non-existing rows; None before
+        :func:`estimate`).
+    rewards: the rewards with 0 where ``bad`` (what the estimator and the group filter see).
+    scores: lpm = mean token log-prob under the rollout policy, as computed (non-finite where the log-probs are;
+        the estimator sees 0 there).
     keep: CAPO's reference-perplexity noise mask (all True when the mask is off).
     ref_ppl: PPL_ref = exp(-lpm_ref), or None without reference log-probs.
-    active: rows whose whole group takes part (the caller's ``active`` minus groups with a non-finite value).
+    active: rows whose whole group takes part (the caller's ``active``, minus groups with a non-finite value, minus
+        groups the group filter drops).
     bad: rows with a non-finite reward, lpm or reference lpm (their group is inactive).
     valid: rows that exist as responses (the caller's ``valid`` and at least one real token).
+    informative: rows whose group's rewards are not all equal (DAPO's group filter), or None without the filter.
     """
 
-    advantages: torch.Tensor
+    advantages: torch.Tensor | None
+    rewards: torch.Tensor
     scores: torch.Tensor
     keep: torch.Tensor
     ref_ppl: torch.Tensor | None
     active: torch.Tensor
     bad: torch.Tensor
     valid: torch.Tensor
+    informative: torch.Tensor | None = None
+
+
+def guard_batch(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    token_logp: torch.Tensor,
+    mask: torch.Tensor,
+    ref_token_logp: torch.Tensor | None = None,
+    active: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    group_filter: bool = False,
+) -> StepResult:
+    """The numerical guard and the row bookkeeping of one batch, before any estimator (``advantages`` is None).
+
+    Shapes: rewards [N] floating, token_logp / mask / ref_token_logp [N, T]. A row with a non-finite reward, lpm or
+    reference lpm is ``bad`` and deactivates its whole group (its reward becomes 0). Rows with no real token are
+    never valid (an empty row's lpm would be 0, the highest possible confidence). ``group_filter``: DAPO's dynamic
+    sampling (:func:`capo.core.informative_groups` on the guarded rewards) also deactivates groups whose rewards
+    are all equal. Each lpm is computed here once; :func:`estimate` reuses them.
+    """
+    checks.tensor("rewards", rewards, ndim=1)
+    g = checks.group_size(rewards.shape[0], group_size, min_size=2)
+    scores = sequence_logprob_mean(token_logp, mask)  # [N]
+    ref_lpm = None if ref_token_logp is None else sequence_logprob_mean(ref_token_logp, mask)  # [N]
+    bad = ~torch.isfinite(rewards) | ~torch.isfinite(scores)
+    if ref_lpm is not None:
+        bad |= ~torch.isfinite(ref_lpm)
+    ok_groups = ~bad.view(-1, g).any(dim=1).repeat_interleave(g)  # [N]
+    active = ok_groups if active is None else active & ok_groups
+    rewards = torch.where(bad, torch.zeros((), dtype=rewards.dtype), rewards)
+    informative = None
+    if group_filter:
+        informative = informative_groups(rewards, g).repeat_interleave(g)  # [N]
+        active = active & informative
+    has_tokens = mask.bool().any(dim=-1)
+    valid = has_tokens if valid is None else valid & has_tokens
+    return StepResult(advantages=None, rewards=rewards, scores=scores, keep=torch.ones_like(bad),
+                      ref_ppl=None if ref_lpm is None else torch.exp(-ref_lpm), active=active, bad=bad, valid=valid,
+                      informative=informative)
+
+
+def estimate(
+    estimator: str,
+    guarded: StepResult,
+    correct: torch.Tensor,
+    group_size: int,
+    *,
+    mask_thresholds: tuple[float, float] | None = None,
+    hparams: dict | None = None,
+    inputs: dict | None = None,
+) -> StepResult:
+    """The estimator ``estimator`` (``ADVANTAGES``) on a guarded batch (:func:`guard_batch`), CAPO's noise mask
+    included; returns ``guarded`` with ``advantages`` and ``keep`` filled in.
+
+    Shapes: correct [N] bool verdicts. ``mask_thresholds``: (low, high) of :func:`capo.core.capo_noise_mask` (None:
+    no mask; needs reference log-probs). A non-valid row gets advantage 0 and is no CAPO pair partner.
+    ``hparams``: the estimator's knobs; ``inputs``: extra per-response inputs it names (e.g. ``cluster_ids``).
+    The estimator gets ``correct`` and ``partners`` (= valid) when its signature names them (CAPO).
+    """
+    checks.tensor("correct", correct, ndim=1)
+    if correct.dtype != torch.bool:
+        raise TypeError(f"correct must be a bool tensor of verdicts, got {correct.dtype}")
+    checks.same_shape(rewards=guarded.rewards, correct=correct)
+    keep = torch.ones_like(correct)
+    if mask_thresholds is not None:
+        if guarded.ref_ppl is None:
+            raise ValueError("CAPO's noise mask needs reference log-probs (ref_token_logp)")
+        keep = capo_noise_mask(guarded.ref_ppl, correct, low=mask_thresholds[0], high=mask_thresholds[1])
+    wants = inspect.signature(ADVANTAGES.get(estimator)).parameters
+    extra = dict(inputs or {})
+    if "correct" in wants:
+        extra["correct"] = correct
+    if "partners" in wants:
+        extra["partners"] = guarded.valid
+    scores = torch.where(guarded.bad, torch.zeros((), dtype=guarded.scores.dtype), guarded.scores)
+    adv = compute_advantages(estimator, guarded.rewards, group_size, scores=scores,
+                             keep=keep & guarded.active & guarded.valid, **extra, **(hparams or {}))
+    return replace(guarded, advantages=adv, keep=keep)
 
 
 def advantage_step(
@@ -63,49 +163,17 @@ def advantage_step(
     hparams: dict | None = None,
     inputs: dict | None = None,
 ) -> StepResult:
-    """Advantages of one batch with the estimator ``estimator`` (``ADVANTAGES``), CAPO's noise mask included.
+    """:func:`guard_batch` then :func:`estimate`: advantages of one batch, CAPO's noise mask included.
 
     Shapes: rewards [N] floating, correct [N] bool verdicts, token_logp / mask / ref_token_logp [N, T].
-    ``mask_thresholds``: (low, high) of :func:`capo.core.capo_noise_mask` (None: no mask; needs ref_token_logp).
-    ``active`` [N] bool: rows the caller lets take part (e.g. DAPO's group filter); ``valid`` [N] bool: rows that
-    exist as responses (e.g. scored by some reward function). Rows with no real token are never valid (an empty
-    row's lpm would be 0, the highest possible confidence). A non-valid row gets advantage 0 and is no CAPO pair
-    partner; a row with a non-finite input deactivates its whole group.
-    ``hparams``: the estimator's knobs; ``inputs``: extra per-response inputs it names (e.g. ``cluster_ids``).
-    The estimator gets ``correct`` and ``partners`` (= valid) when its signature names them (CAPO).
+    ``active`` [N] bool: rows the caller lets take part; ``valid`` [N] bool: rows that exist as responses (e.g.
+    scored by some reward function). Engines go through :func:`capo.rollout.step.step_advantages`, which also
+    builds the estimator's extra inputs and the batch metrics.
     """
-    checks.tensor("correct", correct, ndim=1)
-    if correct.dtype != torch.bool:
-        raise TypeError(f"correct must be a bool tensor of verdicts, got {correct.dtype}")
-    checks.same_shape(rewards=rewards, correct=correct)
-    g = checks.group_size(rewards.shape[0], group_size, min_size=2)
-    scores = sequence_logprob_mean(token_logp, mask)  # [N]
-    ref_lpm = None if ref_token_logp is None else sequence_logprob_mean(ref_token_logp, mask)  # [N]
-    bad = ~torch.isfinite(rewards) | ~torch.isfinite(scores)
-    if ref_lpm is not None:
-        bad |= ~torch.isfinite(ref_lpm)
-    ok_groups = ~bad.view(-1, g).any(dim=1).repeat_interleave(g)  # [N]
-    active = ok_groups if active is None else active & ok_groups
-    zero = torch.zeros((), dtype=rewards.dtype)
-    rewards, scores = torch.where(bad, zero, rewards), torch.where(bad, zero.to(scores.dtype), scores)
-    has_tokens = mask.bool().any(dim=-1)
-    valid = has_tokens if valid is None else valid & has_tokens
-    keep = torch.ones_like(correct)
-    ref_ppl = None if ref_lpm is None else torch.exp(-ref_lpm)
-    if mask_thresholds is not None:
-        if ref_ppl is None:
-            raise ValueError("CAPO's noise mask needs reference log-probs (ref_token_logp)")
-        keep = capo_noise_mask(ref_ppl, correct, low=mask_thresholds[0], high=mask_thresholds[1])
-    wants = inspect.signature(ADVANTAGES.get(estimator)).parameters
-    extra = dict(inputs or {})
-    if "correct" in wants:
-        extra["correct"] = correct
-    if "partners" in wants:
-        extra["partners"] = valid
-    adv = compute_advantages(estimator, rewards, g, scores=scores, keep=keep & active & valid, **extra,
-                             **(hparams or {}))
-    return StepResult(advantages=adv, scores=scores, keep=keep, ref_ppl=ref_ppl, active=active, bad=bad,
-                      valid=valid)
+    guarded = guard_batch(rewards, group_size, token_logp=token_logp, mask=mask, ref_token_logp=ref_token_logp,
+                          active=active, valid=valid)
+    return estimate(estimator, guarded, correct, group_size, mask_thresholds=mask_thresholds, hparams=hparams,
+                    inputs=inputs)
 
 
 def calibration_metrics(scores, correct, group_ids, verbal_conf=None) -> dict[str, float]:

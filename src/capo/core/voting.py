@@ -36,6 +36,7 @@ from capo.core.calibration import group_index, confidence_from_logprob
 F64 = torch.float64
 
 __all__ = [
+    "KEEP_FRACTION",
     "VoteResult",
     "confidence_weighted_vote",
     "filtered_vote",
@@ -336,7 +337,12 @@ def _top_fraction(s: torch.Tensor, cand: torch.Tensor, gi: torch.Tensor, fractio
     return cand & (s >= filled[o][at][gi])
 
 
-def filtered_vote(answer_ids, correct, group_ids, confidence, keep_fraction: float = 0.1, weighted: bool = False):
+# DeepConf's offline setting (keep the top 10% by confidence): the default of every keep-fraction setting.
+KEEP_FRACTION = 0.1
+
+
+def filtered_vote(answer_ids, correct, group_ids, confidence, keep_fraction: float = KEEP_FRACTION,
+                  weighted: bool = False):
     """Confidence-filtered voting (DeepConf offline, arXiv 2508.15260, Sec. 4): per question keep the responses whose
     confidence is at or above the (1 - keep_fraction) quantile of that question's candidates (numpy's linear
     percentile, as DeepConf; ties at the threshold are kept), then majority-vote among them, or with

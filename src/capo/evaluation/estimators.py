@@ -124,7 +124,7 @@ def _row(s: torch.Tensor, prob: str | None, c, g, a, *, keep_fraction: float, n_
 
 
 def estimator_table(rows: list[dict], *, group_ids: torch.Tensor, correct: torch.Tensor, answer_ids: torch.Tensor,
-                    verbal: torch.Tensor | None, knobs: dict | None = None, keep_fraction: float = 0.1,
+                    verbal: torch.Tensor | None, knobs: dict | None = None, keep_fraction: float = voting.KEEP_FRACTION,
                     n_bins: int = 10, n_boot: int = 1000, seed: int = 0) -> dict[str, dict]:
     """{estimator: {metric: value}} for every estimator the rows allow (see the module docstring).
 

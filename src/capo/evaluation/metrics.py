@@ -173,7 +173,7 @@ def _curves(rows: list[dict], cols: _Columns, lpm_finite: torch.Tensor, n_bins: 
 
 
 def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, seed: int = 0,
-                    keep_fraction: float = 0.1, conf_knobs: dict | None = None) -> dict:
+                    keep_fraction: float = voting.KEEP_FRACTION, conf_knobs: dict | None = None) -> dict:
     """Metrics of a complete set of generation rows.
 
     Each row needs ``prompt_id``, ``verdict``, ``mean_logprob`` (None only for an empty response, which is

@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from capo.core import voting
 from capo.core.checks import did_you_mean
 from capo.errors import ConfigError, DataError
 from capo.evaluation import plots
@@ -47,7 +48,7 @@ from capo.rollout.models import AUTOCAST_MODES
 from capo.rollout.types import Sample
 from capo.rundir import Progress, atomic_write_text, read_jsonl_rows, run_lock
 from capo.tasks.datasets import FILE_ANSWER_FORMATS
-from capo.verify import ANSWER_FORMATS, Verifier
+from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, Verifier
 
 __all__ = ["EvalSettings", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
 
@@ -78,7 +79,7 @@ class EvalSettings:
     seed: int = 0
     chat_template: bool = True
     system_prompt: str | None = None
-    answer_format: str = "auto"
+    answer_format: str = DEFAULT_ANSWER_FORMAT
     fallback_last_number: bool = False
     prompt_field: str = "prompt"
     answer_field: str = "answer"
@@ -93,7 +94,7 @@ class EvalSettings:
     conf_window: int = 2048  # DeepConf sliding-window length (bottom_group, lowest_group)
     conf_fraction: float = 0.1  # DeepConf bottom fraction of the windows (bottom_group)
     conf_tail: int = 2048  # DeepConf tail length in tokens (tail)
-    keep_fraction: float = 0.1  # confidence-filtered vote: fraction of each question's responses kept
+    keep_fraction: float = voting.KEEP_FRACTION  # confidence-filtered vote: fraction of each question's responses kept
     generations: str | None = None
     extra: dict = field(default_factory=dict)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from capo.verify import RlcrParse, Verdict, Verifier, extract_answer, extract_rlcr
+from capo.verify import DEFAULT_ANSWER_FORMAT, RlcrParse, Verdict, Verifier, extract_answer, extract_rlcr
 
 __all__ = ["Graded", "grade"]
 
@@ -35,7 +35,7 @@ class Graded:
     reward_errors: int = 0  # user reward function failures scored 0 (algo.reward_errors=zero)
 
 
-def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, answer_format: str = "auto",
+def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, answer_format: str = DEFAULT_ANSWER_FORMAT,
           fallback_last_number: bool = False) -> Graded:
     """Extract each response's answer and judge it against its gold (``len(texts) == len(golds)``)."""
     if len(texts) != len(golds):

@@ -1,7 +1,9 @@
-"""The one builder of the extra per-response inputs some methods read, shared by capo's trainer, the TRL adapter and
-the verl plugin (issue 18: "the trainer and both adapters compute CAPO's inputs through the same function").
+"""What an engine hands to capo's one step, and the extra per-response inputs some methods read, built for capo's
+trainer, the TRL adapter and the verl plugin alike.
 
-Which inputs a method needs is read from its registry function's signature (never a list of method names):
+:class:`StepBatch` is one graded batch as an engine collected it; :class:`StepSpec` says what to compute from it
+(estimator, loss, reward, mask, ...). :func:`method_inputs` builds the inputs a method names in its registry
+function's signature (never a list of method names):
 
 - ``confidence_shift`` [N] (advantage ``ace``): c_i = sum_t (log pi_old - log pi_ref) over the response's real
   tokens, 0 where non-finite (that row's group is dropped by the numerical guard anyway);
@@ -12,21 +14,23 @@ Which inputs a method needs is read from its registry function's signature (neve
 - ``rewards`` [N] (policy loss ``c2gspg``, the calibration target): the rewards as given.
 
 Everything is engine independent (tensors, strings, a verifier); each engine only says how a missing input is
-enabled there (``hints``), so the error names the setting to change.
+enabled there (``StepSpec.hints``), so the error names the setting to change. :func:`capo.rollout.step.step_advantages`
+is the one caller.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from capo.core import ADVANTAGES, POLICY_LOSSES, rlcr_components
 from capo.errors import ConfigError
 
-__all__ = ["MethodInputs", "method_inputs", "needed_data"]
+__all__ = ["MethodInputs", "StepBatch", "StepSpec", "advantage_inputs", "method_inputs", "needed_data"]
 
 # input name -> the engine data it is built from (what an engine must supply)
 _NEEDS = {"confidence_shift": ("token_logp", "ref_token_logp"), "cluster_ids": ("answers",),
@@ -42,11 +46,15 @@ class MethodInputs:
     loss: dict = field(default_factory=dict)
 
 
+def advantage_inputs(estimator: str) -> set[str]:
+    """The extra inputs (``confidence_shift``, ``cluster_ids``, ``components``) ``estimator``'s signature names."""
+    return set(inspect.signature(ADVANTAGES.get(estimator)).parameters) & {"confidence_shift", "cluster_ids",
+                                                                           "components"}
+
+
 def _wants(estimator: str, loss: str | None) -> tuple[set, set]:
-    adv = set(inspect.signature(ADVANTAGES.get(estimator)).parameters) & {"confidence_shift", "cluster_ids",
-                                                                          "components"}
     los = set() if loss is None else set(inspect.signature(POLICY_LOSSES.get(loss)).parameters) & {"rewards"}
-    return adv, los
+    return advantage_inputs(estimator), los
 
 
 def needed_data(estimator: str, loss: str | None = None, *, reward: str = "correctness") -> set[str]:
@@ -62,73 +70,109 @@ def needed_data(estimator: str, loss: str | None = None, *, reward: str = "corre
     return out
 
 
-def _missing(engine: str, method: str, what: str, data: str, hints: dict | None) -> ConfigError:
-    hint = (hints or {}).get(data)
-    return ConfigError(f"{engine}: {method} needs {what}, and this run does not supply them"
+@dataclass
+class StepBatch:
+    """One graded batch as an engine collected it; rows n*G..(n+1)*G-1 are prompt n's G responses.
+
+    rewards [N] floating; correct [N] bool verdicts (None: the engine has none; then no ``calib/*``);
+    mask [N, T] real response tokens; token_logp [N, T] the rollout policy's log-probs (None: not collected; lpm is
+    then 0 and there are no ``calib/*``); ref_token_logp [N, T] the frozen reference's, on the same tokens;
+    valid [N] bool rows that exist as responses (None: all); answers: N extracted answers (None = no answer);
+    confidence [N] verbalized confidences (NaN = none); format_ok [N] bool; reward_terms [N, K] GDPO's components
+    when the reward is not ``rlcr``; verifier: groups answers into SEED-GRPO's clusters;
+    confidence_logp [N, T]: the log-probs whose lpm is the ``calib/*`` confidence, when not ``token_logp``
+    (capo's trainer: the rollout-time ones, while its advantages read its own recomputed old log-probs).
+    """
+
+    rewards: torch.Tensor
+    group_size: int
+    mask: torch.Tensor
+    correct: torch.Tensor | None = None
+    token_logp: torch.Tensor | None = None
+    ref_token_logp: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    answers: Sequence[str | None] | None = None
+    confidence: torch.Tensor | None = None
+    format_ok: torch.Tensor | None = None
+    reward_terms: torch.Tensor | None = None
+    verifier: Any = None
+    confidence_logp: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What to compute from a :class:`StepBatch`.
+
+    estimator / hparams: the advantage estimator (``ADVANTAGES``) and its knobs; loss: the policy loss whose inputs
+    to build (None: none); reward / reward_kwargs: the core reward that produced the rewards (its
+    ``format_failure_reward`` enters RLCR's components; any other name means "not a core reward");
+    mask: CAPO's noise-mask thresholds (a :class:`capo.rollout.step.MaskThresholds`; None: the mask is off);
+    group_filter: DAPO's dynamic sampling; calibration: compute ``calib/*``; engine / hints: how errors name the
+    engine and the setting that enables a missing input; gather: collects every process's rows of a [N] tensor for
+    the batch metrics (None: the batch is already whole).
+    """
+
+    estimator: str
+    hparams: dict = field(default_factory=dict)
+    loss: str | None = None
+    reward: str = "correctness"
+    reward_kwargs: dict = field(default_factory=dict)
+    mask: Any = None
+    group_filter: bool = False
+    calibration: bool = True
+    engine: str = "capo"
+    hints: dict[str, str] = field(default_factory=dict)
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def _missing(spec: StepSpec, method: str, what: str, data: str) -> ConfigError:
+    hint = spec.hints.get(data)
+    return ConfigError(f"{spec.engine}: {method} needs {what}, and this run does not supply them"
                        + (f": {hint}" if hint else ""))
 
 
-def method_inputs(
-    estimator: str,
-    loss: str | None = None,
-    *,
-    rewards: torch.Tensor,
-    group_size: int,
-    mask: torch.Tensor,
-    token_logp: torch.Tensor | None = None,
-    ref_token_logp: torch.Tensor | None = None,
-    answers: Sequence[str | None] | None = None,
-    correct: torch.Tensor | None = None,
-    confidence: torch.Tensor | None = None,
-    format_ok: torch.Tensor | None = None,
-    verifier=None,
-    reward: str = "correctness",
-    reward_kwargs: dict | None = None,
-    reward_terms: torch.Tensor | None = None,
-    engine: str = "capo",
-    hints: dict[str, str] | None = None,
-) -> MethodInputs:
-    """The extra inputs estimator ``estimator`` and policy loss ``loss`` name in their signatures.
-
-    Shapes: rewards [N], mask / token_logp / ref_token_logp [N, T] (rollout-policy and reference log-probs of the
-    same tokens), answers N extracted answers (None = none), correct / format_ok [N] bool, confidence [N] verbal
-    confidences (NaN = none), reward_terms [N, K] (GDPO components when the reward is not ``rlcr``). Rows
-    n*G..(n+1)*G-1 are prompt n's. ``reward``/``reward_kwargs``: the core reward that produced ``rewards`` (its
-    ``format_failure_reward`` enters RLCR's components). ``hints``: data name -> how to enable it in ``engine``.
+def method_inputs(spec: StepSpec, batch: StepBatch, rewards: torch.Tensor | None = None) -> MethodInputs:
+    """The extra inputs estimator ``spec.estimator`` and policy loss ``spec.loss`` name in their signatures, built
+    from ``batch``; ``rewards``: the rewards to use instead of ``batch.rewards`` (the step passes the guarded ones).
     """
-    adv, los = _wants(estimator, loss)
+    adv, los = _wants(spec.estimator, spec.loss)
+    rewards = batch.rewards if rewards is None else rewards
     out = MethodInputs()
+    what = f"advantage estimator {spec.estimator!r}"
     if "confidence_shift" in adv:  # ACE: c_i = sum_t (log pi_old - log pi_ref), a constant
-        if ref_token_logp is None:
-            raise _missing(engine, f"advantage estimator {estimator!r}", "reference-model log-probs (its confidence "
-                           "shift is log pi_old - log pi_ref)", "ref_token_logp", hints)
-        if token_logp is None:
-            raise _missing(engine, f"advantage estimator {estimator!r}", "the rollout policy's log-probs",
-                           "token_logp", hints)
-        m = mask.bool()
-        c = torch.where(m, token_logp - ref_token_logp, torch.zeros((), dtype=token_logp.dtype)).sum(-1)  # [N]
-        out.advantage["confidence_shift"] = torch.where(torch.isfinite(c), c, torch.zeros((), dtype=c.dtype))
+        out.advantage["confidence_shift"] = _confidence_shift(spec, batch, what)
     if "cluster_ids" in adv:  # SEED-GRPO: answer equivalence classes within each prompt (-1 = no answer)
-        if answers is None or verifier is None:
-            raise _missing(engine, f"advantage estimator {estimator!r}", "the extracted answers and a verifier (its "
-                           "semantic clusters are the answers' equivalence classes)", "answers", hints)
-        groups = [list(answers[i:i + group_size]) for i in range(0, len(answers), group_size)]
-        out.advantage["cluster_ids"] = torch.tensor([c for cl in verifier.equivalence_classes_batch(groups)
+        if batch.answers is None or batch.verifier is None:
+            raise _missing(spec, what, "the extracted answers and a verifier (its semantic clusters are the "
+                           "answers' equivalence classes)", "answers")
+        g, answers = batch.group_size, batch.answers
+        groups = [list(answers[i:i + g]) for i in range(0, len(answers), g)]
+        out.advantage["cluster_ids"] = torch.tensor([c for cl in batch.verifier.equivalence_classes_batch(groups)
                                                      for c in cl], dtype=torch.long)
     if "components" in adv:  # GDPO: the reward's terms, each normalised on its own
-        out.advantage["components"] = _components(rewards, correct, confidence, format_ok, reward, reward_kwargs,
-                                                  reward_terms, engine, estimator, hints)
+        out.advantage["components"] = _components(spec, batch, rewards, what)
     if "rewards" in los:  # C2GSPG's calibration target
         out.loss["rewards"] = rewards
     return out
 
 
-def _components(rewards, correct, confidence, format_ok, reward, reward_kwargs, reward_terms, engine, estimator,
-                hints) -> torch.Tensor:
-    if reward != "rlcr":
-        return (rewards[:, None] if reward_terms is None else reward_terms).to(rewards.dtype)
-    if correct is None or confidence is None:
-        raise _missing(engine, f"advantage estimator {estimator!r} with the rlcr reward", "the verdicts and verbal "
-                       "confidences (its components are RLCR's correctness and Brier terms)", "confidence", hints)
-    fail = {k: v for k, v in (reward_kwargs or {}).items() if k == "format_failure_reward"}
-    return rlcr_components(correct, confidence=confidence.float(), format_ok=format_ok, **fail).to(rewards.dtype)
+def _confidence_shift(spec: StepSpec, batch: StepBatch, what: str) -> torch.Tensor:
+    if batch.ref_token_logp is None:
+        raise _missing(spec, what, "reference-model log-probs (its confidence shift is log pi_old - log pi_ref)",
+                       "ref_token_logp")
+    if batch.token_logp is None:
+        raise _missing(spec, what, "the rollout policy's log-probs", "token_logp")
+    lp, m = batch.token_logp, batch.mask.bool()
+    c = torch.where(m, lp - batch.ref_token_logp, torch.zeros((), dtype=lp.dtype)).sum(-1)  # [N]
+    return torch.where(torch.isfinite(c), c, torch.zeros((), dtype=c.dtype))
+
+
+def _components(spec: StepSpec, batch: StepBatch, rewards: torch.Tensor, what: str) -> torch.Tensor:
+    if spec.reward != "rlcr":
+        return (rewards[:, None] if batch.reward_terms is None else batch.reward_terms).to(rewards.dtype)
+    if batch.correct is None or batch.confidence is None:
+        raise _missing(spec, f"{what} with the rlcr reward", "the verdicts and verbal confidences (its components "
+                       "are RLCR's correctness and Brier terms)", "confidence")
+    fail = {k: v for k, v in spec.reward_kwargs.items() if k == "format_failure_reward"}
+    return rlcr_components(batch.correct, confidence=batch.confidence.float(), format_ok=batch.format_ok,
+                           **fail).to(rewards.dtype)

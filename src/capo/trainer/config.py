@@ -19,15 +19,17 @@ from typing import Any
 
 import yaml
 
-from capo.core import (ADVANTAGES, AGGREGATIONS, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, MASK_RULES,
-                       POLICY_LOSSES, REWARDS, mask_knob_error)
+from capo.core import (
+    ADVANTAGES, AGGREGATIONS, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, MASK_RULES, POLICY_LOSSES, REWARDS,
+    mask_knob_problem,
+)
 from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError
 from capo.rollout.engine import ENGINES, check_engine
 from capo.rollout.method_inputs import needed_data
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
-from capo.verify import ANSWER_FORMATS
+from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
 
 
 def knob(default, help: str, **kw):
@@ -58,7 +60,7 @@ class DataConfig:
     answer_field: str = knob("answer", "gold-answer field name for JSONL/parquet datasets")
     gold_format: str = knob("plain", "how JSONL/parquet files store the gold answer: "
                             + ", ".join(FILE_ANSWER_FORMATS) + " (gsm8k: '#### N')", choices=FILE_ANSWER_FORMATS)
-    answer_format: str = knob("auto", "how to extract the model's answer: " + ", ".join(ANSWER_FORMATS),
+    answer_format: str = knob(DEFAULT_ANSWER_FORMAT, "how to extract the model's answer: " + ", ".join(ANSWER_FORMATS),
                               choices=ANSWER_FORMATS)
     system_prompt: str | None = knob(None, "system message for chat-template models (None = the built-in one "
                                      "asking for the answer in the RLCR or \\boxed{} format)")
@@ -262,8 +264,9 @@ class TrainConfig:
         if a.overlong_cache is not None and not 0 < a.overlong_cache <= r.max_new_tokens:
             raise ConfigError(f"algo.overlong_cache must be in [1, rollout.max_new_tokens={r.max_new_tokens}], "
                               f"got {a.overlong_cache}")
-        if (err := mask_knob_error(a.mask_low, a.mask_high, a.mask_q_low, a.mask_q_high)) is not None:
-            raise ConfigError(err.replace("mask_", "algo.mask_"))
+        problem = mask_knob_problem(a.mask_low, a.mask_high, a.mask_q_low, a.mask_q_high, prefix="algo.")
+        if problem:
+            raise ConfigError(problem)
         if a.advantage == "capo" and "tau" in a.advantage_kwargs:
             tau = a.advantage_kwargs["tau"]
             if not isinstance(tau, (int, float)) or tau <= 0:

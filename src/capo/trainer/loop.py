@@ -20,6 +20,7 @@ import json
 import math
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +29,12 @@ from accelerate import Accelerator
 
 from capo.core import (
     REWARDS,
-    advantage_step,
+    StepResult,
     aggregate,
-    calibration_metrics,
-    informative_groups,
     kl_penalty,
     logprob_advantage_covariance,
     logprob_mismatch,
+    mask_applies,
     overlong_penalty,
     policy_loss,
     ppl_quantile_thresholds,
@@ -44,7 +44,7 @@ from capo.core import (
 from capo.core.calibration import summarize
 from capo.errors import CapoError
 from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs
-from capo.rollout.method_inputs import method_inputs
+from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
 from capo.rundir import Progress, run_lock
 from capo.trainer import checkpoint as ckpt
 from capo.trainer.config import TrainConfig, dump_yaml
@@ -55,6 +55,23 @@ from capo.verify import Verdict, Verifier
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class UpdateBatch:
+    """What the advantage phase hands to the update phase.
+
+    ro: the rollout; advantages [N]; active [N] bool rows that take part (filtered or bad groups do not, nor count
+    in the loss normalisers); old_logp / ref_logp [N, T] (None: the training forward's own detached log-probs are
+    the old ones / no reference); loss_inputs: the policy loss's extra [N] inputs (C2GSPG's rewards).
+    """
+
+    ro: Rollout
+    advantages: torch.Tensor
+    active: torch.Tensor
+    old_logp: torch.Tensor | None
+    ref_logp: torch.Tensor | None
+    loss_inputs: dict
 
 
 class Timer(dict):
@@ -96,7 +113,7 @@ class Trainer:
         self.engine = engine if engine is not None else self._make_engine(resume_from)
         self.engine_step = None  # the step whose weights the engine holds (None: not synced yet)
         self.tis_cap = cfg.rollout.tis_cap if self.engine.name != "hf" else 0.0  # hf: the trainer's own log-probs
-        self.step, self.data_pos, self.mask_thresholds, self.loss_inputs = 0, 0, None, {}
+        self.step, self.data_pos, self.mask_thresholds = 0, 0, None
         self._seed_everything(cfg.run.seed)
         if resume_from:
             self._restore(resume_from)
@@ -136,9 +153,9 @@ class Trainer:
                     with t("old_logprobs"):
                         old_logp = None if cfg.single_update else self.logprobs(self.model, ro)
                     with t("advantage"):
-                        adv, active, stats = self.advantages(ro, g, rewards, ref_logp, old_logp)
+                        batch, stats = self.advantages(ro, g, rewards, ref_logp, old_logp)
                     with t("update"):
-                        stats |= self.update(ro, adv, active, old_logp, ref_logp)
+                        stats |= self.update(batch)
                     self.step += 1
                     stats |= self.rollout_metrics(ro, g, rewards)
                     if self.step == cfg.run.steps or (cfg.run.eval_every and self.step % cfg.run.eval_every == 0):
@@ -209,63 +226,51 @@ class Trainer:
                                       share_prefix=self.cfg.rollout.share_prefix))
         return torch.cat(out)
 
-    def advantages(self, ro, g, rewards, ref_logp, old_logp):
-        """Returns advantages [N], the rows that take part in the update [N] bool, and statistics."""
-        a, G = self.cfg.algo, self.cfg.rollout.group_size
+    def advantages(self, ro: Rollout, g, rewards, ref_logp, old_logp) -> tuple[UpdateBatch, dict]:
+        """The one step shared with the TRL and verl adapters (:func:`capo.rollout.step.step_advantages`; verdicts
+        decide correctness) -> the update's batch, and the phase's metrics (``calib/*`` included)."""
         lp = old_logp if old_logp is not None else ro.gen_logp  # the most exact rollout-time log-probs we have
-        scores = sequence_logprob_mean(lp, ro.response_mask)
-        rewards, scores, active, stats = self._guard(ro, rewards, scores, ref_logp)
-        if a.group_filter:
-            groups = informative_groups(rewards, G).repeat_interleave(G)
-            stats["train/filtered_frac"] = self._mean(1.0 - groups.float())
-            active = active & groups
-        extra = self._method_inputs(ro, g, rewards, lp, ref_logp)
-        # the one CAPO-input step shared with the TRL and verl adapters (verdicts decide correctness)
-        res = advantage_step(a.advantage, rewards, g.correct, G, token_logp=lp, mask=ro.response_mask,
-                             ref_token_logp=ref_logp, active=active, hparams=a.advantage_kwargs, inputs=extra,
-                             mask_thresholds=self.mask_thresholds if a.noise_mask != "off" else None)
-        if a.noise_mask != "off":
-            stats["train/masked_frac"] = self._mean(1.0 - res.keep.float())
-        stats["policy/adv_abs_mean"] = self._mean(res.advantages.abs())
-        stats["policy/logp_adv_cov"] = float(logprob_advantage_covariance(lp, res.advantages,
-                                                                          ro.response_mask & active[:, None]))
-        return res.advantages, active, stats
+        batch = StepBatch(rewards=rewards, group_size=self.cfg.rollout.group_size, mask=ro.response_mask,
+                          correct=g.correct, token_logp=lp, ref_token_logp=ref_logp, answers=g.answers,
+                          confidence=g.confidence, format_ok=g.format_ok, verifier=self.verifier,
+                          confidence_logp=None if old_logp is None else ro.gen_logp)  # calib/*: rollout-time lpm
+        out = step_advantages(batch, self._step_spec())
+        res = out.result
+        stats = {"train/bad_samples": self._check_bad(ro, rewards, res), **out.metrics,
+                 "policy/adv_abs_mean": self._mean(res.advantages.abs()),
+                 "policy/logp_adv_cov": float(logprob_advantage_covariance(lp, res.advantages,
+                                                                           ro.response_mask & res.active[:, None]))}
+        return UpdateBatch(ro, res.advantages, res.active, old_logp, ref_logp, out.loss_inputs), stats
 
-    def _method_inputs(self, ro, g, rewards, lp, ref_logp) -> dict:
-        """The extra per-response inputs the configured estimator names (``confidence_shift``, ``cluster_ids``,
-        ``components``), built by the function the TRL and verl adapters use; the loss's ``rewards`` input is kept
-        for :meth:`_micro_step`."""
+    def _step_spec(self) -> StepSpec:
+        """The configured estimator, loss, reward, noise mask (any estimator, when on) and group filter."""
         a = self.cfg.algo
-        reward = a.reward if ":" not in a.reward else "user"
-        x = method_inputs(a.advantage, a.loss, rewards=rewards, group_size=self.cfg.rollout.group_size,
-                          mask=ro.response_mask, token_logp=lp, ref_token_logp=ref_logp, answers=g.answers,
-                          correct=g.correct, confidence=g.confidence, format_ok=g.format_ok,
-                          verifier=self.verifier, reward=reward, reward_kwargs=a.reward_kwargs, engine="capo train")
-        self.loss_inputs = x.loss
-        return x.advantage
+        mask = None
+        if mask_applies(a.advantage, a.noise_mask != "off"):
+            mask = MaskThresholds("fixed", *self.mask_thresholds, engine="capo train")
+        return StepSpec(a.advantage, hparams=a.advantage_kwargs, loss=a.loss,
+                        reward=a.reward if ":" not in a.reward else "user", reward_kwargs=a.reward_kwargs, mask=mask,
+                        group_filter=a.group_filter, engine="capo train",
+                        gather=lambda x: self.acc.gather(x.to(self.acc.device)))
 
-    def _guard(self, ro, rewards, scores, ref_logp):
-        """Numerical guard: a NaN/inf reward or log-prob never reaches the parameters. By ``run.on_bad_sample``
-        the whole group of a bad sample is dropped from the update (and counted), or the run stops naming it."""
-        G = self.cfg.rollout.group_size
-        bad = ~torch.isfinite(rewards) | ~torch.isfinite(scores)
-        if ref_logp is not None:
-            bad |= ~torch.isfinite(sequence_logprob_mean(ref_logp, ro.response_mask))
-        stats = {"train/bad_samples": self.acc.reduce(bad.sum().to(self.acc.device), "sum").item()}
-        if bad.any() and self.cfg.run.on_bad_sample == "fail":
-            i = int(bad.nonzero()[0])
+    def _check_bad(self, ro: Rollout, rewards, res: StepResult) -> float:
+        """Numerical guard: a NaN/inf reward or log-prob never reaches the parameters (the step drops the whole
+        group of a bad sample). Returns how many there were over all processes; by ``run.on_bad_sample`` the run
+        goes on, or stops naming the first one."""
+        if res.bad.any() and self.cfg.run.on_bad_sample == "fail":
+            i = int(res.bad.nonzero()[0])
             raise CapoError(f"step {self.step + 1}: response {i} ({ro.texts[i][:80]!r}) has reward "
-                            f"{float(rewards[i])} and mean log-prob {float(scores[i])}; set run.on_bad_sample=skip "
-                            "to drop such groups and count them instead")
-        active = ~bad.view(-1, G).any(dim=1).repeat_interleave(G)
-        zero = torch.zeros((), dtype=rewards.dtype)
-        return torch.where(bad, zero, rewards), torch.where(bad, zero.to(scores.dtype), scores), active, stats
+                            f"{float(rewards[i])} and mean log-prob {float(res.scores[i])}; set "
+                            "run.on_bad_sample=skip to drop such groups and count them instead")
+        return self.acc.reduce(res.bad.sum().to(self.acc.device), "sum").item()
 
-    def update(self, ro: Rollout, adv, active, old_logp, ref_logp) -> dict:
-        """PPO-style update over ``active`` rows (filtered or bad groups take no part, nor count in normalisers)."""
-        c = self.cfg
-        rows = torch.arange(len(adv))[active]
-        self.old_seen = old_logp if old_logp is not None else torch.zeros_like(ro.gen_logp)  # filled by micro-steps
+    def update(self, batch: UpdateBatch) -> dict:
+        """PPO-style update over ``batch.active`` rows (filtered or bad groups take no part, nor count in
+        normalisers)."""
+        c, ro = self.cfg, batch.ro
+        rows = torch.arange(len(batch.advantages))[batch.active]
+        # the old log-probs the loss saw, for the mismatch metric (without old_logp: the micro-steps' own)
+        old_seen = batch.old_logp if batch.old_logp is not None else torch.zeros_like(ro.gen_logp)
         sums: dict[str, float] = {}
         n_updates = skipped = 0
         for _ in range(c.optim.ppo_epochs):
@@ -276,7 +281,9 @@ class Trainer:
                 for k, idx in enumerate(micros):
                     sync = k == len(micros) - 1
                     with contextlib.nullcontext() if sync else self.acc.no_sync(self.model):
-                        loss, m = self._micro_step(ro, idx, adv, old_logp, ref_logp, n_seq, n_tok)
+                        loss, m, old = self._micro_step(batch, idx, n_seq, n_tok)
+                    if batch.old_logp is None:
+                        old_seen[idx] = old.to(old_seen)
                     sums["policy/loss"] = sums.get("policy/loss", 0.0) + loss  # global denominators: parts sum
                     for key, v in m.items():
                         sums[key] = sums.get(key, 0.0) + v * len(idx) / len(mb)
@@ -296,34 +303,34 @@ class Trainer:
         out["policy/lr"] = self.sched.get_last_lr()[0]
         out["policy/updates"] = n_updates
         out["policy/skipped_updates"] = skipped
-        return out | self._mismatch(ro, active)
+        return out | self._mismatch(ro, batch.active, old_seen)
 
-    def _mismatch(self, ro: Rollout, active) -> dict:
+    def _mismatch(self, ro: Rollout, active, old_seen) -> dict:
         """|trainer old log-prob - engine log-prob| over the tokens of the rows that took part in the update."""
-        s = logprob_mismatch(self.old_seen, ro.gen_logp, ro.response_mask * active[:, None].to(ro.response_mask))
+        s = logprob_mismatch(old_seen, ro.gen_logp, ro.response_mask * active[:, None].to(ro.response_mask))
         dev = self.acc.device
         total = self.acc.reduce(torch.stack([s["sum"], s["count"]]).to(dev), "sum")
         peak = self.acc.gather(s["max"].reshape(1).to(dev)).max()
         mean = float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
         return {"rollout/logprob_diff_mean": mean, "rollout/logprob_diff_max": float(peak)}
 
-    def _micro_step(self, ro, idx, adv, old_logp, ref_logp, n_seq, n_tok) -> tuple[float, dict]:
-        c, a = self.cfg, self.cfg.algo
+    def _micro_step(self, batch: UpdateBatch, idx, n_seq, n_tok) -> tuple[float, dict, torch.Tensor]:
+        """Forward + backward of rows ``idx`` -> (loss, metrics, the old log-probs the loss used)."""
+        c, a, ro = self.cfg, self.cfg.algo, batch.ro
         self.model.train()
         mask = ro.response_mask[idx]
         logp, entropy = token_logprobs(self.model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
                                        mask, autocast_bf16=c.model.autocast_bf16, with_entropy=True,
                                        share_prefix=c.rollout.share_prefix)
-        old = logp.detach() if old_logp is None else old_logp[idx]
-        if old_logp is None:
-            self.old_seen[idx] = old.to(self.old_seen)
-        extra = {k: v[idx].to(logp.dtype) for k, v in self.loss_inputs.items()}
-        loss_tok, lm = policy_loss(a.loss, logp, old, adv[idx].to(logp.dtype), mask, **extra, **a.loss_kwargs)
+        old = logp.detach() if batch.old_logp is None else batch.old_logp[idx]
+        extra = {k: v[idx].to(logp.dtype) for k, v in batch.loss_inputs.items()}
+        loss_tok, lm = policy_loss(a.loss, logp, old, batch.advantages[idx].to(logp.dtype), mask, **extra,
+                                   **a.loss_kwargs)
         if self.tis_cap:  # the engine's sampling distribution is not the trainer's pi_old: reweight per token
             loss_tok = loss_tok * truncated_is_weights(old, ro.gen_logp[idx].to(old), mask, cap=self.tis_cap)
         kl = None
         if a.kl_coef > 0:
-            kl = kl_penalty(logp, ref_logp[idx], a.kl_estimator)
+            kl = kl_penalty(logp, batch.ref_logp[idx], a.kl_estimator)
             loss_tok = loss_tok + a.kl_coef * kl
         agg = dict(num_seqs=n_seq, num_tokens=n_tok, max_len=c.rollout.max_new_tokens)
         loss = aggregate(loss_tok, mask, a.aggregation, **agg)
@@ -333,19 +340,16 @@ class Trainer:
         out["policy/entropy"] = float((entropy * mf).sum() / mf.sum().clamp(min=1))
         if kl is not None:
             out["policy/kl"] = float((kl.detach() * mf).sum() / mf.sum().clamp(min=1))
-        return float(loss.detach()), out
+        return float(loss.detach()), out, old
 
     # ------------------------------------------------------------------------------------------- measurement
     def rollout_metrics(self, ro: Rollout, g, rewards) -> dict:
+        """``train/*`` of the step's rollouts over every process (its ``calib/*`` come from the advantage step)."""
         G = self.cfg.rollout.group_size
-        lpm = sequence_logprob_mean(ro.gen_logp, ro.response_mask)
         t = self.acc.gather
-        correct, lpm, rewards = t(g.correct.to(self.acc.device)), t(lpm), t(rewards.to(self.acc.device))
+        correct, rewards = t(g.correct.to(self.acc.device)), t(rewards.to(self.acc.device))
         conf, fmt = t(g.confidence.to(self.acc.device)), t(g.format_ok.to(self.acc.device))
         lengths, trunc = t(ro.lengths.float()), t(ro.truncated.float())
-        groups = torch.arange(len(correct)) // G
-        ok = torch.isfinite(lpm).cpu()  # the numerical guard already counted the others
-        calib = calibration_metrics(lpm.cpu()[ok], correct.cpu()[ok], groups[ok], verbal_conf=conf.cpu()[ok])
         per_group = correct.view(-1, G).float().mean(1)
         return {
             "train/reward_mean": float(rewards.mean()), "train/accuracy": float(correct.float().mean()),
@@ -356,7 +360,6 @@ class Trainer:
             "train/verify_timeouts": self.acc.reduce(torch.tensor(sum(v == Verdict.TIMEOUT for v in g.verdicts),
                                                                   device=self.acc.device), "sum").item(),
             "train/verbal_conf_mean": float(torch.nanmean(conf)) if torch.isfinite(conf).any() else float("nan"),
-            **calib,
         }
 
     def evaluate(self) -> dict:

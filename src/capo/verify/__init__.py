@@ -8,6 +8,7 @@
 
 from capo.verify.extract import (
     ANSWER_FORMATS,
+    DEFAULT_ANSWER_FORMAT,
     RlcrParse,
     extract_answer,
     extract_boxed,
@@ -20,6 +21,7 @@ from capo.verify.verifier import Verdict, Verifier, looks_like_code
 
 __all__ = [
     "ANSWER_FORMATS",
+    "DEFAULT_ANSWER_FORMAT",
     "RlcrParse",
     "Verdict",
     "Verifier",

@@ -203,9 +203,11 @@ def extract_rlcr(text: str | None) -> RlcrParse:
 
 
 ANSWER_FORMATS = ("auto", "boxed", "gsm8k", "rlcr", "last_number")
+# The default of every answer-format setting (trainer, capo eval, graders, TRL/verl reward functions).
+DEFAULT_ANSWER_FORMAT = "auto"
 
 
-def extract_answer(text: str | None, fmt: str = "auto", *, fallback_last_number: bool = False) -> str | None:
+def extract_answer(text: str | None, fmt: str = DEFAULT_ANSWER_FORMAT, *, fallback_last_number: bool = False) -> str | None:
     """Extract the final answer from a model response.
 
     ``fmt``: ``"boxed"`` (last ``\\boxed{}``), ``"gsm8k"`` (``#### N``), ``"rlcr"`` (``<answer>`` tag),

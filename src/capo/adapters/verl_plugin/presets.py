@@ -1,0 +1,53 @@
+"""An ``algo.name`` preset (``capo.core.presets.ALGORITHMS``) as verl command-line overrides."""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+from capo.adapters._common import engine_preset
+from capo.adapters.verl_plugin.estimators import ESTIMATORS
+from capo.core import POLICY_LOSSES, mask_on_by_default
+from capo.rollout.method_inputs import needed_data
+
+__all__ = ["REWARD_FILE", "preset_overrides"]
+
+# the file verl imports capo's reward functions from (reward.custom_reward_function.path)
+REWARD_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "verl_reward.py")
+
+# capo's clip_cov / kl_cov knobs -> verl's policy_loss keys (capo's defaults are verl's except kl_coef: 1 vs 0.1)
+_VERL_LOSS_KNOBS = {"clip_cov": {"clip_ratio": "clip_cov_ratio", "cov_low": "clip_cov_lb", "cov_high": "clip_cov_ub"},
+                    "kl_cov": {"kl_ratio": "kl_cov_ratio", "kl_coef": "ppo_kl_coef"}}
+
+
+def preset_overrides(name: str) -> list[str]:
+    """verl command-line overrides that run the ``algo.name`` preset ``name`` (``capo.core.presets.ALGORITHMS``)
+    with capo's estimator and reward; ConfigError for a preset verl cannot run (c2gspg: verl's policy-loss functions
+    never see the rewards its calibration term reads; DAPO's shaping: use verl's own settings). PPO-clip maps to
+    verl's "vanilla" loss mode, clip_cov / kl_cov to verl's own loss modes of that name (equal to capo's on the same
+    tensors: tests/core/test_loss_variants.py::test_agrees_with_verl), the aggregation to ``loss_agg_mode``."""
+    p = engine_preset(name, "verl")
+    verl_est = {core: v for v, core in ESTIMATORS.items()}[p["advantage"]]
+    mask_on = p["noise_mask"] != "off"
+    params = inspect.signature(POLICY_LOSSES.get(p["loss"])).parameters
+    lk = {k: v.default for k, v in params.items() if v.default is not inspect.Parameter.empty} | p["loss_kwargs"]
+    actor = "actor_rollout_ref.actor"
+    out = [f"algorithm.adv_estimator={verl_est}",
+           f"{actor}.policy_loss.loss_mode={'vanilla' if p['loss'] == 'ppo_clip' else p['loss']}",
+           f"{actor}.loss_agg_mode={p['aggregation']}",
+           f"{actor}.clip_ratio_low={lk.get('eps_low', 0.2)}", f"{actor}.clip_ratio_high={lk.get('eps_high', 0.2)}",
+           f"reward.custom_reward_function.path={REWARD_FILE}",
+           f"reward.custom_reward_function.name=compute_score_{p['reward']}",
+           f"+algorithm.capo.reward={p['reward']}"]
+    out += [f"{actor}.policy_loss.{verl_key}={lk[k]}" for k, verl_key in _VERL_LOSS_KNOBS.get(p["loss"], {}).items()]
+    if p["loss"] == "ppo_clip" and lk.get("dual_clip") is None:
+        out.append(f"{actor}.clip_ratio_c=1e9")  # capo's ppo_clip has no dual clip; verl's vanilla always clips at c
+    out += [f"+algorithm.capo.{k}={v}" for k, v in p["advantage_kwargs"].items()]
+    out += [f"+reward.custom_reward_function.reward_kwargs.{k}={v}" for k, v in p["reward_kwargs"].items()]
+    if mask_on != mask_on_by_default(p["advantage"]):  # the mask applies to any estimator; say so when not default
+        out.append(f"+algorithm.capo.noise_mask={str(mask_on).lower()}")
+    if mask_on:
+        out.append(f"+algorithm.capo.mask_rule={'quantile' if p['noise_mask'] == 'quantile' else 'fixed'}")
+    if mask_on or "ref_token_logp" in needed_data(p["advantage"]):
+        out += [f"{actor}.use_kl_loss=True", f"{actor}.kl_loss_coef=0"]
+    return out

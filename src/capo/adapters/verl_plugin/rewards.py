@@ -1,0 +1,70 @@
+"""capo's rewards as verl custom reward functions: ``compute_score(data_source, solution_str, ground_truth,
+extra_info)`` in verl's dict form (``score`` plus the keys verl keeps per row as reward_extra_info)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from capo.adapters._common import score_texts
+from capo.verify import DEFAULT_ANSWER_FORMAT
+
+__all__ = ["compute_score", "compute_score_correctness", "compute_score_ppo_c", "compute_score_rlcr"]
+
+
+class _Verifier:
+    """The verifier of this process's reward calls, started on first use. verl calls reward functions with no run
+    object (in its reward workers), and the verifier is a pool of checking processes whose answers never depend on
+    earlier calls, so one per process is enough; the advantage step's own state is :class:`CapoRun`'s."""
+
+    def __init__(self):
+        self._lock, self._verifier = threading.Lock(), None
+
+    def __call__(self):
+        with self._lock:
+            if self._verifier is None:
+                from capo.verify import Verifier
+
+                self._verifier = Verifier(workers=1)
+            return self._verifier
+
+
+get_verifier = _Verifier()
+
+
+def _score(kind: str, solution_str: str, ground_truth, **kw) -> dict[str, Any]:
+    b = score_texts([solution_str], [str(ground_truth)], kind=kind, verifier=get_verifier(), **kw)
+    out = {"score": b.rewards[0], "correct": float(b.correct[0]), "pred": b.answers[0] or ""}
+    if kind != "correctness":
+        out |= {"confidence": b.confidence[0], "format_ok": float(b.format_ok[0])}
+    return out
+
+
+def compute_score_rlcr(data_source=None, solution_str: str = "", ground_truth: str = "", extra_info=None,
+                       format_failure_reward: float = -1.0, **kwargs) -> dict[str, Any]:
+    """RLCR reward (arXiv 2507.16806, eq. 2) for verl: c - (q - c)^2 from ``<answer>``/``<confidence>`` tags,
+    answers compared by mathematical equivalence. Returns verl's dict form: ``score`` plus ``correct``,
+    ``confidence`` (NaN if missing), ``format_ok`` and ``pred`` (the extracted answer, "" if none; verl's name for
+    it, SEED-GRPO's clusters are its equivalence classes); verl keeps the extra keys as reward_extra_info."""
+    return _score("rlcr", solution_str, ground_truth, format_failure_reward=format_failure_reward)
+
+
+def compute_score_ppo_c(data_source=None, solution_str: str = "", ground_truth: str = "", extra_info=None,
+                        format_failure_reward: float = -1.0, weight: float = 0.5, threshold: float = 0.5,
+                        **kwargs) -> dict[str, Any]:
+    """PPO-C's calibrated reward in its verifiable form (arXiv 2410.09724, Sec. 4.2; ``capo.core.ppo_c_reward``) for
+    verl: c +- w (q - 0.5) from ``<answer>``/``<confidence>`` tags; the same extra keys as
+    :func:`compute_score_rlcr`. ``weight``/``threshold`` via ``reward.custom_reward_function.reward_kwargs``."""
+    return _score("ppo_c", solution_str, ground_truth, format_failure_reward=format_failure_reward,
+                  reward_kwargs={"weight": weight, "threshold": threshold})
+
+
+def compute_score_correctness(data_source=None, solution_str: str = "", ground_truth: str = "", extra_info=None,
+                              answer_format: str = DEFAULT_ANSWER_FORMAT, **kwargs) -> dict[str, Any]:
+    """Binary verifiable reward 1[answer equivalent to gold] for verl (answer by ``capo.verify.extract_answer``);
+    extra keys ``correct`` and ``pred``."""
+    return _score("correctness", solution_str, ground_truth, answer_format=answer_format)
+
+
+compute_score = compute_score_rlcr  # verl's default custom reward function name
+

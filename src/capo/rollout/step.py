@@ -1,0 +1,127 @@
+"""The one glue from a graded batch to advantages and batch metrics, called by capo's trainer, the TRL adapter and
+the verl plugin (each only collects its :class:`~capo.rollout.method_inputs.StepBatch` its own way).
+
+:func:`step_advantages` runs, in this order and nowhere else:
+
+1. the numerical guard and the row bookkeeping (:func:`capo.core.guard_batch`; DAPO's group filter when asked);
+2. CAPO's noise-mask thresholds (:class:`MaskThresholds`), when the spec has a mask;
+3. the estimator's and the policy loss's extra inputs (:func:`capo.rollout.method_inputs.method_inputs`);
+4. the estimator (:func:`capo.core.estimate`);
+5. the batch metrics: ``calib/*`` (:func:`capo.core.calibration_metrics`), ``train/masked_frac``,
+   ``train/filtered_frac`` (docs/metrics.md).
+
+Whether the mask applies to an estimator is :func:`capo.core.mask_applies` (any estimator when enabled; by default
+only CAPO); its knob ranges and defaults are :mod:`capo.core.masks`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from capo.core import (
+    MASK_HIGH,
+    MASK_LOW,
+    MASK_Q_HIGH,
+    MASK_Q_LOW,
+    MASK_RULES,
+    StepResult,
+    calibration_metrics,
+    estimate,
+    guard_batch,
+    mask_knob_problem,
+    ppl_quantile_thresholds,
+    sequence_logprob_mean,
+)
+from capo.errors import ConfigError
+from capo.rollout.method_inputs import StepBatch, StepSpec, method_inputs
+
+__all__ = ["MaskThresholds", "StepBatch", "StepOutput", "StepSpec", "step_advantages"]
+
+
+class MaskThresholds:
+    """CAPO's noise-mask thresholds (low, high) of one run, by rule (``capo.core.MASK_RULES``):
+
+    "fixed": ``low`` and ``high`` as given (the paper's 1.05 and 2.5 for Qwen2.5-Math by default; capo's trainer
+    passes the quantiles it measured on the reference model's own rollouts before training);
+    "quantile": the (``q_low``, ``q_high``) quantiles of the reference perplexities of the first batch this object
+    sees (:func:`capo.core.ppl_quantile_thresholds`), then frozen for the rest of the run. At the first training
+    step the policy is still the base model, so these are the base model's own rollouts, as in the paper.
+    The object is the run's state: create one per run.
+    """
+
+    def __init__(self, rule: str = "fixed", low: float = MASK_LOW, high: float = MASK_HIGH, q_low: float = MASK_Q_LOW,
+                 q_high: float = MASK_Q_HIGH, *, engine: str):
+        if rule not in MASK_RULES:
+            raise ConfigError(f"{engine}: mask_rule={rule!r} is not allowed; allowed values: {', '.join(MASK_RULES)}")
+        problem = mask_knob_problem(low, high, q_low, q_high)
+        if problem:
+            raise ConfigError(f"{engine}: {problem}")
+        self.rule, self.q_low, self.q_high = rule, q_low, q_high
+        self.value: tuple[float, float] | None = (low, high) if rule == "fixed" else None
+
+    def resolve(self, ref_ppl: torch.Tensor) -> tuple[float, float] | None:
+        """(low, high) for this batch; ``ref_ppl`` [M] are the reference perplexities of its existing rows (read
+        once for "quantile"; a batch with fewer than 2 finite ones is left unmasked and the next one is read)."""
+        if self.value is None:
+            ppl = ref_ppl.double().cpu()
+            if int(torch.isfinite(ppl).sum()) < 2:
+                return None
+            self.value = ppl_quantile_thresholds(ppl, self.q_low, self.q_high)
+        return self.value
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """result: the core step's tensors ([N]; ``result.advantages`` are the advantages); loss_inputs: the policy
+    loss's extra [N] inputs; thresholds: the mask's (low, high) used (None: no mask this batch); metrics:
+    ``calib/*``, ``train/masked_frac``, ``train/filtered_frac`` (only those that apply), over every process."""
+
+    result: StepResult
+    loss_inputs: dict
+    thresholds: tuple[float, float] | None
+    metrics: dict[str, float]
+
+
+def step_advantages(batch: StepBatch, spec: StepSpec) -> StepOutput:
+    """Advantages, the loss's extra inputs and the batch metrics of one graded batch (see the module docstring)."""
+    g = batch.group_size
+    lp = batch.token_logp if batch.token_logp is not None else torch.zeros(batch.mask.shape, dtype=torch.float64)
+    guarded = guard_batch(batch.rewards, g, token_logp=lp, mask=batch.mask, ref_token_logp=batch.ref_token_logp,
+                          valid=batch.valid, group_filter=spec.group_filter)
+    thresholds = None
+    if spec.mask is not None:
+        if guarded.ref_ppl is None:
+            raise ConfigError(f"{spec.engine}: CAPO's noise mask needs reference-model log-probs, and this batch has "
+                              "none")
+        thresholds = spec.mask.resolve(guarded.ref_ppl[guarded.valid])
+    x = method_inputs(spec, batch, rewards=guarded.rewards)
+    correct = batch.correct if batch.correct is not None else torch.zeros(len(batch.rewards), dtype=torch.bool)
+    res = estimate(spec.estimator, guarded, correct, g, mask_thresholds=thresholds, hparams=spec.hparams,
+                   inputs=x.advantage)
+    return StepOutput(result=res, loss_inputs=x.loss, thresholds=thresholds,
+                      metrics=_batch_metrics(batch, spec, res, thresholds))
+
+
+def _batch_metrics(batch: StepBatch, spec: StepSpec, res: StepResult, thresholds) -> dict[str, float]:
+    """Every process's rows (``spec.gather``) -> ``train/filtered_frac``, ``train/masked_frac`` (over existing
+    rows) and ``calib/*`` of lpm over the existing rows with a finite lpm (group ids = row // G after gathering)."""
+    gather = spec.gather or (lambda t: t)
+    out: dict[str, float] = {}
+    if res.informative is not None:
+        out["train/filtered_frac"] = float(gather(1.0 - res.informative.float()).mean())
+    valid = gather(res.valid).cpu()
+    if thresholds is not None:
+        out["train/masked_frac"] = float((1.0 - gather(res.keep).cpu()[valid].float()).mean())
+    logp = batch.token_logp if batch.confidence_logp is None else batch.confidence_logp
+    if not spec.calibration or batch.correct is None or logp is None:
+        return out
+    lpm = res.scores if batch.confidence_logp is None else sequence_logprob_mean(logp, batch.mask)
+    lpm, correct = gather(lpm).cpu(), gather(batch.correct).cpu()
+    ok = valid & torch.isfinite(lpm)
+    if not bool(ok.any()):
+        return out
+    groups = torch.arange(len(lpm)) // batch.group_size
+    conf = None if batch.confidence is None else gather(batch.confidence).cpu()[ok]
+    return out | calibration_metrics(lpm[ok], correct[ok], groups[ok], verbal_conf=conf)
