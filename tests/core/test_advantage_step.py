@@ -121,3 +121,47 @@ def test_calibration_metrics_are_summarize_under_calib_names():
     for k, v in m.items():
         assert v == ref[k.removeprefix("calib/")]
     assert m["calib/verbal_missing"] == 1.0
+
+
+def test_which_estimators_need_scores_is_read_from_their_signatures():
+    """needs_scores: a ``scores`` parameter without a default; a new estimator is registered once."""
+    from capo.core import ADVANTAGES, needs_scores
+
+    assert {n for n in ADVANTAGES.names() if needs_scores(n)} == {"capo", "unlikeliness"}
+    for name in ADVANTAGES.names():
+        if not needs_scores(name):  # the others accept and ignore scores
+            r = torch.tensor([1.0, 0.0, 0.0, 1.0], **f64)
+            kw = {"components": r[:, None]} if name == "gdpo" else {"cluster_ids": torch.arange(4)} \
+                if name == "seed_grpo" else {"confidence_shift": torch.zeros(4, **f64)} if name == "ace" else {}
+            a = ADVANTAGES.get(name)(r, 2, **kw)
+            torch.testing.assert_close(ADVANTAGES.get(name)(r, 2, scores=-torch.arange(4, **f64), **kw), a)
+
+
+def test_mask_rules():
+    """One rule for where the mask applies, its default and its knob ranges (trainer, TRL, verl read these)."""
+    from capo.core import mask_applies, mask_knob_problem, mask_on_by_default
+    from capo.core.presets import ALGORITHMS
+
+    assert [n for n in ALGORITHMS if mask_on_by_default(n)] == ["capo"]
+    assert mask_applies("grpo", True) and not mask_applies("capo", False) and mask_applies("capo", None)
+    assert mask_knob_problem(1.05, 2.5) is None and mask_knob_problem(1.0, 1.0, 0.5, 0.5) is None
+    assert mask_knob_problem(0.0, 2.5, prefix="algo.") == "need 0 < algo.mask_low <= algo.mask_high, got 0.0, 2.5"
+    assert mask_knob_problem(3.0, 2.5) == "need 0 < mask_low <= mask_high, got 3.0, 2.5"
+    assert mask_knob_problem(1.0, 2.0, 0.8, 0.2) == "need 0 <= mask_q_low <= mask_q_high <= 1, got 0.8, 0.2"
+    assert mask_knob_problem(1.0, 2.0, 0.1, 1.2) is not None and mask_knob_problem(1.0, 2.0, -0.1, 0.5) is not None
+
+
+def test_guard_keeps_raw_scores_and_applies_the_group_filter():
+    """guard_batch computes each lpm once (raw, NaN kept for the caller's report); the estimator sees 0 there.
+    The group filter drops groups whose (guarded) rewards are all equal."""
+    from capo.core import estimate, guard_batch
+
+    lp, m = _tokens([-1.0, float("nan"), -1.5, -0.5, -2.0, -0.2])
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0], **f64)
+    g = guard_batch(r, 2, token_logp=lp, mask=m, group_filter=True)
+    assert g.advantages is None and math.isnan(float(g.scores[1])) and g.bad.tolist() == [0, 1, 0, 0, 0, 0]
+    assert g.informative.tolist() == [True, True, False, False, True, True]
+    assert g.active.tolist() == [False, False, False, False, True, True]
+    res = estimate("grpo", g, r == 1, 2)
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)  # the active group {0, 1}: (r - mean) / (std with ddof 1 + eps)
+    torch.testing.assert_close(res.advantages, torch.tensor([0.0, 0.0, 0.0, 0.0, -a, a], **f64), rtol=0, atol=1e-12)

@@ -21,7 +21,7 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "capo": dict(advantage="capo", loss="ppo_clip", aggregation="seq-mean-token-mean", reward="correctness",
                  advantage_kwargs={"tau": 0.6}, noise_mask="quantile"),
     "rlcr": dict(advantage="grpo", loss="ppo_clip", aggregation="seq-mean-token-mean", reward="rlcr"),
-    # calibration-aware methods and GRPO variants (issue 18); extra inputs noted where the method reads one
+    # calibration-aware methods and GRPO variants; extra inputs noted where the method reads one
     "ace": dict(advantage="ace", loss="ppo_clip", aggregation="seq-mean-token-mean", reward="correctness",
                 advantage_kwargs={"alpha": 1.0}),  # reads confidence_shift (needs the reference model)
     "seed_grpo": dict(advantage="seed_grpo", loss="ppo_clip", aggregation="seq-mean-token-mean",
