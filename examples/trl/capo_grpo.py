@@ -27,7 +27,10 @@ def main() -> int:
     p.add_argument("--estimator", default="capo", help="capo, grpo, dr_grpo or rloo")
     p.add_argument("--tau", type=float, default=0.6)
     p.add_argument("--reward", default="correctness", choices=["correctness", "rlcr"])
-    p.add_argument("--no-mask", action="store_true", help="disable CAPO's reference-perplexity noise mask")
+    p.add_argument("--no-mask", action="store_true", help="disable CAPO's reference-perplexity noise mask (on by "
+                   "default for capo only)")
+    p.add_argument("--mask", action="store_true", help="apply CAPO's noise mask to any estimator (e.g. --estimator "
+                   "grpo --mask: the paper's GRPO + mask ablation)")
     p.add_argument("--output-dir", default="runs/trl-capo")
     p.add_argument("--max-steps", type=int, default=600)
     a = p.parse_args()
@@ -68,7 +71,8 @@ def main() -> int:
     capo = CapoAdvantageConfig(
         estimator=a.estimator,
         estimator_kwargs={"tau": a.tau} if a.estimator == "capo" else ({"eps": 1e-4} if a.estimator == "grpo" else {}),
-        noise_mask=not a.no_mask,          # reference = a frozen copy of --model (loaded by the adapter)
+        noise_mask=False if a.no_mask else (True if a.mask else None),  # None: capo's default (on for capo only);
+        # the mask's reference = a frozen copy of --model (loaded by the adapter)
     )
     trainer = CapoGRPOTrainer(model=a.model, reward_funcs=reward, args=args, train_dataset=ds, capo=capo)
     trainer.train()

@@ -137,3 +137,23 @@ def test_mask_is_on_by_default_for_capo_only_on_every_path():
         assert _options({}, est, None)["noise_mask"] is default
         assert CapoAdvantageConfig(estimator=est, noise_mask=not default).uses_mask() is (not default)
         assert _options({"noise_mask": not default}, est, None)["noise_mask"] is (not default)
+
+
+def test_verl_run_state_belongs_to_the_trainer_object():
+    """The verl plugin keeps no state in its modules: each verl trainer object owns one CapoRun (mask thresholds,
+    verifier); the legacy trainer's fit makes it current for the duration of training, and only then."""
+    from capo.adapters.verl_plugin import CapoRun
+    from capo.adapters.verl_plugin.patch import _wrap_fit
+
+    class FakeTrainer:
+        pass
+
+    fit = _wrap_fit(lambda self: CapoRun.current())
+    a, b = FakeTrainer(), FakeTrainer()
+    assert fit(a) is CapoRun.of(a) and fit(b) is CapoRun.of(b) and CapoRun.of(a) is not CapoRun.of(b)
+    assert CapoRun.current() is None
+    opts = {"mask_rule": "quantile", "mask_low": 1.05, "mask_high": 2.5, "mask_q_low": 0.25, "mask_q_high": 0.75}
+    m = CapoRun.of(a).mask(opts, engine="e")
+    assert CapoRun.of(a).mask(opts, engine="e") is m and CapoRun.of(b).mask(opts, engine="e") is not m
+    assert m.resolve(torch.tensor([1.0, 2.0, 3.0, 4.0])) == (1.75, 3.25) and m.value == (1.75, 3.25)
+    assert m.resolve(torch.tensor([9.0, 9.5])) == (1.75, 3.25)  # frozen on the run's first batch

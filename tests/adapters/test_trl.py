@@ -62,7 +62,7 @@ def _probe_class():
             rewards = torch.tensor(seven_reward(texts), dtype=torch.float64)
             lpm = sequence_logprob_mean(token_logps(self.accelerator.unwrap_model(self.model)).double(), mask)
             keep = torch.ones(len(texts), dtype=torch.bool)
-            if cfg.estimator == "capo" and cfg.noise_mask:
+            if cfg.noise_mask or (cfg.noise_mask is None and cfg.estimator == "capo"):  # any estimator, default capo
                 ppl = torch.exp(-sequence_logprob_mean(token_logps(self.probe_ref).double(), mask))
                 keep = capo_noise_mask(ppl, rewards > 0.5, low=cfg.mask_low, high=cfg.mask_high)
             return compute_advantages(cfg.estimator, rewards, G, scores=lpm if cfg.estimator == "capo" else None,

@@ -113,8 +113,9 @@ class AlgorithmConfig:
     group_filter: bool | None = knob(None, "DAPO dynamic sampling: drop groups whose rewards are all equal "
                                      "(logged as train/filtered_frac; no resampling)")
     overlong_cache: int | None = knob(None, "DAPO overlong shaping cache length L_cache in tokens (None = off)")
-    noise_mask: str | None = knob(None, "CAPO reference-perplexity noise mask: off, fixed (mask_low/high), "
-                                  "quantile (measured on the reference model's own rollouts)")
+    noise_mask: str | None = knob(None, "CAPO reference-perplexity noise mask, applied to any estimator's "
+                                  "advantages: off, fixed (mask_low/high), quantile (measured on the reference "
+                                  "model's own rollouts); unset: the preset's (on for capo only)")
     mask_low: float = knob(MASK_LOW, "fixed mask: keep an incorrect response only if PPL_ref >= mask_low")
     mask_high: float = knob(MASK_HIGH, "fixed mask: keep a correct response only if PPL_ref <= mask_high")
     mask_q_low: float = knob(MASK_Q_LOW, "quantile mask: low threshold = this quantile of the base model's PPL")
