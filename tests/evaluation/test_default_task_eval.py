@@ -1,7 +1,6 @@
 """`capo eval` and the trainer prompt the embedded default model identically (BOS included), and the eval
 reproduces the base model's measured accuracy (a missing BOS once dropped it from ~0.32 to ~0.07)."""
 
-import torch
 
 from capo.tasks.default import default_problems, format_prompt, load_default
 from capo.tasks.prompts import render_problem
@@ -22,9 +21,13 @@ def test_eval_of_default_model_matches_its_measured_accuracy(tmp_path):
     s = EvalSettings(model="default", dataset="default", split="test", limit=48, k=4, max_new_tokens=48,
                      batch_size=64, seed=0, chat_template=False, system_prompt="", answer_format="rlcr", n_boot=50)
     m = run_eval(s, tmp_path / "ev", progress=False)
-    # the shipped model's accuracy at temperature 1 is 0.32 on 256 x 8 held-out samples (capo_default.json)
-    assert 0.15 <= m["accuracy"] <= 0.6, m["accuracy"]
-    torch.testing.assert_close(torch.tensor(m["verbal_missing"]) <= 0.1 * 192, torch.tensor(True))
+    # The shipped model's accuracy at temperature 1 is 0.32 on 256 x 8 held-out samples (capo_default.json); these
+    # 48 x 4 samples gave 0.375 (seed 0), 0.328 (seed 1), 0.339 (seed 2). Band 0.32 +- 0.10: three binomial standard
+    # deviations of 192 independent samples (0.034 each), 1.5 if the 4 samples of a prompt were fully correlated
+    # (48 effective samples), so another machine's sampling noise stays inside; the bug it guards (a missing BOS)
+    # gave ~0.07. Missing verbal confidences: 1-2 of 192 measured; at most 10 (5%).
+    assert 0.22 <= m["accuracy"] <= 0.42, m["accuracy"]
+    assert m["verbal_missing"] <= 10, m["verbal_missing"]
 
 
 def test_shipped_model_outputs_parse_and_leave_room_for_rl():
