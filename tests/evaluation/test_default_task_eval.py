@@ -1,7 +1,6 @@
 """`capo eval` and the trainer prompt the embedded default model identically (BOS included), and the eval
 reproduces the base model's measured accuracy (a missing BOS once dropped it from ~0.32 to ~0.07)."""
 
-
 from capo.tasks.default import default_problems, format_prompt, load_default
 from capo.tasks.prompts import render_problem
 
