@@ -36,6 +36,8 @@ def main():
     per = B // tr.world * G
     rows = torch.arange(tr.rank * per, (tr.rank + 1) * per)
     ro, g.correct, rewards = ro.select(rows), g.correct[rows], rewards[rows]
+    g.confidence, g.format_ok = g.confidence[rows], g.format_ok[rows]  # this process's share of every graded row
+    g.answers = [g.answers[i] for i in rows.tolist()]
     batch, _ = tr.advantages(ro, g, rewards, None, None)
     seen, step = [], tr.opt.step
 
