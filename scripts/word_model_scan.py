@@ -29,8 +29,10 @@ def main() -> int:
     from capo.evaluation.default_task import evaluate_default
     from capo.tasks import default as d
     from capo.tasks import word_problems as wp
+    from capo.tasks.generated import generated_task
 
     torch.set_num_threads(args.threads)
+    task = generated_task(wp.TASK_NAME)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     held = wp.word_problems("eval", args.eval_prompts, seed=0)
@@ -41,11 +43,12 @@ def main() -> int:
         if step % args.every:
             return
         model.eval()
+        d.save_model(d._export_llama(model), tok, out / f"step-{step}")  # first: a failed measurement loses nothing
         t1 = time.perf_counter()
-        ev = evaluate_default(model, tok, held, group_size=8, max_new_tokens=256, seed=0, dataset=wp.TASK_NAME)
+        ev = evaluate_default(model, tok, held, group_size=8, max_new_tokens=task.max_new_tokens, seed=0,
+                              dataset=wp.TASK_NAME)
         rec = {"step": step, "train_s": round(t1 - t0, 1), "eval_s": round(time.perf_counter() - t1, 1),
                **{k: v for k, v in ev.items() if k != "samples"}}
-        d.save_model(d._export_llama(model), tok, out / f"step-{step}")
         with open(out / "scan.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
         (out / f"step-{step}" / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in ev["samples"]))

@@ -145,3 +145,55 @@ def test_loaded_through_the_one_dataset_list():
     assert render_problem(Tok(), got[0], dataset="word_problems") == "<s>" + got[0].prompt + "\n"
     with pytest.raises(ConfigError, match="unknown generated task 'words'"):
         generated_task("words")
+
+
+def test_build_is_deterministic_and_a_prefix_of_a_longer_build(tmp_path):
+    """A k-step build equals step k of a longer one (constant learning rate after warm-up), so the scan's chosen
+    checkpoint is what ``capo build-default --task word_problems --steps k`` rebuilds."""
+    import torch
+    from safetensors.torch import load_file
+
+    at_two = {}
+
+    def grab(step, model):
+        if step == 2:
+            at_two.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+
+    s2 = w.build_word_model(tmp_path / "two", seed=3, steps=2, batch_size=2)
+    s2b = w.build_word_model(tmp_path / "two_b", seed=3, steps=2, batch_size=2)
+    w.build_word_model(tmp_path / "three", seed=3, steps=3, batch_size=2, on_step=grab)
+    two, two_b, three = (load_file(str(tmp_path / x / "model.safetensors")) for x in ("two", "two_b", "three"))
+    assert s2["loss_curve"] == s2b["loss_curve"] and all(torch.equal(two[k], two_b[k]) for k in two)
+    shared = [k for k in two if k in at_two]
+    assert len(shared) > 40
+    assert all(torch.equal(two[k], at_two[k]) for k in shared)
+    assert not all(torch.equal(two[k], three[k]) for k in shared)  # the third step moved the weights
+    assert 5_000_000 <= s2["params"] <= 30_000_000
+
+
+def test_shipped_model_and_a_two_step_run_on_the_preset(tmp_path):
+    import json
+    import math
+
+    from capo.rollout.models import load_model
+    from capo.tasks.generated import generated_task
+    from capo.trainer.config import load_config
+    from capo.trainer.loop import Trainer
+
+    task = generated_task("word_problems")
+    model, tok = load_model("word_problems")
+    n = sum(p.numel() for p in model.parameters())
+    assert 5_000_000 <= n <= 30_000_000 and model.config.max_position_embeddings >= 512
+    size = sum(f.stat().st_size for f in task.model_dir.glob("*.safetensors"))
+    assert size <= 25 * 2**20
+    rec = json.loads((task.model_dir / "capo_default.json").read_text())
+    assert rec["params"] == n and rec["task"] == "capo:word_problems"
+    assert 0.2 <= rec["eval"]["accuracy"] <= 0.6 and rec["eval"]["mean_response_tokens"] >= 64
+    cfg = load_config("word_problems", {"run.steps": 2, "run.out_dir": str(tmp_path / "r"), "run.threads": 1,
+                                        "run.progress": False, "data.n_eval": 4, "run.eval_samples": 2,
+                                        "rollout.prompts_per_step": 4, "rollout.group_size": 4,
+                                        "algo.name": "capo", "algo.mask_calib_prompts": 4})
+    last = Trainer(cfg).train()
+    assert last["step"] == 2
+    assert math.isfinite(last["eval/entropy"]) and last["eval/entropy"] > 0
+    assert last["train/response_len"] > 30  # tokens: a trace, not a ten-token answer
