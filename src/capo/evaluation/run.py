@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from capo.core import voting
 from capo.core.checks import did_you_mean
@@ -42,15 +43,15 @@ from capo.evaluation.metrics import assign_answer_ids, compute_metrics
 import torch
 
 from capo.evaluation.report import RunInfo, draw_safely, render_report
-from capo.rollout.engine import check_engine
+from capo.rollout.engine import ENGINES, check_engine
 from capo.rollout.grading import Graded, grade
 from capo.rollout.models import AUTOCAST_MODES
 from capo.rollout.types import Sample
 from capo.rundir import Progress, atomic_write_text, read_jsonl_rows, run_lock
-from capo.tasks.datasets import FILE_ANSWER_FORMATS
+from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, Verifier
 
-__all__ = ["EvalSettings", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
+__all__ = ["EvalSettings", "cli_fields", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
 
 read_rows = read_jsonl_rows  # a run's generations.jsonl rows (torn last line dropped)
 
@@ -62,41 +63,83 @@ GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "to
 OLD_DEFAULTS = {"engine": "hf"}  # settings added later: what a run directory written before them used
 
 
+def opt(default, help: str, *, flag: str | None = None, choices=None, group: str = "sampling",
+        cli_default: Any = "same") -> Any:
+    """A ``capo eval`` setting: its default, its ``--help`` text and how the CLI spells it. ``flag``: the option
+    string (default ``--field-name``; a boolean whose default is True becomes ``--no-field-name``); ``choices``: the
+    allowed values' one source; ``group``: the ``--help`` section; ``cli_default``: what the parser leaves when the
+    flag is absent, if not ``default`` (None: filled in later, e.g. from a re-scored run's config)."""
+    meta = {"help": help, "flag": flag, "choices": choices, "group": group, "cli_default": cli_default}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+ENGINE_HELP = ("generation engine: hf (Hugging Face generate, every causal LM) or vllm (needs vLLM: "
+               "`sh scripts/vllm-env.sh` on CPU, `pip install 'capo[vllm]'` on a GPU; a model folder or Hub id whose "
+               "architecture vLLM supports)")
+
+
 @dataclass
 class EvalSettings:
-    """Everything ``capo eval`` needs; the CLI flags map 1:1 onto these fields."""
+    """Everything ``capo eval`` needs. Each field's metadata is its one definition: default, help, flag, allowed
+    values (``capo eval --help`` is built from it, :func:`capo.cli.eval_cmd.add_parser`); :func:`validate_settings`
+    checks the values."""
 
-    model: str | None = None
-    engine: str = "hf"
-    dataset: str = "gsm8k"
-    split: str = "test"
-    limit: int | None = None
-    k: int = 4
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 512
-    batch_size: int = 16
-    seed: int = 0
-    chat_template: bool = True
-    system_prompt: str | None = None
-    answer_format: str = DEFAULT_ANSWER_FORMAT
-    fallback_last_number: bool = False
-    prompt_field: str = "prompt"
-    answer_field: str = "answer"
-    dataset_answer_format: str = "plain"
-    autocast: str = "auto"
-    verify_timeout: float = 5.0
-    verify_workers: int | None = None
-    n_bins: int = 10
-    n_boot: int = 1000
-    n_examples: int = 8
-    token_stats: bool = True  # write per-token log-probs and statistics (the token-level confidence estimators)
-    conf_window: int = 2048  # DeepConf sliding-window length (bottom_group, lowest_group)
-    conf_fraction: float = 0.1  # DeepConf bottom fraction of the windows (bottom_group)
-    conf_tail: int = 2048  # DeepConf tail length in tokens (tail)
-    keep_fraction: float = voting.KEEP_FRACTION  # confidence-filtered vote: fraction of each question's responses kept
-    generations: str | None = None
-    extra: dict = field(default_factory=dict)
+    model: str | None = opt(None, "HF model folder, DIR/FILE.gguf, 'default' (or another model shipped for a task "
+                            "generated in code: coin_sum, word_problems), or a Hub id", group="input")
+    engine: str = opt("hf", ENGINE_HELP, choices=ENGINES, group="input")
+    generations: str | None = opt(None, "compute everything from responses + log-probs produced elsewhere (schema: "
+                                  "docs/generations-schema.md); no model is loaded", group="input")
+    dataset: str = opt("gsm8k", f"{', '.join(DATASET_NAMES)}, or a .jsonl/.parquet file", group="input")
+    split: str = opt("test", "split of a built-in dataset", group="input")
+    limit: int | None = opt(None, "evaluate only the first N problems", group="input")
+    prompt_field: str = opt("prompt", "prompt field of a JSONL/parquet dataset", group="input")
+    answer_field: str = opt("answer", "gold-answer field of a JSONL/parquet dataset", group="input")
+    dataset_answer_format: str = opt("plain", "how the gold answer is stored in a JSONL/parquet dataset",
+                                     choices=FILE_ANSWER_FORMATS, group="input")
+    k: int = opt(4, "responses sampled per prompt", flag="-k")
+    temperature: float = opt(1.0, "sampling temperature; 0 = greedy")
+    top_p: float = opt(1.0, "nucleus sampling threshold")
+    max_new_tokens: int = opt(512, "maximum response length")
+    batch_size: int = opt(16, "sequences per generate call; rounded down to a multiple of k, at least k")
+    seed: int = opt(0, "sampling seed")
+    chat_template: bool = opt(True, "wrap prompts in the tokenizer's chat template when it has one (the flag "
+                              "--no-chat-template feeds the raw prompt)")
+    system_prompt: str | None = opt(None, "system message (default: asks for the final answer within \\boxed{})")
+    autocast: str = opt("auto", "bf16 autocast (auto: on for CUDA with bf16 and for bf16-capable CPUs with >= 25M "
+                        "params)", choices=AUTOCAST_MODES)
+    answer_format: str = opt(DEFAULT_ANSWER_FORMAT, "how to extract the model's answer (auto = <answer> tag, else "
+                             "last \\boxed{}, else '#### N'; re-scoring a capo eval run reuses its recorded value)",
+                             choices=ANSWER_FORMATS, group="judging and metrics", cli_default=None)
+    fallback_last_number: bool = opt(False, "use the last number in the response when no answer was found "
+                                     "(re-scoring a capo eval run reuses its recorded value)",
+                                     group="judging and metrics", cli_default=None)
+    verify_timeout: float = opt(5.0, "hard timeout per answer judgement, s", group="judging and metrics")
+    verify_workers: int | None = opt(None, "verifier processes (default: min(4, cpus))", group="judging and metrics")
+    n_bins: int = opt(10, "equal-width bins for ECE and reliability", group="judging and metrics")
+    n_boot: int = opt(1000, "bootstrap replicates for intervals; 0 = none", group="judging and metrics")
+    token_stats: bool = opt(True, "write per-token log-probs / entropy / self-certainty / DeepConf confidence into "
+                            "generations.jsonl (--no-token-stats: smaller files; only the lpm, verbal and "
+                            "consistency estimators then)",
+                            group="judging and metrics")
+    conf_window: int = opt(2048, "sliding-window length in tokens of DeepConf's group confidences (DeepConf's)",
+                           group="judging and metrics")
+    conf_fraction: float = opt(0.1, "bottom fraction of the windows averaged by the bottom_group estimator",
+                               group="judging and metrics")
+    conf_tail: int = opt(2048, "number of last tokens averaged by the tail estimator (DeepConf's)",
+                         group="judging and metrics")
+    keep_fraction: float = opt(voting.KEEP_FRACTION, "confidence-filtered vote: fraction of each prompt's responses "
+                               "kept", group="judging and metrics")
+    n_examples: int = opt(8, "example responses shown in the report", flag="", group="")  # no flag
+    extra: dict = opt({}, "", flag="", group="")  # no flag: settings a caller adds for its own record
+
+
+def cli_fields() -> list:
+    """The fields of :class:`EvalSettings` that are ``capo eval`` flags, in declaration order."""
+    import dataclasses
+
+    return [f for f in dataclasses.fields(EvalSettings) if f.metadata.get("flag") != ""]
 
 
 def validate_settings(s: EvalSettings) -> None:
