@@ -25,6 +25,7 @@ from pathlib import Path
 
 from capo.core.checks import did_you_mean
 from capo.errors import DataError
+from capo.tasks import generated as _generated
 from capo.tasks.problem import Problem
 from capo.verify.extract import extract_boxed, extract_gsm8k
 
@@ -53,7 +54,7 @@ BUILTIN_DATASETS: dict[str, dict] = {
 }
 
 # Tasks generated in code that share the default's raw prompt format and tokenizer (no chat template).
-GENERATED_TASKS = ("default", "coin_sum", "word_problems")  # capo.tasks.generated holds each one's functions
+GENERATED_TASKS = tuple(_generated.GENERATED_TASKS)  # the tasks generated in code (capo.tasks.generated)
 DATASET_NAMES = (*GENERATED_TASKS, *BUILTIN_DATASETS)  # the one list of dataset names (trainer config, `capo eval`)
 
 
