@@ -14,6 +14,12 @@ import pytest
 
 from capo.errors import ConfigError
 from capo.tasks import word_problems as w
+from capo.tasks.generated import generated_task
+
+# The shipped testbed model is chosen by `scripts/word_model_scan.py` (docs/results.md); until it is committed the
+# two tests that load it are skipped, and the skip names why.
+needs_shipped = pytest.mark.skipif(not (generated_task("word_problems").model_dir / "config.json").exists(),
+                                   reason="word_problems model not shipped yet (scan in progress)")
 
 
 def _key(ps):
@@ -171,6 +177,7 @@ def test_build_is_deterministic_and_a_prefix_of_a_longer_build(tmp_path):
     assert 5_000_000 <= s2["params"] <= 30_000_000
 
 
+@needs_shipped
 def test_shipped_model_and_a_two_step_run_on_the_preset(tmp_path):
     import json
     import math
@@ -197,3 +204,23 @@ def test_shipped_model_and_a_two_step_run_on_the_preset(tmp_path):
     assert last["step"] == 2
     assert math.isfinite(last["eval/entropy"]) and last["eval/entropy"] > 0
     assert last["train/response_len"] > 30  # tokens: a trace, not a ten-token answer
+
+
+@needs_shipped
+def test_demo_on_the_reasoning_testbed_compares_grpo_and_capo(tmp_path, capsys):
+    import json
+
+    from capo.cli import main
+
+    out = tmp_path / "demo"
+    tiny = ["rollout.prompts_per_step=2", "rollout.group_size=2", "data.n_eval=2", "run.eval_samples=2",
+            "algo.mask_calib_prompts=2", "run.threads=1", "run.progress=false", "rollout.max_new_tokens=160"]
+    argv = ["demo", "--task", "word_problems", "--out", str(out), "--steps", "1", "--eval-problems", "2",
+            "--eval-k", "2", *[x for kv in tiny for x in ("--set", kv)]]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["per_run"]) == {"base", "grpo-seed0", "capo-seed0"}  # the task's default algorithms
+    printed = capsys.readouterr().out
+    assert "2 algorithms (grpo, capo)" in printed and "conclusion" in printed
+    cfg = json.loads((out / "eval" / "capo-seed0" / "config.json").read_text())
+    assert cfg["dataset"] == "word_problems" and cfg["max_new_tokens"] == 160
