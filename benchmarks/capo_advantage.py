@@ -9,11 +9,16 @@ ratios, not absolute times across runs). The cost is O(N * G): one [B, G, G] pai
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from capo.core import capo_advantage, grpo_advantage
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_env import add_quick  # noqa: E402
+
+from capo.core import capo_advantage, grpo_advantage  # noqa: E402
 
 
 def best_time(fn, repeats: int) -> float:
@@ -30,6 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-n", type=int, default=1 << 20)
     ap.add_argument("--repeats", type=int, default=5)
+    add_quick(ap, max_n=1 << 16, repeats=2)
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_env import CACHE, ROOT, child_env, vllm_python  # noqa: E402
+from bench_env import CACHE, ROOT, add_quick, child_env, vllm_python  # noqa: E402
 
 ENGINES = ("hf", "vllm")
 
@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of the runs (0: leave it unset)")
     ap.add_argument("--vllm-python", default=None, help="default: .venv-vllm/bin/python of this checkout")
     ap.add_argument("--out", type=Path, required=True, help="a new folder: OUT/hf, OUT/vllm (run dirs), logs")
+    add_quick(ap, size="tiny", limit=4, k=2, max_new_tokens=16)
     a = ap.parse_args()
     a.out = a.out.resolve()  # the runs start in the checkout's root
     taken = [str(a.out / e) for e in a.engines if (a.out / e).exists()]

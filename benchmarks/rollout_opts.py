@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_env import add_quick  # noqa: E402
 from trl_vs_capo import PROMPTS, build_assets  # noqa: E402
 
 from capo.rollout import HFEngine, token_logprobs  # noqa: E402
@@ -80,6 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=("tiny", "smollm2"), default="tiny")
     ap.add_argument("--reps", type=int, default=3)
+    add_quick(ap, size="tiny", reps=1)
     ap.add_argument("--mem", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     model, tok = load(args.size)

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_env import add_quick  # noqa: E402
 from trl_vs_capo import bench_prompts, build_assets  # noqa: E402
 
 from capo.rollout import HFEngine, load_model  # noqa: E402
@@ -80,6 +81,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="vllm: run in .venv-vllm")
+    add_quick(ap, size="tiny", prompts="arith", k=2, tokens=16, reps=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     assets = build_assets(a.size)

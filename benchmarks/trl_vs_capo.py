@@ -45,7 +45,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_env import CACHE, child_env, vllm_python  # noqa: E402
+from bench_env import CACHE, add_quick, child_env, vllm_python  # noqa: E402
 
 NEVER = "<|capo_bench_never|>"
 PROMPTS = ["17+25-8", "3+4+5+6", "91-47+12", "8-3-2+7", "44+44-9", "6+60-16", "72-18+5", "9+8+7-6"]
@@ -420,6 +420,7 @@ def main() -> None:
     ap.add_argument("--engine", default="capo", help=argparse.SUPPRESS)
     ap.add_argument("--algo", default="grpo", help=argparse.SUPPRESS)
     ap.add_argument("--extra", default="", help=argparse.SUPPRESS)
+    add_quick(ap, size="tiny", steps=1, warmup=1, reps=1)
     args = ap.parse_args()
     if args.child:
         return child(args)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_env import CACHE  # noqa: E402
+from bench_env import CACHE, add_quick  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -81,6 +81,7 @@ def main():
     ap.add_argument("--new-tokens", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--hf-after", action="store_true", help="time HF again once the vLLM engine exists")
+    add_quick(ap, prompts=2, k=2, new_tokens=[16], reps=1)
     a = ap.parse_args()
     import torch
 

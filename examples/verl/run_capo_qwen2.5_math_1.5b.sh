@@ -4,7 +4,7 @@
 # KL and entropy coefficients 0.
 #
 # Needs GPUs (8 x 80 GB assumed below; set NGPUS) and verl's inference engine (vLLM), which the CPU environment of
-# scripts/verl-env.sh does not install. capo must be installed in the same environment as verl
+# scripts/engine-env.sh verl does not install. capo must be installed in the same environment as verl
 # (pip install 'capo[verl]' or pip install -e . --no-deps): verl then loads capo's plugin by itself
 # (entry point group verl.plugins) and algorithm.adv_estimator=capo becomes available.
 #

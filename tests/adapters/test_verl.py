@@ -1,7 +1,7 @@
 """capo's verl plugin, loaded the way verl loads plugins, inside verl's own advantage step.
 
 Runs in the verl environment: .venv-verl/bin/python -m pytest tests/adapters/test_verl.py
-(created by scripts/verl-env.sh). Skipped where verl is not importable (the main .venv).
+(created by scripts/engine-env.sh verl). Skipped where verl is not importable (the main .venv).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 # Import verl first and alone: its __init__ loads the `verl.plugins` entry points, which is what must register capo.
-verl = pytest.importorskip("verl", reason="verl is not installed here; run with .venv-verl (sh scripts/verl-env.sh)")
+verl = pytest.importorskip("verl", reason="verl is not installed here; run with .venv-verl (sh scripts/engine-env.sh verl)")
 PLUGIN_LOADED_BY_VERL = "capo.adapters.verl_plugin" in sys.modules
 
 import numpy as np  # noqa: E402
@@ -29,7 +29,7 @@ def _ray_trainer():
     try:
         import verl.trainer.ppo.ray_trainer as rt
     except ImportError as e:  # pragma: no cover - environment problem, not a capo bug
-        pytest.skip(f"verl's trainer module does not import here ({e}); run sh scripts/verl-env.sh")
+        pytest.skip(f"verl's trainer module does not import here ({e}); run sh scripts/engine-env.sh verl")
     return rt
 
 
@@ -351,7 +351,7 @@ def test_verl_v1_trainer_advantage_step_with_padding_rows_and_reward_loop(monkey
     """verl 0.9.1's default v1 trainer: rewards from verl's reward loop calling capo's compute_score, rows padded by
     verl's own upsample_batch_to_divisible_size, then PPOTrainer._compute_advantage (our wrapper fetches the
     verdicts from extra_fields). Padding rows: advantage 0, no error; real rows: capo core with the verdicts."""
-    pytest.importorskip("transfer_queue", reason="verl's v1 trainer needs transferqueue (scripts/verl-env.sh)")
+    pytest.importorskip("transfer_queue", reason="verl's v1 trainer needs transferqueue (scripts/engine-env.sh verl)")
 
     from transfer_queue import KVBatchMeta
     from verl import DataProto

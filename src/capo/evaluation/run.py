@@ -76,7 +76,7 @@ def opt(default, help: str, *, flag: str | None = None, choices=None, group: str
 
 
 ENGINE_HELP = ("generation engine: hf (Hugging Face generate, every causal LM) or vllm (needs vLLM: "
-               "`sh scripts/vllm-env.sh` on CPU, `pip install 'capo[vllm]'` on a GPU; a model folder or Hub id whose "
+               "`sh scripts/engine-env.sh vllm` on CPU, `pip install 'capo[vllm]'` on a GPU; a model folder or Hub id whose "
                "architecture vLLM supports)")
 
 
