@@ -6,8 +6,45 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 
+from capo.cli.flags import add_settings
+from capo.settings import from_namespace, opt
 from capo.tasks.datasets import GENERATED_TASKS as BUILD_TASKS  # each generated task ships a model built here
+
+
+@dataclass
+class BuildSettings:
+    """Everything ``capo build-default`` takes; each field is its one definition (``--help`` is built from it)."""
+
+    task: str = opt("default", "which task model: 'default' (chain_sum, from scratch), 'coin_sum' (the default "
+                    "fine-tuned on chain sums with a hidden coin; the calibration-collapse testbed) or "
+                    "'word_problems' (a 5M Qwen2-shaped model pre-trained from scratch on multi-step word-problem "
+                    "traces; the reasoning testbed)", choices=BUILD_TASKS)
+    out: str | None = opt(None, "output folder (created; existing model files are overwritten)", required=True)
+    seed: int = opt(0, "seed for initialisation, data order and confidences")
+    steps: int | None = opt(None, "warm-up steps (default: the shipped model's)")
+    batch_size: int | None = opt(None, "warm-up batch size (default: the shipped model's)")
+    lr: float | None = opt(None, "AdamW learning rate (default: the shipped model's)")
+    eval_prompts: int | None = opt(None, "held-out prompts to measure the built model on, 8 samples each (0 to skip; "
+                                   "default 256, word_problems 128)")
+    threads: int = opt(1, "torch CPU threads (the tiny model gains little from more, and results are bit-identical "
+                       "only for the same thread count)")
+
+    def check(self) -> None:
+        """Raise ConfigError naming the first bad flag; fills in ``eval_prompts``' task default."""
+        from capo.errors import ConfigError
+
+        if not self.out:
+            raise ConfigError("--out is required: the folder to write the model to")
+        for flag, v, low in (("--steps", self.steps, 1), ("--batch-size", self.batch_size, 1),
+                             ("--threads", self.threads, 1), ("--eval-prompts", self.eval_prompts, 0)):
+            if v is not None and v < low:
+                raise ConfigError(f"{flag} must be >= {low}, got {v}")
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if self.eval_prompts is None:
+            self.eval_prompts = 128 if self.task == "word_problems" else 256
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -17,51 +54,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=(
             "Build the embedded default: a character-level tokenizer and a ~0.37M-parameter Llama trained by a short "
             "supervised warm-up on reasoning-gym chain_sum problems in RLCR's <answer>/<confidence> format, "
-            "stopped early so sampled accuracy leaves room for RL. Deterministic on CPU for a fixed seed and thread "
-            "count. The folder loads with transformers' AutoModelForCausalLM / AutoTokenizer."
+            "stopped early so sampled accuracy leaves room for RL (or, with --task, another generated task's model). "
+            "Deterministic on CPU for a fixed seed and thread count. The folder loads with transformers' "
+            "AutoModelForCausalLM / AutoTokenizer. Every option is a field of capo.cli.build_default_cmd.BuildSettings."
         ),
     )
-    p.add_argument("--task", default="default", choices=BUILD_TASKS,
-                   help="which task model: 'default' (chain_sum, from scratch), 'coin_sum' (the default fine-tuned "
-                        "on chain sums with a hidden coin; the calibration-collapse testbed) or 'word_problems' (a "
-                        "5M Qwen2-shaped model pre-trained from scratch on multi-step word-problem traces; the "
-                        "reasoning testbed, ~1 hour on 2 threads)")
-    p.add_argument("--out", required=True, help="output folder (created; existing model files are overwritten)")
-    p.add_argument("--seed", type=int, default=0, help="seed for initialisation, data order and confidences (default 0)")
-    p.add_argument("--steps", type=int, default=None, help="warm-up steps (default: the shipped model's)")
-    p.add_argument("--batch-size", type=int, default=None, help="warm-up batch size (default 64)")
-    p.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default: the shipped model's)")
-    p.add_argument("--eval-prompts", type=int, default=None,
-                   help="held-out prompts to measure the built model on, 8 samples each (0 to skip; default 256, "
-                        "word_problems 128)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: the tiny model gains little from more, and results are "
-                        "bit-identical only for the same thread count)")
+    add_settings(p, BuildSettings)
     return p
 
 
-def run(args) -> int:
+def run(ns) -> int:
     import torch
 
-    from capo.errors import ConfigError
-
-    if args.steps is not None and args.steps < 1:
-        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.lr is not None and not args.lr > 0:
-        raise ConfigError(f"--lr must be > 0, got {args.lr}")
-    if args.eval_prompts is None:
-        args.eval_prompts = 128 if args.task == "word_problems" else 256
-    if args.eval_prompts < 0:
-        raise ConfigError(f"--eval-prompts must be >= 0, got {args.eval_prompts}")
-    if args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    args = from_namespace(BuildSettings, ns)
+    args.check()
     torch.set_num_threads(args.threads)
     kwargs = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr))
               if v is not None}
     t0 = time.perf_counter()
-    print(f"building the default model into {args.out} (seed {args.seed}, {torch.get_num_threads()} threads)",
+    print(f"building the {args.task} model into {args.out} (seed {args.seed}, {torch.get_num_threads()} threads)",
           file=sys.stderr)
     stats = build_and_measure(args.out, args.seed, args.eval_prompts, task=args.task, **kwargs)
     print(json.dumps(stats, indent=2))

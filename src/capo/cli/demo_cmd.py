@@ -6,9 +6,12 @@ import argparse
 import json
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from capo.cli.flags import add_settings
 from capo.errors import ConfigError
+from capo.settings import from_namespace, opt
 
 # Measured on the 2-core reference machine (docs/results.md); only used for the up-front estimate.
 SECONDS_PER_STEP_ESTIMATE = 2.0
@@ -21,6 +24,29 @@ DEMO_ALGOS = {"default": "grpo,capo,rlcr", "collapse": "grpo,capo,rlcr", "word_p
 DEMO_STEPS = {"word_problems": 30}
 
 
+@dataclass
+class DemoSettings:
+    """Everything ``capo demo`` takes; each field is its one definition (``capo demo --help`` is built from it) and
+    :func:`_parse` checks the values before any work starts."""
+
+    task: str = opt("default", "which preset/task: 'default' (chain sums), 'collapse' (coin_sum, the "
+                    "calibration-collapse testbed: half of the problems end in a hidden fair coin) or 'word_problems' "
+                    "(the reasoning testbed: multi-step word problems, a 5M model, GRPO vs CAPO for "
+                    f"{DEMO_STEPS['word_problems']} steps)", choices=DEMO_TASKS)
+    out: str = opt("runs/demo", "output folder (one run folder per algorithm and seed)")
+    algos: str | None = opt(None, "comma-separated algorithm presets to compare (default: "
+                            + "; ".join(f"{t}: {a}" for t, a in DEMO_ALGOS.items()) + ")")
+    steps: int | None = opt(None, "training steps per run (default: the preset's; "
+                            + ", ".join(f"{t}: {n}" for t, n in DEMO_STEPS.items()) + ")")
+    seeds: str = opt("0", "comma-separated seeds; each algorithm is trained once per seed")
+    eval_problems: int = opt(100, "held-out problems for the final evaluation")
+    eval_k: int = opt(8, "samples per held-out problem in the final evaluation")
+    reference: str = opt("base", "the model the report's paired differences are taken against: 'base' or one of "
+                         "--algos", metavar="MODEL")
+    overrides: list = opt([], "extra config override for every run, e.g. --set optim.lr=1e-4 (repeatable)",
+                          flag="--set", action="append", metavar="KEY=VALUE")
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo",
@@ -28,32 +54,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description="Trains each algorithm from the same embedded base model with the same budget (the 'default' "
         "preset), evaluates the base and every trained model on the same held-out problems, and writes "
         "OUT/report.html with accuracy and AUC-mean over training, reliability diagrams and precision-coverage "
-        "curves. Needs no download.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "curves. Needs no download. Every option is a field of capo.cli.demo_cmd.DemoSettings.",
     )
-    p.add_argument("--task", default="default", choices=DEMO_TASKS,
-                   help="which preset/task: 'default' (chain sums), 'collapse' (coin_sum, the calibration-collapse "
-                        "testbed: half of the problems end in a hidden fair coin) or 'word_problems' (the reasoning "
-                        "testbed: multi-step word problems, a 5M model, GRPO vs CAPO for 30 steps)")
-    p.add_argument("--out", default="runs/demo", help="output folder (one run folder per algorithm and seed)")
-    p.add_argument("--algos", default=None, help="comma-separated algorithm presets to compare (default: "
-                   + "; ".join(f"{t}: {a}" for t, a in DEMO_ALGOS.items()) + ")")
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the preset's; "
-                   + ", ".join(f"{t}: {n}" for t, n in DEMO_STEPS.items()) + ")")
-    p.add_argument("--seeds", default="0", help="comma-separated seeds; each algorithm is trained once per seed")
-    p.add_argument("--eval-problems", type=int, default=100, help="held-out problems for the final evaluation")
-    p.add_argument("--eval-k", type=int, default=8, help="samples per held-out problem in the final evaluation")
-    p.add_argument("--reference", default="base", metavar="MODEL",
-                   help="the model the report's paired differences are taken against: 'base' or one of --algos")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra config override for every run, e.g. --set optim.lr=1e-4 (repeatable)")
+    add_settings(p, DemoSettings)
     return p
 
 
-def _parse(args):
+def _parse(args: DemoSettings):
     from capo.core.checks import did_you_mean
     from capo.core.presets import ALGORITHMS
 
+    if args.task not in DEMO_TASKS:
+        raise ConfigError(f"--task: {args.task!r} is not a demo task{did_you_mean(args.task, DEMO_TASKS)}; "
+                          f"allowed: {', '.join(DEMO_TASKS)}")
     algos = [a.strip() for a in (args.algos or DEMO_ALGOS[args.task]).split(",") if a.strip()]
     for a in algos:
         if a not in ALGORITHMS:
@@ -72,7 +85,7 @@ def _parse(args):
     if args.eval_problems < 1 or args.eval_k < 1:
         raise ConfigError("--eval-problems and --eval-k must be >= 1")
     extra = {}
-    for kv in args.set:
+    for kv in args.overrides:
         if "=" not in kv:
             raise ConfigError(f"--set expects KEY=VALUE, got {kv!r}")
         k, v = kv.split("=", 1)
@@ -80,9 +93,10 @@ def _parse(args):
     return algos, seeds, extra
 
 
-def run(args) -> int:
+def run(ns) -> int:
     from capo.rundir import run_lock
 
+    args = from_namespace(DemoSettings, ns)
     algos, seeds, extra = _parse(args)
     out = Path(args.out)
     cfgs = _configs(algos, seeds, extra, out, args.steps or DEMO_STEPS.get(args.task), args.task)

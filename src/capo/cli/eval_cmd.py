@@ -9,8 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+from capo.cli.flags import add_settings
 from capo.errors import ConfigError
-from capo.evaluation.run import cli_fields
+from capo.evaluation.run import EvalSettings
+from capo.settings import from_namespace
 from capo.verify import DEFAULT_ANSWER_FORMAT
 
 
@@ -22,11 +24,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "metrics.json, plots and report.html to --out. Rerun the same command to resume an interrupted eval. "
         "Every setting below is a field of capo.evaluation.run.EvalSettings (its one definition).",
     )
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in cli_fields():
-        m = f.metadata
-        group = groups.get(m["group"]) or groups.setdefault(m["group"], p.add_argument_group(m["group"]))
-        _add_setting(group, f)
+    add_settings(p, EvalSettings, default_group="sampling")
     p.add_argument("--out", default=None,
                    help="run directory (created; an existing one is resumed; default: runs/eval/MODEL-DATASET, or "
                         "runs/eval/rescored-NAME for --generations, printed at the start)")
@@ -34,35 +32,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _add_setting(group, f) -> None:
-    """One flag for the EvalSettings field ``f`` (its type, default, help and choices from the field)."""
-    m = f.metadata
-    flag = m["flag"] or "--" + f.name.replace("_", "-")
-    default = f.default if m["cli_default"] == "same" else m["cli_default"]
-    shown = f" (default: {f.default})" if f.default is not None and not isinstance(f.default, bool) else ""
-    if isinstance(f.default, bool):
-        if f.default:  # on by default: the flag turns it off
-            group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false", help=m["help"])
-        else:
-            group.add_argument(flag, dest=f.name, action="store_true", default=default, help=m["help"])
-        return
-    kind = {"int": int, "float": float}.get(type(f.default).__name__) or _optional_type(f)
-    group.add_argument(flag, dest=f.name, type=kind, default=default, choices=m["choices"], help=m["help"] + shown,
-                       **({"metavar": "FILE.jsonl"} if f.name == "generations" else {}))
-
-
-def _optional_type(f):
-    """int for ``int | None`` fields, else str."""
-    return int if "int" in str(f.type) else str
-
-
 def run(args) -> int:
-    from capo.evaluation.run import EvalSettings, run_eval, validate_settings
+    from capo.evaluation.run import run_eval, validate_settings
 
     if args.model and args.generations:
         raise ConfigError("--model and --generations are mutually exclusive: give one")
     _extraction_settings(args)
-    s = EvalSettings(**{f.name: getattr(args, f.name) for f in cli_fields()})
+    s = from_namespace(EvalSettings, args)
     validate_settings(s)  # before loading anything
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out = Path(args.out) if args.out else _default_out(args)

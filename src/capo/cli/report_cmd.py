@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
+from capo.cli.flags import add_settings
 from capo.errors import ConfigError
+from capo.settings import from_namespace, opt
+
+
+@dataclass
+class ReportSettings:
+    """Everything ``capo report`` takes; each field is its one definition (``capo report --help`` is built from it)."""
+
+    runs: list = opt([], "run directories", flag="runs", nargs="+", metavar="RUN_DIR")
+    out: str = opt("report.html", "output HTML file")
+    names: str | None = opt(None, "comma-separated display names, one per RUN_DIR")
+    title: str = opt("capo report", "page title")
+    examples: int = opt(0, "example responses shown per eval run")
+    reference: str | None = opt(None, "the model the paired differences are taken against: a run name without its "
+                                "-seedN suffix, e.g. grpo (default: base when there is one, else the first model)",
+                                metavar="MODEL")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -13,22 +30,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "report",
         help="compare eval/train run directories in one self-contained HTML page",
         description="Tables of every metric and overlaid reliability / precision-coverage plots for finished "
-        "`capo eval` runs (metrics.json) and training curves for `capo train` runs (metrics.jsonl).",
+        "`capo eval` runs (metrics.json) and training curves for `capo train` runs (metrics.jsonl). Every option "
+        "is a field of capo.cli.report_cmd.ReportSettings.",
     )
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
-    p.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
-    p.add_argument("--names", default=None, help="comma-separated display names, one per RUN_DIR")
-    p.add_argument("--title", default="capo report", help="page title")
-    p.add_argument("--examples", type=int, default=0, help="example responses shown per eval run (default: 0)")
-    p.add_argument("--reference", default=None, metavar="MODEL",
-                   help="the model the paired differences are taken against: a run name without its -seedN suffix, "
-                        "e.g. grpo (default: base when there is one, else the first model)")
+    add_settings(p, ReportSettings)
     return p
 
 
-def run(args) -> int:
+def run(ns) -> int:
     from capo.evaluation.report import load_run, write_report
 
+    args = from_namespace(ReportSettings, ns)
     names = [n.strip() for n in args.names.split(",")] if args.names else None
     if names is not None and len(names) != len(args.runs):
         raise ConfigError(f"--names has {len(names)} names but {len(args.runs)} run directories were given")

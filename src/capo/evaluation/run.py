@@ -30,7 +30,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +48,11 @@ from capo.rollout.grading import Graded, grade
 from capo.rollout.models import AUTOCAST_MODES
 from capo.rollout.types import Sample
 from capo.rundir import Progress, atomic_write_text, read_jsonl_rows, run_lock
+from capo.settings import opt
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, Verifier
 
-__all__ = ["EvalSettings", "cli_fields", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
+__all__ = ["EvalSettings", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
 
 read_rows = read_jsonl_rows  # a run's generations.jsonl rows (torn last line dropped)
 
@@ -63,18 +64,6 @@ GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "to
 OLD_DEFAULTS = {"engine": "hf"}  # settings added later: what a run directory written before them used
 
 
-def opt(default, help: str, *, flag: str | None = None, choices=None, group: str = "sampling",
-        cli_default: Any = "same") -> Any:
-    """A ``capo eval`` setting: its default, its ``--help`` text and how the CLI spells it. ``flag``: the option
-    string (default ``--field-name``; a boolean whose default is True becomes ``--no-field-name``); ``choices``: the
-    allowed values' one source; ``group``: the ``--help`` section; ``cli_default``: what the parser leaves when the
-    flag is absent, if not ``default`` (None: filled in later, e.g. from a re-scored run's config)."""
-    meta = {"help": help, "flag": flag, "choices": choices, "group": group, "cli_default": cli_default}
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 ENGINE_HELP = ("generation engine: hf (Hugging Face generate, every causal LM) or vllm (needs vLLM: "
                "`sh scripts/engine-env.sh vllm` on CPU, `pip install 'capo[vllm]'` on a GPU; a model folder or Hub id whose "
                "architecture vLLM supports)")
@@ -83,14 +72,15 @@ ENGINE_HELP = ("generation engine: hf (Hugging Face generate, every causal LM) o
 @dataclass
 class EvalSettings:
     """Everything ``capo eval`` needs. Each field's metadata is its one definition: default, help, flag, allowed
-    values (``capo eval --help`` is built from it, :func:`capo.cli.eval_cmd.add_parser`); :func:`validate_settings`
+    values (``capo eval --help`` is built from it, :func:`capo.cli.flags.add_settings`); :func:`validate_settings`
     checks the values."""
 
     model: str | None = opt(None, "HF model folder, DIR/FILE.gguf, 'default' (or another model shipped for a task "
                             "generated in code: coin_sum, word_problems), or a Hub id", group="input")
     engine: str = opt("hf", ENGINE_HELP, choices=ENGINES, group="input")
     generations: str | None = opt(None, "compute everything from responses + log-probs produced elsewhere (schema: "
-                                  "docs/generations-schema.md); no model is loaded", group="input")
+                                  "docs/generations-schema.md); no model is loaded", group="input",
+                                  metavar="FILE.jsonl")
     dataset: str = opt("gsm8k", f"{', '.join(DATASET_NAMES)}, or a .jsonl/.parquet file", group="input")
     split: str = opt("test", "split of a built-in dataset", group="input")
     limit: int | None = opt(None, "evaluate only the first N problems", group="input")
@@ -133,13 +123,6 @@ class EvalSettings:
                                "kept", group="judging and metrics")
     n_examples: int = opt(8, "example responses shown in the report", flag="", group="")  # no flag
     extra: dict = opt({}, "", flag="", group="")  # no flag: settings a caller adds for its own record
-
-
-def cli_fields() -> list:
-    """The fields of :class:`EvalSettings` that are ``capo eval`` flags, in declaration order."""
-    import dataclasses
-
-    return [f for f in dataclasses.fields(EvalSettings) if f.metadata.get("flag") != ""]
 
 
 def validate_settings(s: EvalSettings) -> None:
