@@ -383,7 +383,7 @@ def _eval_plots(evals: list[RunInfo], cmp) -> str:
     return "".join(parts)
 
 
-# Training-dynamics curves (issue 24): held-out accuracy and calibration of exp(lpm) as accuracy rises, then the
+# Training-dynamics curves: held-out accuracy and calibration of exp(lpm) as accuracy rises, then the
 # rollout-side ones.
 TRAIN_CURVES = ("eval/accuracy", "eval/auc_mean", "eval/auroc", "eval/ece", "eval/brier", "eval/entropy",
                 "calib/auc_mean", "train/accuracy", "train/reward_mean", "policy/entropy", "calib/verbal_ece")

@@ -10,7 +10,7 @@ it uses, ending in RLCR's answer and confidence tags (the verifier reads ``<answ
     response = "packs: 3*4=12\\nbuys 12: 7+12=19\\ngives 5: 19-5=14\\nsplits in 2: 14/2=7\\n"
                "<answer>7</answer><confidence>0.6</confidence></s>"
 
-Why it exists (issue 24): on the chain sums of the embedded default the answer's confidence sits in one digit
+Why it exists: on the chain sums of the embedded default the answer's confidence sits in one digit
 token; here a response is 60-130 characters of reasoning in which a model can go wrong in the middle (a wrong
 product, a distractor number picked up, a step skipped) and still write a fluent answer line, which is where
 perplexity can come apart from correctness.
