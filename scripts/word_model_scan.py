@@ -1,5 +1,6 @@
 """Choose the reasoning testbed's warm-up length: pre-train ``word_problems`` for ``--steps`` and, every
-``--every`` steps, save a checkpoint and measure it on held-out problems (temperature 1). Because the warm-up's
+``--every`` steps, save a checkpoint and measure it on held-out problems (temperature 1). The whole training state is
+saved after each measurement (OUT/state.pt): the same command continues a killed scan where it stopped, exactly. Because the warm-up's
 learning rate is constant after its warm-up, checkpoint k equals ``capo build-default --task word_problems
 --steps k`` (same seed and thread count). Prints one JSON line per checkpoint; docs/results.md records the choice.
 
@@ -69,7 +70,8 @@ def main() -> int:
         model.train()
 
     stats = wp.build_word_model(out / "final", seed=args.seed, steps=args.steps,
-                                log=lambda s: print(s, file=sys.stderr, flush=True), on_step=on_step)
+                                log=lambda s: print(s, file=sys.stderr, flush=True), on_step=on_step,
+                                resume=out / "state.pt", save_every=args.every)
     print(json.dumps({k: v for k, v in stats.items() if k != "loss_curve"}), flush=True)
     return 0
 

@@ -300,3 +300,60 @@ def test_peft_pretrained_adapter_reference_is_trls_ref_adapter(tiny_model_dir, t
     assert torch.allclose(rec["batch"]["ref_ppl"], ppl_ref, rtol=1e-5)  # raw temperature-1, "ref" adapter
     assert not torch.allclose(rec["batch"]["ref_ppl"], ppl_base, rtol=1e-3)  # not the bare base model
     _check_capo(tr, thresholds=(1.3, 1.9))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(procs: int, model_dir: str, out: pathlib.Path, est: str, per_device: int) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    accel = pathlib.Path(sys.executable).parent / "accelerate"
+    multi = ["--multi_gpu"] if procs > 1 else []
+    subprocess.run([str(accel), "launch", *multi, "--num_processes", str(procs), "--num_machines", "1",
+                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+                    str(HERE / "trl_train_processes.py"), model_dir, str(out), est, str(per_device), "3"],
+                   check=True, env=env, timeout=600)
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(procs)]
+    assert all(r["world"] == procs for r in ranks)
+    rows = {}  # (step, global row) -> (prompt, completion, advantage)
+    for r in ranks:
+        for b in r["batches"]:
+            for j, p, c, a in zip(b["rows"], b["prompts"], b["completions"], b["advantages"], strict=True):
+                rows[(b["step"], j)] = (p, c, a)
+    return {"rows": rows, "params": torch.load(out / "params.pt")}
+
+
+@pytest.mark.parametrize("est", ["capo", "seed_grpo"])
+def test_training_on_two_processes_equals_one(est, tiny_model_dir, tmp_path):
+    """Three optimizer steps of CapoGRPOTrainer on 2 processes (gloo on CPU) end at the parameters of one process
+    with the same global batch (16 rows = 4 prompts x 4), seeds and completions (a fixed function of the row and
+    the step: sampling is the one thing ranks cannot share). CAPO runs with its noise mask (thresholds from the
+    gathered batch); SEED-GRPO reads the extracted answers of every row of its group. Tolerance 1e-5 absolute on
+    parameters of size ~0.1: the two runs differ only in the order of floating-point sums (DDP's all-reduce of the
+    two ranks' gradients vs one backward over all rows), ~1e-7 per step, which AdamW's normalised steps (lr 5e-3)
+    carry; a wrong slice, a missing gather or a mask computed per rank moves parameters by ~lr = 5e-3."""
+    from transformers import AutoModelForCausalLM
+
+    one = _launch(1, tiny_model_dir, tmp_path / "one", est, 16)
+    two = _launch(2, tiny_model_dir, tmp_path / "two", est, 8)
+    assert set(one["rows"]) == set(two["rows"]) and len(one["rows"]) == 3 * 16
+    for key, (p, c, a) in one["rows"].items():
+        p2, c2, a2 = two["rows"][key]
+        assert (p, c) == (p2, c2), f"row {key}: the two runs saw different prompts or completions"
+        assert abs(a - a2) <= 1e-6, (key, a, a2)
+    assert sum(abs(a) > 1e-6 for _, _, a in one["rows"].values()) >= 8, "advantages all ~0: nothing would be tested"
+    init = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    moved = max((one["params"][k] - init[k]).abs().max().item() for k in init)
+    assert moved > 1e-3, "the three steps did not move the parameters"
+    diffs = {k: (two["params"][k] - v).abs().max().item() for k, v in one["params"].items()}
+    # The key projection's bias has an exactly-zero gradient in exact arithmetic (softmax over keys is invariant to
+    # it), so it receives float noise ~1e-10 whose AdamW step, noise / (|noise| + eps) * lr, is any size up to lr:
+    # it is checked against lr / 50 instead (a real error moves parameters by ~lr).
+    noise = {k for k in diffs if k.endswith("k_proj.bias")}
+    assert max(diffs[k] for k in diffs if k not in noise) <= 1e-5, sorted(diffs.items(), key=lambda x: -x[1])[:3]
+    assert max(diffs[k] for k in noise) <= 5e-3 / 50, {k: diffs[k] for k in noise}

@@ -11,6 +11,7 @@ import re
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
+import torch
 
 from capo.errors import ConfigError
 from capo.tasks import word_problems as w
@@ -175,6 +176,24 @@ def test_build_is_deterministic_and_a_prefix_of_a_longer_build(tmp_path):
     assert all(torch.equal(two[k], at_two[k]) for k in shared)
     assert not all(torch.equal(two[k], three[k]) for k in shared)  # the third step moved the weights
     assert 5_000_000 <= s2["params"] <= 30_000_000
+
+
+def test_a_killed_build_resumes_bit_identically(tmp_path):
+    """A build that saved its state at step 2 and is started again with more steps continues from that state: its
+    weights and loss curve equal those of an uninterrupted build."""
+    from safetensors.torch import load_file
+
+    state = tmp_path / "state.pt"
+    w.build_word_model(tmp_path / "a", seed=4, steps=2, batch_size=2, resume=state, save_every=2, log_every=1)
+    assert state.exists()
+    logs = []
+    resumed = w.build_word_model(tmp_path / "b", seed=4, steps=3, batch_size=2, resume=state, save_every=2,
+                                 log_every=1, log=logs.append)
+    straight = w.build_word_model(tmp_path / "c", seed=4, steps=3, batch_size=2, log_every=1)
+    assert logs[0] == f"resumed at step 2 from {state}"
+    assert resumed["loss_curve"] == straight["loss_curve"] and len(straight["loss_curve"]) == 3
+    b, c = load_file(str(tmp_path / "b" / "model.safetensors")), load_file(str(tmp_path / "c" / "model.safetensors"))
+    assert all(torch.equal(b[k], c[k]) for k in c)
 
 
 @needs_shipped

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import time
 from importlib import resources
@@ -278,15 +279,22 @@ def _sft_batch(problems: list[Problem], rng: random.Random, tokenizer,
 
 
 def _warmup(model, train: list[Problem], tokenizer, rng: random.Random, *, steps: int, batch_size: int, lr: float,
-            warmup_steps: int, log_every: int, log, respond=None, prompt_fn=None, on_step=None) -> list[float]:
+            warmup_steps: int, log_every: int, log, respond=None, prompt_fn=None, on_step=None,
+            resume=None, save_every: int = 0) -> list[float]:
     """Supervised warm-up (AdamW, linear LR warm-up then constant, grad-norm clip 1); returns the per-step losses.
     The first k steps of a run do not depend on ``steps`` (so a longer run's step k is the shorter run).
-    ``on_step(step, model)`` (optional) runs after each optimizer step (checkpoints, measurements)."""
+    ``on_step(step, model)`` (optional) runs after each optimizer step (checkpoints, measurements). ``resume``: a
+    state file (model, optimizer, schedule, random states, losses) written every ``save_every`` steps after
+    ``on_step`` and read at the start when it exists, so that a killed build continues bit-identically."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)))
+    losses: list[float] = []
+    if resume is not None and Path(resume).exists():
+        losses = _load_warmup_state(resume, model, opt, sched, rng)
+        if log is not None:
+            log(f"resumed at step {len(losses)} from {resume}")
     model.train()
-    losses = []
-    for step in range(steps):
+    for step in range(len(losses), steps):
         ids, att, lab = _sft_batch(train[step * batch_size : (step + 1) * batch_size], rng, tokenizer, respond,
                                    prompt_fn)
         loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
@@ -300,8 +308,30 @@ def _warmup(model, train: list[Problem], tokenizer, rng: random.Random, *, steps
             log(f"step {step + 1}/{steps} loss {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f}")
         if on_step is not None:
             on_step(step + 1, model)
+            model.train()
+        if resume is not None and save_every and (step + 1) % save_every == 0:
+            _save_warmup_state(resume, model, opt, sched, rng, losses)
     model.eval()
     return losses
+
+
+def _save_warmup_state(path, model, opt, sched, rng: random.Random, losses: list[float]) -> None:
+    """Everything the next step depends on, written atomically (a kill mid-write keeps the previous state)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                "rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "losses": list(losses)}, tmp)
+    os.replace(tmp, path)
+
+
+def _load_warmup_state(path, model, opt, sched, rng: random.Random) -> list[float]:
+    st = torch.load(path, weights_only=False)
+    model.load_state_dict(st["model"])
+    opt.load_state_dict(st["opt"])
+    sched.load_state_dict(st["sched"])
+    rng.setstate(st["rng"])
+    torch.set_rng_state(st["torch_rng"])
+    return list(st["losses"])
 
 
 def build_default_model(

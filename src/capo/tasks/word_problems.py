@@ -270,12 +270,14 @@ def _respond(p: Problem, rng: random.Random) -> str:
 
 
 def build_word_model(out_dir, seed: int = 0, *, steps: int | None = None, batch_size: int | None = None,
-                     lr: float | None = None, log_every: int = 50, log=None, on_step=None) -> dict:
+                     lr: float | None = None, log_every: int = 50, log=None, on_step=None, resume=None,
+                     save_every: int = 0) -> dict:
     """Pre-train the reasoning testbed's base model from scratch on ``word_problems`` train traces and save it (fp32
     safetensors + tokenizer) to ``out_dir``. Deterministic on CPU for a fixed seed and thread count; a run of k
     steps equals the first k steps of a longer one (constant learning rate after warm-up). The confidence in the
     targets is uniform over {0.0, ..., 1.0}, independent of correctness. Returns the build record (also written to
-    ``out_dir/capo_default.json``), with the loss curve every ``log_every`` steps."""
+    ``out_dir/capo_default.json``), with the loss curve every ``log_every`` steps. ``resume``/``save_every``: a state
+    file written every ``save_every`` steps and continued from when it exists (a killed build resumes exactly)."""
     import json
     import time
     from pathlib import Path
@@ -299,7 +301,7 @@ def build_word_model(out_dir, seed: int = 0, *, steps: int | None = None, batch_
     train = word_problems("train", steps * batch_size, seed=seed)
     losses = d._warmup(model, train, tok, rng, steps=steps, batch_size=batch_size, lr=lr,
                        warmup_steps=int(WARMUP["warmup_steps"]), log_every=log_every, log=log, respond=_respond,
-                       prompt_fn=format_prompt, on_step=on_step)
+                       prompt_fn=format_prompt, on_step=on_step, resume=resume, save_every=save_every)
     d.save_model(d._export_llama(model), tok, out_dir)
     curve = [round(sum(losses[k:k + log_every]) / len(losses[k:k + log_every]), 4)
              for k in range(0, len(losses), log_every)]
