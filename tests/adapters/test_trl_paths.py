@@ -333,10 +333,11 @@ def test_training_on_two_processes_equals_one(est, tiny_model_dir, tmp_path):
     """Three optimizer steps of CapoGRPOTrainer on 2 processes (gloo on CPU) end at the parameters of one process
     with the same global batch (16 rows = 4 prompts x 4), seeds and completions (a fixed function of the row and
     the step: sampling is the one thing ranks cannot share). CAPO runs with its noise mask (thresholds from the
-    gathered batch); SEED-GRPO reads the extracted answers of every row of its group. Tolerance 1e-5 absolute on
-    parameters of size ~0.1: the two runs differ only in the order of floating-point sums (DDP's all-reduce of the
-    two ranks' gradients vs one backward over all rows), ~1e-7 per step, which AdamW's normalised steps (lr 5e-3)
-    carry; a wrong slice, a missing gather or a mask computed per rank moves parameters by ~lr = 5e-3."""
+    gathered batch); SEED-GRPO reads the extracted answers of every row of its group. Tolerance 2e-5 absolute on
+    parameters of size ~0.1 (measured: 1.9e-6 CAPO, 4.3e-6 SEED-GRPO): the two runs differ only in the order of
+    floating-point sums (DDP's all-reduce of the two ranks' gradients vs one backward over all rows), which
+    AdamW's normalised steps (lr 5e-3) carry; a wrong slice, a missing gather or a mask computed per rank moves
+    parameters by ~lr = 5e-3, 250 times the tolerance."""
     from transformers import AutoModelForCausalLM
 
     one = _launch(1, tiny_model_dir, tmp_path / "one", est, 16)
@@ -355,5 +356,7 @@ def test_training_on_two_processes_equals_one(est, tiny_model_dir, tmp_path):
     # it), so it receives float noise ~1e-10 whose AdamW step, noise / (|noise| + eps) * lr, is any size up to lr:
     # it is checked against lr / 50 instead (a real error moves parameters by ~lr).
     noise = {k for k in diffs if k.endswith("k_proj.bias")}
-    assert max(diffs[k] for k in diffs if k not in noise) <= 1e-5, sorted(diffs.items(), key=lambda x: -x[1])[:3]
+    print(f"{est}: moved {moved:.2e}; max |2 procs - 1 proc| {max(diffs[k] for k in diffs if k not in noise):.2e}, "
+          f"k_proj.bias {max(diffs[k] for k in noise):.2e}")  # docs/results.md records these (pytest -s)
+    assert max(diffs[k] for k in diffs if k not in noise) <= 2e-5, sorted(diffs.items(), key=lambda x: -x[1])[:3]
     assert max(diffs[k] for k in noise) <= 5e-3 / 50, {k: diffs[k] for k in noise}
