@@ -243,3 +243,16 @@ def test_demo_on_the_reasoning_testbed_compares_grpo_and_capo(tmp_path, capsys):
     assert "2 algorithms (grpo, capo)" in printed and "conclusion" in printed
     cfg = json.loads((out / "eval" / "capo-seed0" / "config.json").read_text())
     assert cfg["dataset"] == "word_problems" and cfg["max_new_tokens"] == 160
+
+
+def test_a_missing_shipped_model_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """An installation without a task's shipped model (a model still being built, a trimmed wheel) stops at config
+    validation with the command that builds it, writing nothing."""
+    from capo.cli import main
+    from capo.rollout import models
+
+    monkeypatch.setattr(models, "_builtin_model_dir", lambda spec: tmp_path / "absent")
+    assert main(["demo", "--task", "word_problems", "--out", str(tmp_path / "demo")]) == 2
+    err = capsys.readouterr().err
+    assert "model 'word_problems': not shipped" in err and "capo build-default --task word_problems" in err
+    assert not (tmp_path / "demo").exists()

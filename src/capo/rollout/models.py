@@ -29,8 +29,13 @@ def _builtin_model_dir(spec: str) -> Path:
 
 
 def check_model_spec(spec: str) -> None:
-    """Fail fast on a local-looking model path that does not exist (before anything heavy is loaded)."""
+    """Fail fast on a local-looking model path that does not exist, or a shipped model missing from this
+    installation (before anything heavy is loaded)."""
     if spec in BUILTIN_MODELS:
+        d = _builtin_model_dir(spec)
+        if not (d / "config.json").exists():
+            raise ConfigError(f"model {spec!r}: not shipped in this installation (no model in {d}); build it with "
+                              f"`capo build-default --task {spec} --out DIR` and pass DIR as the model")
         return
     p = Path(spec).expanduser()
     looks_local = spec.startswith((".", "/", "~")) or p.suffix == ".gguf" or p.exists() or spec.count("/") != 1
