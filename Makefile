@@ -51,9 +51,9 @@ test-vllm:
 	sh scripts/engine-env.sh vllm
 	$(VLLM_VENV)/bin/python -m pytest -q tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_wiring.py
 
-# Every benchmark's quick mode (a check that each script runs end to end, 15-25 min in all, most of it two vLLM
-# engine starts; the numbers of a quick
-# run are not the results: docs/results.md gives each benchmark's full command). The vLLM ones use .venv-vllm.
+# Every benchmark's quick mode: a check that each script runs end to end (15-25 min in all, most of it vLLM engine
+# starts); the numbers of a quick run are not results (docs/results.md gives each benchmark's full command). The
+# vLLM ones run in .venv-vllm.
 BENCH_OUT ?= /tmp/capo_bench_quick
 bench: install
 	sh scripts/engine-env.sh vllm
