@@ -92,7 +92,8 @@ def ship(args) -> int:
     if not (src / "model.safetensors").exists() or not args.log:
         raise SystemExit(f"--ship {k}: needs {src}/model.safetensors and --log")
     scan = {r["step"]: r for r in map(json.loads, (Path(args.out) / "scan.jsonl").read_text().splitlines())}
-    losses = {int(m[1]): float(m[2]) for m in re.finditer(r"step (\d+)/\d+ loss ([0-9.]+)", Path(args.log).read_text())}
+    found = list(re.finditer(r"step (\d+)/(\d+) loss ([0-9.]+)", Path(args.log).read_text()))
+    losses, total = {int(m[1]): float(m[3]) for m in found}, int(found[-1][2])
     every = 50
     curve = [losses[s] for s in range(every, k + 1, every)]
     dst.mkdir(parents=True, exist_ok=True)
@@ -111,8 +112,8 @@ def ship(args) -> int:
         "architecture": {"type": "llama (trained as qwen2, exported)", **wp.ARCH, "vocab": len(tok)},
         "params": sum(p.numel() for p in model.parameters()), "loss_every": every, "loss_curve": curve,
         "final_loss": curve[-1], "torch_threads": args.threads, "torch": torch.__version__,
-        "built_by": f"checkpoint {k} of `scripts/word_model_scan.py --steps {max(losses)}` (seed {args.seed}); equal "
-                    f"to `capo build-default --task word_problems --steps {k}` with the same thread count",
+        "built_by": f"checkpoint {k} of `scripts/word_model_scan.py --steps {total}` (seed {args.seed}); equal to "
+                    f"`capo build-default --task word_problems --steps {k}` with the same thread count",
         "scan_elapsed_seconds_at_checkpoint": scan.get(k, {}).get("train_s"),
         "eval": {k2: v for k2, v in ev.items() if k2 != "samples"},
         "eval_seconds": round(time.perf_counter() - t0, 1),

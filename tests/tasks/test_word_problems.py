@@ -15,12 +15,6 @@ import torch
 
 from capo.errors import ConfigError
 from capo.tasks import word_problems as w
-from capo.tasks.generated import generated_task
-
-# The shipped testbed model is chosen by `scripts/word_model_scan.py` (docs/results.md); until it is committed the
-# two tests that load it are skipped, and the skip names why.
-needs_shipped = pytest.mark.skipif(not (generated_task("word_problems").model_dir / "config.json").exists(),
-                                   reason="word_problems model not shipped yet (scan in progress)")
 
 
 def _key(ps):
@@ -196,7 +190,6 @@ def test_a_killed_build_resumes_bit_identically(tmp_path):
     assert all(torch.equal(b[k], c[k]) for k in c)
 
 
-@needs_shipped
 def test_shipped_model_and_a_two_step_run_on_the_preset(tmp_path):
     import json
     import math
@@ -225,7 +218,6 @@ def test_shipped_model_and_a_two_step_run_on_the_preset(tmp_path):
     assert last["train/response_len"] > 30  # tokens: a trace, not a ten-token answer
 
 
-@needs_shipped
 def test_demo_on_the_reasoning_testbed_compares_grpo_and_capo(tmp_path, capsys):
     import json
 
