@@ -37,8 +37,8 @@ def build_model(path, tokenizer, *, sft_steps: int = 60, seed: int = 0, head_dim
 
     torch.manual_seed(seed)
     cfg = Qwen2Config(
-        vocab_size=len(WORDS), hidden_size=2 * head_dim, intermediate_size=4 * head_dim, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(WORDS), hidden_size=2 * head_dim, intermediate_size=4 * head_dim, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True,
     )
     model = Qwen2ForCausalLM(cfg)

@@ -173,7 +173,7 @@ def test_capo_in_trl_vllm_colocate_trains_on_temperature_1_logprobs(vllm_model_d
     importance-sampling correction) -- no extra forward -- and never vLLM's bf16 sampling log-probs."""
     tr = _train(vllm_model_dir, tmp_path, temperature=1.0, steps=3)
     gaps, keep = _check_run(tr)
-    assert max(gaps) > 1e-4, f"vLLM's sampling log-probs equal the training model's ({gaps}): the test cannot tell them apart"
+    assert max(gaps) > 1e-4, f"vLLM's sampling log-probs equal the training model's ({gaps}): nothing told apart"
     assert 0 < int(keep.sum()) < keep.numel(), "the noise mask should drop some but not all responses here"
     logged = {k for h in tr.state.log_history for k in h}
     assert "time/capo_extra_forward_s" not in logged, "at temperature 1 capo should reuse TRL's old log-probs"
