@@ -13,15 +13,32 @@ from capo.cli.flags import add_settings
 from capo.errors import ConfigError
 from capo.settings import from_namespace, opt
 
-# Measured on the 2-core reference machine (docs/results.md); only used for the up-front estimate.
-SECONDS_PER_STEP_ESTIMATE = 2.0
-SECONDS_PER_EVAL_ESTIMATE = 30.0
 DEMO_TASKS = ("default", "collapse", "word_problems")  # preset names; the preset names the base model and the task
+# Seconds per training step and per held-out evaluation (of the demo's size) on the 2-core reference machine at one
+# thread (docs/results.md); only used for the up-front estimate, which the demo corrects after its first run.
+SECONDS_ESTIMATE = {"default": (2.0, 30.0), "collapse": (2.0, 30.0), "word_problems": (22.0, 30.0)}
 # Algorithms compared when --algos is not given: the reasoning testbed's steps cost ~10x the default's, so its demo
-# compares GRPO and CAPO only (10 minutes on 2 cores).
+# compares GRPO and CAPO only.
 DEMO_ALGOS = {"default": "grpo,capo,rlcr", "collapse": "grpo,capo,rlcr", "word_problems": "grpo,capo"}
-# Steps per run when --steps is not given (None: the preset's).
-DEMO_STEPS = {"word_problems": 30}
+
+
+@dataclass(frozen=True)
+class DemoBudget:
+    """What a task's demo runs when --steps / --eval-problems / --eval-k are not given, and the config overrides it
+    adds under any --set (``sets``). The reasoning testbed's is cut to about 10 minutes on 2 cores: a handful of
+    steps, a small periodic and final evaluation, and CAPO's quantile mask measured on 16 prompts -- enough to run the
+    whole comparison and print its conclusion, not enough to tell the methods apart (docs/results.md)."""
+
+    steps: int | None = None  # None: the preset's
+    eval_problems: int = 100
+    eval_k: int = 8
+    sets: tuple[tuple[str, object], ...] = ()
+
+
+DEMO_BUDGET = {"default": DemoBudget(), "collapse": DemoBudget(),
+               "word_problems": DemoBudget(steps=8, eval_problems=32, eval_k=4,
+                                           sets=(("data.n_eval", 16), ("run.eval_every", 4),
+                                                 ("algo.mask_calib_prompts", 16)))}
 
 
 @dataclass
@@ -32,15 +49,17 @@ class DemoSettings:
     task: str = opt("default", "which preset/task: 'default' (chain sums), 'collapse' (coin_sum, the "
                     "calibration-collapse testbed: half of the problems end in a hidden fair coin) or 'word_problems' "
                     "(the reasoning testbed: multi-step word problems, a 5M model, GRPO vs CAPO for "
-                    f"{DEMO_STEPS['word_problems']} steps)", choices=DEMO_TASKS)
+                    f"{DEMO_BUDGET['word_problems'].steps} steps)", choices=DEMO_TASKS)
     out: str = opt("runs/demo", "output folder (one run folder per algorithm and seed)")
     algos: str | None = opt(None, "comma-separated algorithm presets to compare (default: "
                             + "; ".join(f"{t}: {a}" for t, a in DEMO_ALGOS.items()) + ")")
     steps: int | None = opt(None, "training steps per run (default: the preset's; "
-                            + ", ".join(f"{t}: {n}" for t, n in DEMO_STEPS.items()) + ")")
+                            + ", ".join(f"{t}: {b.steps}" for t, b in DEMO_BUDGET.items() if b.steps) + ")")
     seeds: str = opt("0", "comma-separated seeds; each algorithm is trained once per seed")
-    eval_problems: int = opt(100, "held-out problems for the final evaluation")
-    eval_k: int = opt(8, "samples per held-out problem in the final evaluation")
+    eval_problems: int | None = opt(None, "held-out problems for the final evaluation (default: "
+                                    + ", ".join(f"{t}: {b.eval_problems}" for t, b in DEMO_BUDGET.items()) + ")")
+    eval_k: int | None = opt(None, "samples per held-out problem in the final evaluation (default: "
+                             + ", ".join(f"{t}: {b.eval_k}" for t, b in DEMO_BUDGET.items()) + ")")
     reference: str = opt("base", "the model the report's paired differences are taken against: 'base' or one of "
                          "--algos", metavar="MODEL")
     overrides: list = opt([], "extra config override for every run, e.g. --set optim.lr=1e-4 (repeatable)",
@@ -82,9 +101,12 @@ def _parse(args: DemoSettings):
         raise ConfigError(f"--reference: {ref!r} is neither 'base' nor one of --algos{did_you_mean(ref, algos)}")
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    budget = DEMO_BUDGET[args.task]
+    args.eval_problems = budget.eval_problems if args.eval_problems is None else args.eval_problems
+    args.eval_k = budget.eval_k if args.eval_k is None else args.eval_k
     if args.eval_problems < 1 or args.eval_k < 1:
         raise ConfigError("--eval-problems and --eval-k must be >= 1")
-    extra = {}
+    extra = dict(budget.sets)
     for kv in args.overrides:
         if "=" not in kv:
             raise ConfigError(f"--set expects KEY=VALUE, got {kv!r}")
@@ -99,7 +121,7 @@ def run(ns) -> int:
     args = from_namespace(DemoSettings, ns)
     algos, seeds, extra = _parse(args)
     out = Path(args.out)
-    cfgs = _configs(algos, seeds, extra, out, args.steps or DEMO_STEPS.get(args.task), args.task)
+    cfgs = _configs(algos, seeds, extra, out, args.steps or DEMO_BUDGET[args.task].steps, args.task)
     with run_lock(out, "demo"):
         t0 = time.perf_counter()
         _train_all(cfgs, algos, seeds, args)
@@ -136,7 +158,8 @@ def _train_all(cfgs: dict, algos, seeds, args) -> None:
     first = next(iter(cfgs.values()))
     steps = first.run.steps
     n_evals = len(cfgs) * (steps // max(first.run.eval_every, 1) if first.run.eval_every else 1) + len(cfgs) + 1
-    est = len(cfgs) * steps * SECONDS_PER_STEP_ESTIMATE + n_evals * SECONDS_PER_EVAL_ESTIMATE
+    per_step, per_eval = SECONDS_ESTIMATE[args.task]
+    est = len(cfgs) * steps * per_step + n_evals * per_eval
     print(f"capo demo: {len(algos)} algorithms ({', '.join(algos)}) x {len(seeds)} seed(s), {steps} steps each "
           f"({first.rollout.prompts_per_step} prompts x {first.rollout.group_size} samples per step), then a "
           f"held-out evaluation of {args.eval_problems} problems x {args.eval_k} samples per model.\n"
@@ -148,8 +171,8 @@ def _train_all(cfgs: dict, algos, seeds, args) -> None:
         done = list(cfgs).index((algo, seed)) + 1
         el = time.perf_counter() - t0
         if done == 1:  # re-estimate the whole demo from this machine's measured speed
-            ratio = el / (steps * SECONDS_PER_STEP_ESTIMATE)
-            left = el * (len(cfgs) - 1) + n_evals * SECONDS_PER_EVAL_ESTIMATE * ratio
+            ratio = el / (steps * per_step)
+            left = el * (len(cfgs) - 1) + n_evals * per_eval * ratio
             print(f"   measured {el / steps:.1f} s/step here ({ratio:.1f}x the estimate's speed constant): about "
                   f"{left / 60:.0f} min left in all (training and evaluation)", flush=True)
         else:
