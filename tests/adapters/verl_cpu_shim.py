@@ -126,7 +126,7 @@ class HFServer:
         torch.set_num_threads(1)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         self.eos = set(_as_list(self.model.generation_config.eos_token_id) or _as_list(self.model.config.eos_token_id))
-        self.response_length, self.loads, self.version = response_length, 0, None
+        self.response_length, self.loads, self.version = response_length, 0, 0  # version: the last global step synced
         self.lock, self.gen = threading.Lock(), torch.Generator().manual_seed(seed)
 
     def generate(self, request_id, prompt_ids, sampling_params, image_data=None, video_data=None, **kwargs):
@@ -172,7 +172,7 @@ class HFServer:
                 raise KeyError(f"weights the rollout model does not have: {unknown[:5]}")
             self.model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
             self.loads += 1
-            self.version = global_steps
+            self.version = self.version if global_steps is None else global_steps
         return len(state)
 
     def stats(self) -> dict:
