@@ -1,17 +1,23 @@
 """Test-only shims that let verl 0.9.1's own trainer (``python -m verl.trainer.main_ppo``) run on a CPU-only machine.
 
-Nothing here patches verl's files; everything goes through verl's own extension points:
+Nothing here changes verl's files. Through verl's own extension points:
 
 - a ``cpu`` platform registered with ``verl.plugin.platform.PlatformRegistry`` (selected with ``VERL_PLATFORM=cpu``):
-  device ``cpu``, collective backend ``gloo``, no-op memory/profiler hooks. Ray still schedules verl's workers on
-  "GPU" resources, so the run starts Ray with fake GPUs (``+ray_kwargs.ray_init.num_gpus=1``);
-- an ``hf`` rollout: :class:`HFServerAdapter` (the worker-side ``BaseRollout``, in verl's rollout registry under
-  ``("hf", "async")``), :class:`HFReplica` (``RolloutReplicaRegistry``) and :class:`HFServer` (a Ray actor that samples
-  with ``transformers``' ``generate`` and takes the actor's weights from verl's naive checkpoint engine).
+  device ``cpu``, collective backend ``gloo``, no-op memory/profiler hooks. verl's worker groups still reserve "GPU"
+  resources, so the run starts Ray with a fake GPU (``+ray_kwargs.ray_init.num_gpus=1``);
+- an ``hf`` rollout: ``HFServerAdapter`` (the worker-side ``BaseRollout``, in verl's rollout registry under
+  ``("hf", "async")``), ``HFReplica`` (``RolloutReplicaRegistry``) and :class:`HFServer` (a Ray actor that samples
+  token by token with a transformers model and takes the actor's weights from verl's naive checkpoint engine).
 
-verl imports this module in every process (driver, TaskRunner, workers) because :func:`write_plugin_dist` declares it
-as a ``verl.plugins`` entry point on ``PYTHONPATH``. :func:`prepare_run` writes the tiny model (capo's embedded
-default with a one-line chat template) and a parquet dataset in verl's format.
+Replaced in memory, in the run's processes only, where verl has no extension point: verl's
+``initialize_global_process_group_ray`` (its backend string is invalid for device ``cpu``) and ``Tensor.pin_memory``
+(verl pins the reference model's offloaded shards; torch needs an accelerator to pin). docs/engines.md lists every
+blocker with verl's file and line.
+
+verl imports this module in every process (driver, TaskRunner, workers, servers) because :func:`write_plugin_dist`
+declares it as a ``verl.plugins`` entry point on ``PYTHONPATH``; it registers only where ``VERL_PLATFORM=cpu``.
+:func:`main_ppo_run` writes the tiny model (capo's embedded default with a one-line chat template) and a parquet
+dataset in verl's format, and returns the command line.
 """
 
 from __future__ import annotations
@@ -332,7 +338,9 @@ def main_ppo_run(work: Path, steps: int = 2, prompts: int = 8, n: int = 4) -> tu
     model, data = write_model(work / "model"), write_data(work / "train.parquet", prompts * steps)
     plugin_root = write_plugin_dist(work / "plugin")
     env = {**os.environ, "VERL_PLATFORM": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(plugin_root), str(Path(__file__).parent)]),
+           "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_root), str(Path(__file__).parent),
+                                                       os.environ.get("PYTHONPATH")])),
            "RAY_DEDUP_LOGS": "0", "WANDB_MODE": "disabled",
            "VERL_ENGINE_DEVICE": "cuda"}  # verl registers its FSDP engine for cuda and npu only: pick it by name
     args = [
