@@ -330,8 +330,10 @@ def write_data(out: Path, n: int, seed: int = 0) -> Path:
     return out
 
 
-def main_ppo_run(work: Path, steps: int = 2, prompts: int = 8, n: int = 4) -> tuple[list[str], dict]:
-    """(argv, env) of ``python -m verl.trainer.main_ppo`` with capo's CAPO for ``steps`` steps on this CPU."""
+def main_ppo_run(work: Path, steps: int = 2, prompts: int = 8, n: int = 4,
+                 extra: tuple[str, ...] = ()) -> tuple[list[str], dict]:
+    """(argv, env) of ``python -m verl.trainer.main_ppo`` with capo's CAPO for ``steps`` steps on this CPU (``extra``:
+    more Hydra overrides, last so they win)."""
     import sys
 
     repo = Path(__file__).resolve().parents[2]
@@ -373,7 +375,7 @@ def main_ppo_run(work: Path, steps: int = 2, prompts: int = 8, n: int = 4) -> tu
         "+ray_kwargs.ray_init.num_gpus=1", "+ray_kwargs.ray_init.num_cpus=8",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
-    return [sys.executable, "-m", "verl.trainer.main_ppo", *args], env
+    return [sys.executable, "-m", "verl.trainer.main_ppo", *args, *extra], env
 
 
 if os.environ.get("VERL_PLATFORM") == "cpu" and __name__ != "__main__":
@@ -382,9 +384,9 @@ if os.environ.get("VERL_PLATFORM") == "cpu" and __name__ != "__main__":
     register()
 
 
-if __name__ == "__main__":  # python tests/adapters/verl_cpu_shim.py WORKDIR: run main_ppo once, output to stdout
+if __name__ == "__main__":  # python tests/adapters/verl_cpu_shim.py WORKDIR [OVERRIDE ...]: one main_ppo run
     import subprocess
     import sys
 
-    argv, env = main_ppo_run(Path(sys.argv[1]).resolve())
+    argv, env = main_ppo_run(Path(sys.argv[1]).resolve(), extra=tuple(sys.argv[2:]))
     raise SystemExit(subprocess.call(argv, env=env, cwd=sys.argv[1]))
