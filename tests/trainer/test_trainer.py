@@ -151,6 +151,28 @@ def test_exact_resume(tiny_model, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_eval_at_start_logs_step_0_and_changes_no_training_number(tiny_model, tmp_path):
+    """run.eval_at_start evaluates the starting model first (a step-0 row of eval/* only); it draws from its own
+    random stream, so every training metric and the final weights equal a run without it."""
+    kw = {"algo.name": "grpo", "run.steps": 2, "run.seed": 5, "run.eval_every": 1}
+    Trainer(cfg_for(tiny_model, tmp_path / "plain", **kw)).train()
+    Trainer(cfg_for(tiny_model, tmp_path / "start", **kw, **{"run.eval_at_start": True})).train()
+    plain, start = rows(tmp_path / "plain"), rows(tmp_path / "start")
+    assert [r["step"] for r in start] == [0, 1, 2]
+    assert set(start[0]) - {"step"} == {k for k in plain[0] if k.startswith("eval/")}
+    assert 0.0 <= start[0]["eval/accuracy"] <= 1.0
+
+    def strip(r):
+        return {k: v for k, v in r.items() if not k.startswith("time/")}
+
+    assert [strip(r) for r in start[1:]] == [strip(r) for r in plain]  # eval/* at steps 1, 2 included
+    from safetensors.torch import load_file
+
+    a = load_file(tmp_path / "plain/checkpoints/step-000002/model.safetensors")
+    b = load_file(tmp_path / "start/checkpoints/step-000002/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.slow
 def test_two_processes_equal_one(tiny_model, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

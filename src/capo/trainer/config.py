@@ -141,6 +141,8 @@ class RunConfig:
     steps: int = knob(100, "training steps (rollout batches)")
     seed: int = knob(0, "random seed (data order, sampling, initialisation)")
     eval_every: int = knob(0, "evaluate on held-out problems every N steps (0 = only at the end)")
+    eval_at_start: bool = knob(False, "also evaluate the starting model before the first step (logged as step 0; "
+                               "its own random stream: the training run is unchanged)")
     eval_samples: int = knob(8, "samples per held-out prompt at evaluation")
     save_every: int = knob(0, "checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = knob(2, "how many recent checkpoints to keep")

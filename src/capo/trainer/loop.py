@@ -140,6 +140,8 @@ class Trainer:
                 MetricsLogger(self.run_dir, self.step, enabled=self.acc.is_main_process) as log, \
                 Progress(cfg.run.steps, self.step, label="train", unit="steps", every_s=30.0,
                          enabled=cfg.run.progress and self.acc.is_main_process) as bar:
+            if cfg.run.eval_at_start and self.step == 0:
+                log.write({**self.evaluate(), "step": 0})
             while self.step < cfg.run.steps:
                 t = Timer()
                 with t("step"):
