@@ -173,6 +173,26 @@ def test_eval_at_start_logs_step_0_and_changes_no_training_number(tiny_model, tm
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_run_killed_between_its_checkpoint_and_its_row_resumes_with_every_row(tiny_model, tmp_path):
+    """A step writes its checkpoint, then its metrics row: a kill in between leaves checkpoint k without row k.
+    The checkpoint keeps the row, so the resumed file equals the uninterrupted one (timings aside); a step-0
+    evaluation already logged is not repeated."""
+    kw = {"algo.name": "capo", "run.save_every": 1, "run.seed": 2, "run.eval_at_start": True}
+    Trainer(cfg_for(tiny_model, tmp_path / "full", **{**kw, "run.steps": 3})).train()
+    Trainer(cfg_for(tiny_model, tmp_path / "part", **{**kw, "run.steps": 2})).train()
+    metrics = tmp_path / "part" / "metrics.jsonl"
+    metrics.write_text("".join(ln + "\n" for ln in metrics.read_text().splitlines()[:-1]))  # row 2 never written
+    Trainer(cfg_for(tiny_model, tmp_path / "part", **{**kw, "run.steps": 3})).train()  # resumes from step 2
+
+    def strip(r):  # the 2-step run evaluated at its end (step 2), the 3-step one did not
+        return {k: v for k, v in r.items() if not k.startswith("time/") and (r["step"] == 0 or k[:5] != "eval/")}
+
+    full, part = rows(tmp_path / "full"), rows(tmp_path / "part")
+    assert [r["step"] for r in part] == [0, 1, 2, 3]
+    assert [strip(r) for r in part] == [strip(r) for r in full]
+    assert "train/accuracy" in part[2] and "eval/accuracy" in part[0]
+
+
 @pytest.mark.slow
 def test_two_processes_equal_one(tiny_model, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

@@ -20,6 +20,7 @@ class MetricsLogger:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         self.start_step = start_step
+        self.last_step = -1  # the step of the last row kept (-1: none)
         self.tb = None
         self.f = None
 
@@ -31,6 +32,7 @@ class MetricsLogger:
             keep = [r for r in read_jsonl_rows(self.path) if isinstance(r, dict) and r.get("step", math.inf)
                     <= self.start_step]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in keep))
+            self.last_step = max((r["step"] for r in keep), default=-1)
         self.f = open(self.path, "a")
         try:
             from torch.utils.tensorboard import SummaryWriter

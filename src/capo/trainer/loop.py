@@ -114,6 +114,7 @@ class Trainer:
         self.engine_step = None  # the step whose weights the engine holds (None: not synced yet)
         self.tis_cap = cfg.rollout.tis_cap if self.engine.name != "hf" else 0.0  # hf: the trainer's own log-probs
         self.step, self.data_pos, self.mask_thresholds = 0, 0, None
+        self.saved_row: dict | None = None  # the metrics row of the checkpoint resumed from (see ``save``)
         self._seed_everything(cfg.run.seed)
         if resume_from:
             self._restore(resume_from)
@@ -140,7 +141,9 @@ class Trainer:
                 MetricsLogger(self.run_dir, self.step, enabled=self.acc.is_main_process) as log, \
                 Progress(cfg.run.steps, self.step, label="train", unit="steps", every_s=30.0,
                          enabled=cfg.run.progress and self.acc.is_main_process) as bar:
-            if cfg.run.eval_at_start and self.step == 0:
+            if self.saved_row is not None and self.saved_row["step"] > log.last_step:
+                log.write(self.saved_row)  # killed after its checkpoint, before its row: the row from the checkpoint
+            if cfg.run.eval_at_start and self.step == 0 and log.last_step < 0:
                 log.write({**self.evaluate(), "step": 0})
             while self.step < cfg.run.steps:
                 t = Timer()
@@ -165,7 +168,7 @@ class Trainer:
                             stats |= self.evaluate()
                     if self.step == cfg.run.steps or (cfg.run.save_every and self.step % cfg.run.save_every == 0):
                         with t("save"):
-                            self.save()
+                            self.save({**stats, "step": self.step})
                 last = {**stats, **t, "step": self.step}
                 log.write(last)
                 bar.update(self.step, progress_info(last))
@@ -417,9 +420,11 @@ class Trainer:
         return low, high
 
     # ------------------------------------------------------------------------------------------------ state
-    def save(self) -> None:
+    def save(self, row: dict | None = None) -> None:
+        """Checkpoint the whole training state. ``row``: this step's metrics row without its timings, kept in the
+        checkpoint because the row is written after it: a run killed in between writes it on resume."""
         state = {"step": self.step, "data_pos": self.data_pos, "mask_thresholds": self.mask_thresholds,
-                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
+                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "row": row}
         ckpt.save_checkpoint(self.run_dir, self.step, model=self.model, tokenizer=self.tok, state=state,
                              accelerator=self.acc, keep=self.cfg.run.keep_checkpoints,
                              engine_rng=self.engine.rng_state())
@@ -430,6 +435,7 @@ class Trainer:
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.data_pos = state["step"], state["data_pos"]
         self.mask_thresholds = state["mask_thresholds"]
+        self.saved_row = state.get("row")
         if rng is not None:
             ckpt.set_rng_state(rng)
             self.engine.set_rng_state(rng.get("engine"))
