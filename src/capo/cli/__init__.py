@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Calibration-aware RL from verifiable rewards (CAPO, RLCR, GRPO family) and calibration metrics.",
     )
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="keep glibc's default allocation thresholds (by default capo keeps large CPU tensors on "
+                             "the heap: capo.rollout.models.tune_cpu_allocator)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, modname in SUBCOMMANDS.items():
         try:
@@ -63,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _quiet_hf_progress_bars()
     debug = "--debug" in argv  # accepted anywhere on the line, also after the subcommand
-    argv = [a for a in argv if a != "--debug"]
+    if "--system-malloc" not in argv:
+        from capo.rollout.models import tune_cpu_allocator
+
+        tune_cpu_allocator()
+    argv = [a for a in argv if a not in ("--debug", "--system-malloc")]
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:

@@ -16,10 +16,38 @@ import torch
 from capo.errors import ConfigError
 from capo.tasks.datasets import GENERATED_TASKS
 
-__all__ = ["AUTOCAST_MODES", "autocast_context", "check_model_spec", "eos_token_ids", "load_model", "merge_eos_ids"]
+__all__ = ["AUTOCAST_MODES", "autocast_context", "check_model_spec", "eos_token_ids", "load_model", "merge_eos_ids",
+           "tune_cpu_allocator"]
 
 AUTOCAST_MODES = ("auto", "on", "off")  # the one list of bf16 autocast policies (`capo eval --autocast`)
 BUILTIN_MODELS = GENERATED_TASKS  # model specs naming a model shipped in capo/assets: one per generated task
+
+
+MMAP_THRESHOLD = 1 << 30  # bytes: tensors below this are served from the heap and reused (tune_cpu_allocator)
+
+
+def tune_cpu_allocator(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Keep large CPU tensors on glibc's heap instead of fresh ``mmap`` pages (``mallopt(M_MMAP_THRESHOLD)``).
+
+    glibc serves every allocation above its mmap threshold (at most 32 MiB by default) with new pages and returns
+    them on free. A KV cache that grows by one token per decoding step is re-allocated at every step; once its
+    tensors pass 32 MiB (the reasoning testbed's shape: 128 rows x ~420 positions) each step maps, zero-fills and
+    unmaps them, and the kernel's share of the sampler's time reached 65% (docs/results.md, "The reasoning
+    testbed's step"). Above the threshold set here memory is reused instead. Numerics are untouched (tested: the same
+    tokens and log-probs). Returns whether it applied: False off glibc (macOS, musl, Windows). The ``capo`` command
+    calls it at start (``capo --system-malloc`` keeps glibc's defaults)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name or not name.startswith("libc.so"):
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        m_mmap_threshold = -3  # from glibc's <malloc.h>
+        return bool(libc.mallopt(m_mmap_threshold, int(threshold)))
+    except (OSError, AttributeError):
+        return False
 
 
 def _builtin_model_dir(spec: str) -> Path:
