@@ -33,6 +33,7 @@ from bench_env import add_quick  # noqa: E402
 from trl_vs_capo import G, bench_prompts, build_assets, set_shape  # noqa: E402
 
 from capo.rollout import load_model  # noqa: E402
+from capo.rollout.models import tune_cpu_allocator  # noqa: E402
 from capo.rollout.prefix import position_ids, shared_prefix  # noqa: E402
 from capo.rollout.sampling import sample_rollout  # noqa: E402
 
@@ -58,6 +59,8 @@ def forwards_only(model, ids: torch.Tensor, am: torch.Tensor, t: int, share: boo
 
 
 def measure(args) -> dict[str, list[float]]:
+    if not args.system_malloc:
+        tune_cpu_allocator()  # as the capo command does
     torch.set_num_threads(args.threads)
     set_shape(args)
     assets = build_assets(args.size)
@@ -94,6 +97,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128, help="T: new tokens per response")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--system-malloc", action="store_true", help="keep glibc's default allocation thresholds (capo "
+                    "tunes them, as the capo command does; benchmarks/allocator.py compares the two)")
     add_quick(ap, batch=2, new_tokens=16, reps=1)
     args = ap.parse_args()
     args.what, args.micro = "step", 0  # set_shape's other inputs
@@ -101,7 +106,8 @@ def main() -> None:
     n_tok = args.batch * G * args.new_tokens
     med = {k: statistics.median(v) for k, v in cpu.items()}
     print(f"torch {torch.__version__}, threads {args.threads}, size {args.size}, prompts {args.prompts}: "
-          f"{args.batch} x {G} x {args.new_tokens} tokens; CPU s, median of {args.reps}")
+          f"{args.batch} x {G} x {args.new_tokens} tokens; CPU s, median of {args.reps}; allocator "
+          f"{'glibc default' if args.system_malloc else 'tuned'}")
     for k, v in med.items():
         print(f"  {k:14s} {v:7.2f} s  {n_tok / v:8.0f} tokens/s   raw {[round(x, 2) for x in cpu[k]]}")
     print(f"RATIO sampler/bound {med['sampler'] / med['bound']:.2f} (target <= 2); "
