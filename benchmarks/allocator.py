@@ -4,7 +4,8 @@ command sets at start), on the same work in two fresh processes each, interleave
 Work per process: capo's sampler (``sample_rollout``: B prompts x G = 8 x T tokens, every response exactly T long;
 the assets of ``trl_vs_capo.py``) and one forward + backward of the training log-probs over the sampled batch
 (``token_logprobs``, shared prompt prefix), as a trainer step runs them. Reports user and kernel (system) CPU seconds
-and wall seconds of each part (``os.times``), and ``RATIO default/tuned`` of the wall time.
+and wall seconds of each part (``os.times``), ``RATIO default/tuned`` of the wall time, and each process's peak RSS
+(a heap that keeps freed blocks may hold more memory).
 
     python benchmarks/allocator.py --size testbed --batch 16 --new-tokens 128     # the reasoning testbed's shape
 """
@@ -59,6 +60,9 @@ def child(args) -> dict:
         (lp * ro.response_mask).sum().backward()
 
     timed("fwd_bwd", fwd_bwd)
+    import resource
+
+    out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return out
 
 
@@ -96,6 +100,8 @@ def main() -> None:
         for m, v in med.items():
             print(f"  {part:8s} {m:8s} user {v['user']:7.2f}  sys {v['sys']:7.2f}  wall {v['wall']:7.2f}")
         print(f"RATIO {part} default/tuned wall {med['default']['wall'] / med['tuned']['wall']:.2f}")
+    rss = {m: max(r["peak_rss_gib"] for r in rs) for m, rs in res.items()}
+    print(f"peak RSS (GiB): default {rss['default']:.2f}, tuned {rss['tuned']:.2f}")
 
 
 if __name__ == "__main__":
