@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_env import add_quick, child_env  # noqa: E402
+from trl_vs_capo import G, add_shape_args, bench_prompts, build_assets, set_shape  # noqa: E402
 
 
 def child(args) -> dict:
@@ -32,8 +33,6 @@ def child(args) -> dict:
 
     applied = tune_cpu_allocator() if args.tuned else False
     torch.set_num_threads(1)
-    from trl_vs_capo import G, bench_prompts, build_assets, set_shape
-
     from capo.rollout import load_model, token_logprobs
     from capo.rollout.sampling import sample_rollout
 
@@ -68,11 +67,7 @@ def child(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", choices=("tiny", "smollm2", "testbed"), default="testbed")
-    ap.add_argument("--prompts", choices=("arith", "gsm8k", "word_problems"), default="word_problems")
-    ap.add_argument("--batch", type=int, default=16, help="B: prompts (G = 8 samples each)")
-    ap.add_argument("--new-tokens", type=int, default=128, help="T: new tokens per response")
-    ap.add_argument("--reps", type=int, default=1, help="interleaved process pairs (medians)")
+    add_shape_args(ap, reps=1, reps_help="interleaved process pairs (medians)")
     ap.add_argument("--tuned", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     add_quick(ap, batch=2, new_tokens=16)

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_env import add_quick  # noqa: E402
-from trl_vs_capo import G, bench_prompts, build_assets, set_shape  # noqa: E402
+from trl_vs_capo import G, add_shape_args, bench_prompts, build_assets, set_shape  # noqa: E402
 
 from capo.rollout import load_model  # noqa: E402
 from capo.rollout.models import tune_cpu_allocator  # noqa: E402
@@ -91,11 +91,7 @@ def measure(args) -> dict[str, list[float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", choices=("tiny", "smollm2", "testbed"), default="testbed")
-    ap.add_argument("--prompts", choices=("arith", "gsm8k", "word_problems"), default="word_problems")
-    ap.add_argument("--batch", type=int, default=16, help="B: prompts (G = 8 samples each)")
-    ap.add_argument("--new-tokens", type=int, default=128, help="T: new tokens per response")
-    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians)")
+    add_shape_args(ap, reps=3, reps_help="interleaved repetitions (medians)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--system-malloc", action="store_true", help="keep glibc's default allocation thresholds (capo "
                     "tunes them, as the capo command does; benchmarks/allocator.py compares the two)")

@@ -387,6 +387,15 @@ def child(args) -> None:
     print("RESULT " + json.dumps(r))
 
 
+def add_shape_args(ap, reps: int, reps_help: str) -> None:
+    """The flags of the benchmarks measured at the reasoning testbed's shape (rollout_bound.py, allocator.py)."""
+    ap.add_argument("--size", choices=("tiny", "smollm2", "testbed"), default="testbed")
+    ap.add_argument("--prompts", choices=("arith", "gsm8k", "word_problems"), default="word_problems")
+    ap.add_argument("--batch", type=int, default=16, help="B: prompts (G = 8 samples each)")
+    ap.add_argument("--new-tokens", type=int, default=128, help="T: new tokens per response")
+    ap.add_argument("--reps", type=int, default=reps, help=reps_help)
+
+
 def set_shape(args) -> None:
     """Fix this process's step shape from ``--batch`` / ``--new-tokens`` (the eval comparison keeps 8 x 8 x 64)."""
     global SHAPE

@@ -85,6 +85,16 @@ GRPO_ARGS = dict(use_cpu=True, bf16=False, gradient_checkpointing=False, report_
                  disable_dropout=True)
 
 
+def raw_token_logps(model, out, temperature=1.0):
+    """Per-token log-probs of a TRL batch's completions (``out``) from a plain forward with full logits: [n, T]."""
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    t = out["completion_ids"].size(1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, -t - 1:-1].double() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, -t:, None]).squeeze(-1)
+
+
 def grpo_args(output_dir, **kw):
     """A GRPOConfig with :data:`GRPO_ARGS`, ``kw`` overriding."""
     from trl import GRPOConfig

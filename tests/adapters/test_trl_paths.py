@@ -29,23 +29,13 @@ TOL = 1e-6
 HERE = pathlib.Path(__file__).parent
 
 
-from _tiny import dataset as _dataset, seven_reward  # noqa: E402
+from _tiny import dataset as _dataset, raw_token_logps, seven_reward  # noqa: E402
 
 
 def _args(tmp_path, **kw):
     import _tiny
 
     return _tiny.grpo_args(tmp_path / "out", **kw)
-
-
-def raw_token_logps(model, out, temperature=1.0):
-    """Per-token log-probs of the completions from a plain forward with full logits: [n, T]."""
-    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-    attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
-    t = out["completion_ids"].size(1)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, -t - 1:-1].double() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, ids[:, -t:, None]).squeeze(-1)
 
 
 def _trainer(tiny_model_dir, tmp_path, cfg, reward=seven_reward, trainer_kw=None, model=None, probe_ref=None,

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from capo.core import capo_noise_mask, compute_advantages, ppl_quantile_thresholds, sequence_logprob_mean  # noqa: E402
 
-from _tiny import dataset, grpo_args, seven_reward  # noqa: E402
+from _tiny import dataset, grpo_args, raw_token_logps, seven_reward  # noqa: E402
 
 G = 4
 TOL = 1e-6
@@ -45,16 +45,6 @@ def vllm_model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-qwen2-hd32")
     _tiny.build_model(d, _tiny.build_tokenizer(d), head_dim=32)
     return str(d)
-
-
-def raw_token_logps(model, out, temperature=1.0):
-    """Per-token log-probs of the completions from a plain forward with full logits: [n, T]."""
-    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-    attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
-    t = out["completion_ids"].size(1)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, -t - 1:-1].double() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, ids[:, -t:, None]).squeeze(-1)
 
 
 def engine_weight_gaps(trainer) -> dict[str, float]:
