@@ -371,6 +371,10 @@ def matmul_peak(threads: int) -> dict:
 # ------------------------------------------------------------------------------------------------ driver
 def child(args) -> None:
     torch.set_num_threads(args.threads)
+    if args.allocator == "tuned":  # the same in every engine's process: identical work, identical allocator
+        from capo.rollout.models import tune_cpu_allocator
+
+        tune_cpu_allocator()
     set_shape(args)
     assets = build_assets(args.size)
     t0 = time.perf_counter()
@@ -412,7 +416,7 @@ def spawn(args, engine: str, python: str = sys.executable, **kw) -> dict:
            "--warmup", str(args.warmup), "--precision", kw.get("precision", args.precision),
            "--threads", str(args.threads), "--algo", kw.get("algo", "grpo"), "--extra", kw.get("extra", ""),
            "--prompts", args.prompts, "--micro", str(args.micro), "--batch", str(args.batch),
-           "--new-tokens", str(args.new_tokens)]
+           "--new-tokens", str(args.new_tokens), "--allocator", args.allocator]
     p = subprocess.run(cmd, capture_output=True, text=True, env=child_env(args.threads))
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not line:
@@ -478,6 +482,9 @@ def main() -> None:
                          "in .venv-vllm)")
     ap.add_argument("--vllm-python", default=None, help="interpreter of the vLLM environment (default: "
                     ".venv-vllm/bin/python of this checkout)")
+    ap.add_argument("--allocator", choices=("system", "tuned"), default="system",
+                    help="glibc's allocation thresholds in every engine's process: system (glibc's defaults) or tuned "
+                         "(capo.rollout.models.tune_cpu_allocator, what the capo command applies; TRL gets it too)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="capo", help=argparse.SUPPRESS)
     ap.add_argument("--algo", default="grpo", help=argparse.SUPPRESS)
@@ -490,7 +497,8 @@ def main() -> None:
     vllm_py = vllm_python(args.vllm_python) if args.what == "step" and "capo_vllm" in args.variants else ""
     build_assets(args.size)
     peak = matmul_peak(args.threads)
-    print(f"torch {torch.__version__}, threads {args.threads}, size {args.size}, precision {args.precision}; matmul "
+    print(f"torch {torch.__version__}, threads {args.threads}, size {args.size}, precision {args.precision}, "
+          f"allocator {args.allocator} (every engine); matmul "
           f"peak fp32 {peak['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s")
     if args.what == "eval":
         r = spawn(args, "eval")

@@ -12,7 +12,10 @@ settings and their hash, the final held-out metrics, the training curves (every 
 seed-level and prompt-level statistic can be recomputed without the checkpoints. A job whose record exists with the
 same settings hash is skipped: re-running the command continues a killed or cut-off sweep, and with `--commit` each
 record is committed as it lands, so a fresh clone resumes from the repository. Records whose hash differs from the
-spec (the spec was edited) are reported and never silently mixed: delete them to rerun.
+spec (the spec was edited) are reported and never silently mixed: delete them to rerun. A job being run is claimed
+with `RUN_DIR/sweep.lock` (pid and host), so a second `sweep.py run` of the same spec -- started to use another core,
+or by mistake -- skips the jobs another live process holds instead of training into the same folder; a lock left by
+a process that died is taken over.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -115,9 +119,56 @@ def _capo(args: list[str], log: Path) -> None:
         raise RuntimeError(f"`capo {' '.join(args[:1])}` failed (exit {r.returncode}); see {log}")
 
 
-def run_job(job: Job) -> dict:
-    """Train (resuming from the last checkpoint), evaluate the final checkpoint, write the record."""
+def _holder(lock: Path) -> str | None:
+    """Who holds a job's lock: "pid@host" of a live process, None when free or left by a dead process (this host)."""
+    try:
+        pid, host = lock.read_text().split("@", 1)
+        pid_i = int(pid)
+    except (OSError, ValueError):
+        return None  # gone, or torn (written by a process killed mid-write): free
+    if host.strip() != socket.gethostname():
+        return f"{pid_i}@{host.strip()}"  # another machine sharing the folder: cannot check, so held
+    try:
+        os.kill(pid_i, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's
+    return f"{pid_i}@{host.strip()}"
+
+
+def claim(job: Job) -> str | None:
+    """Take the job's lock; returns None when taken, else the live holder ("pid@host") and the job is left alone."""
     job.run_dir.mkdir(parents=True, exist_ok=True)
+    lock = job.run_dir / "sweep.lock"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = _holder(lock)
+            if holder is not None:
+                return holder
+            lock.unlink(missing_ok=True)  # stale: its process died
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}@{socket.gethostname()}")
+        return None
+    return _holder(lock) or "another process (the lock changed hands twice)"
+
+
+def run_job(job: Job) -> dict | str:
+    """Claim the job, train (resuming from the last checkpoint), evaluate the final checkpoint, write the record.
+    Returns the record, or the holder ("pid@host") when another live process runs this job."""
+    holder = claim(job)
+    if holder is not None:
+        return holder
+    try:
+        return _train_eval_record(job)
+    finally:
+        (job.run_dir / "sweep.lock").unlink(missing_ok=True)
+
+
+def _train_eval_record(job: Job) -> dict:
     log = job.run_dir / "sweep.log"
     t0 = time.perf_counter()
     flags = [x for k, v in job.overrides.items() for x in (f"--{k}", str(v))]
@@ -194,6 +245,9 @@ def run(spec: dict, all_jobs: list[Job], n_jobs: int, commit: bool, max_runs: in
             except Exception as e:  # noqa: BLE001 - one failed job must not stop the others
                 failed += 1
                 print(f"  FAILED {j.name}: {e}", flush=True)
+                continue
+            if isinstance(rec, str):
+                print(f"  skipped {j.name}: run by another sweep process ({rec})", flush=True)
                 continue
             f = rec["final"]
             print(f"  done {j.name} in {rec['wall_s'] / 60:.1f} min: accuracy {f['accuracy']:.3f} "

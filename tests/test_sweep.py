@@ -123,3 +123,33 @@ def test_seed_paired_statistics_hand_computed(tmp_path):
     assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
     assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] | 0.100 | 0.0742 | 89 |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_job_held_by_a_live_process_is_skipped_and_a_dead_ones_lock_is_taken_over(tmp_path, capsys, monkeypatch):
+    import os
+    import socket
+    import subprocess
+
+    spec_path = _write(tmp_path, SPEC)
+    jobs = sweep.jobs(SPEC, tmp_path / "runs", tmp_path / "records")
+    for j in jobs:
+        j.run_dir.mkdir(parents=True)
+    host = socket.gethostname()
+    # grpo-seed3: held by a live process (this test's parent); capo-seed3: left by a process that has exited
+    (jobs[0].run_dir / "sweep.lock").write_text(f"{os.getppid()}@{host}")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (jobs[1].run_dir / "sweep.lock").write_text(f"{dead.pid}@{host}")
+    ran = []
+    monkeypatch.setattr(sweep, "_train_eval_record", lambda job: ran.append(job.name) or {
+        "final": {"accuracy": 0.5, "auc_mean": 0.5}, "wall_s": 1.0})
+    assert _run(tmp_path, spec_path) == 0
+    out = capsys.readouterr().out
+    assert ran == ["capo-seed3"]
+    assert f"skipped grpo-seed3: run by another sweep process ({os.getppid()}@{host})" in out
+    assert (jobs[0].run_dir / "sweep.lock").read_text() == f"{os.getppid()}@{host}"  # the holder's lock is kept
+    assert not (jobs[1].run_dir / "sweep.lock").exists()  # taken over, then released when the job ended
+    # a free job is claimed with this process's pid; a second claim sees this (live) process as its holder
+    assert sweep.claim(jobs[1]) is None
+    assert (jobs[1].run_dir / "sweep.lock").read_text() == f"{os.getpid()}@{host}"
+    assert sweep.claim(jobs[1]) == f"{os.getpid()}@{host}"
