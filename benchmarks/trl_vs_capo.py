@@ -220,7 +220,7 @@ def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, p
         def evaluate(self):
             return {}
 
-        def save(self):
+        def save(self, row=None):
             pass
 
     cfg = capo_cfg(assets, warmup + steps, precision, algo, prompts, extra)

@@ -12,7 +12,9 @@ settings and their hash, the final held-out metrics, the training curves (every 
 seed-level and prompt-level statistic can be recomputed without the checkpoints. A job whose record exists with the
 same settings hash is skipped: re-running the command continues a killed or cut-off sweep, and with `--commit` each
 record is committed as it lands, so a fresh clone resumes from the repository. Records whose hash differs from the
-spec (the spec was edited) are reported and never silently mixed: delete them to rerun. A job being run is claimed
+spec (the spec was edited) are reported and never silently mixed: delete them to rerun. With `base: true` the sweep
+also evaluates the preset's initial model once under the same held-out evaluation (`base.json`: the fixed start that
+`sweep_report.py` measures each method's change from). A job being run is claimed
 with `RUN_DIR/sweep.lock` (pid and host), so a second `sweep.py run` of the same spec -- started to use another core,
 or by mistake -- skips the jobs another live process holds instead of training into the same folder; a lock left by
 a process that died is taken over.
@@ -39,6 +41,7 @@ TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "tr
                 "calib/auroc", "calib/ece",
                 "policy/entropy", "policy/kl", "time/step")
 EVAL_DEFAULTS = {"problems": 100, "k": 8, "batch_size": 64, "seed": 0}
+BASE = "base"  # the job that evaluates the preset's initial model (spec `base: true`); no training, no seed
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class Job:
 
     sweep: str
     method: str
-    seed: int
+    seed: int | None  # None: the base job
     preset: str
     overrides: dict
     eval: dict
@@ -57,19 +60,23 @@ class Job:
 
     @property
     def name(self) -> str:
-        return f"{self.method}-seed{self.seed}"
+        return BASE if self.method == BASE else f"{self.method}-seed{self.seed}"
 
 
 def load_spec(path: Path) -> dict:
     """Read and validate a sweep spec; raises SystemExit with a message naming the bad key."""
     spec = yaml.safe_load(Path(path).read_text()) or {}
-    allowed = {"name", "preset", "steps", "overrides", "methods", "seeds", "eval", "save_every", "description"}
+    allowed = {"name", "preset", "steps", "overrides", "methods", "seeds", "eval", "save_every", "description", "base"}
     unknown = set(spec) - allowed
     if unknown:
         sys.exit(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
     for key in ("name", "preset", "methods", "seeds"):
         if not spec.get(key):
             sys.exit(f"{path}: '{key}' is required")
+    if BASE in (spec.get("methods") or {}):
+        sys.exit(f"{path}: '{BASE}' is the initial model's evaluation (`base: true`), not a method name")
+    if not isinstance(spec.get("base", False), bool):
+        sys.exit(f"{path}: 'base' must be true or false")
     if not isinstance(spec["methods"], dict) or not all(isinstance(v, dict) for v in spec["methods"].values()):
         sys.exit(f"{path}: 'methods' maps each method name to a dict of config overrides")
     if not all(isinstance(s, int) for s in spec["seeds"]):
@@ -81,8 +88,16 @@ def load_spec(path: Path) -> dict:
 
 
 def jobs(spec: dict, runs_root: Path, records_root: Path) -> list[Job]:
-    """Every (method, seed) job of the spec, seeds outermost so that a partial sweep has whole seeds."""
+    """Every (method, seed) job of the spec, seeds outermost so that a partial sweep has whole seeds; first, with
+    `base: true`, the base job: the preset's initial model under the same held-out evaluation (the fixed starting
+    point that "change from the start" is measured against: one model, one evaluation seed, so one record)."""
     out = []
+    if spec.get("base"):
+        ov, ev = dict(spec.get("overrides") or {}), {**EVAL_DEFAULTS, **(spec.get("eval") or {})}
+        settings = {"preset": spec["preset"], "overrides": ov, "eval": ev, "base": True}
+        h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        out.append(Job(spec["name"], BASE, None, spec["preset"], ov, ev, runs_root / spec["name"] / BASE,
+                       records_root / spec["name"] / f"{BASE}.json", h))
     for seed in spec["seeds"]:
         for method, m_over in spec["methods"].items():
             ov = {**(spec.get("overrides") or {}), **m_over, "run.seed": seed}
@@ -171,14 +186,19 @@ def run_job(job: Job) -> dict | str:
 def _train_eval_record(job: Job) -> dict:
     log = job.run_dir / "sweep.log"
     t0 = time.perf_counter()
-    flags = [x for k, v in job.overrides.items() for x in (f"--{k}", str(v))]
-    _capo(["train", "--config", job.preset, *flags, "--run.out_dir", str(job.run_dir), "--run.progress", "false"],
-          log)
-    cfg = yaml.safe_load((job.run_dir / "config.yaml").read_text())
-    steps = cfg["run"]["steps"]
-    ckpt = job.run_dir / "checkpoints" / f"step-{steps:06d}"
+    if job.method == BASE:  # no training: the preset's initial model, its settings resolved as `capo train` would
+        from capo.trainer.config import load_config
+
+        cfg = json.loads(json.dumps(load_config(job.preset, job.overrides).to_dict()))
+        model = cfg["model"]["path"]
+    else:
+        flags = [x for k, v in job.overrides.items() for x in (f"--{k}", str(v))]
+        _capo(["train", "--config", job.preset, *flags, "--run.out_dir", str(job.run_dir), "--run.progress",
+               "false"], log)
+        cfg = yaml.safe_load((job.run_dir / "config.yaml").read_text())
+        model = str(job.run_dir / "checkpoints" / f"step-{cfg['run']['steps']:06d}")
     ev = job.eval
-    _capo(["eval", "--model", str(ckpt), "--dataset", cfg["data"]["dataset"], "--split", "test",
+    _capo(["eval", "--model", model, "--dataset", cfg["data"]["dataset"], "--split", "test",
            "--limit", str(ev["problems"]), "-k", str(ev["k"]), "--temperature", str(cfg["rollout"]["temperature"]),
            "--max-new-tokens", str(cfg["rollout"]["max_new_tokens"]), "--batch-size", str(ev["batch_size"]),
            "--seed", str(ev["seed"]), "--no-chat-template", "--system-prompt", "",
@@ -200,7 +220,8 @@ def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
     responses = [[str(r["prompt_id"]), int(r["verdict"] == "correct"),
                   None if r["mean_logprob"] is None else round(r["mean_logprob"], 6)] for r in rows]
     curves = {"train": [], "eval": []}
-    for ln in (job.run_dir / "metrics.jsonl").read_text().splitlines():
+    train_log = job.run_dir / "metrics.jsonl"
+    for ln in (train_log.read_text().splitlines() if job.method != BASE else []):
         row = json.loads(ln)
         curves["train"].append({"step": row["step"], **{k: row[k] for k in TRAIN_SERIES if k in row}})
         ev = {k: v for k, v in row.items() if k.startswith("eval/")}

@@ -11,7 +11,9 @@ Prints, and writes to OUT/summary.md and OUT/summary.json:
   seeds (n_seeds - 1 degrees of freedom) and the two-sided paired t-test p-value; only seeds that every compared
   method finished enter;
 - the power analysis: how many seeds a paired t-test needs to detect a difference of --effect (default 0.03) with
-  80% power at the 5% level, given the observed sd of the paired difference (statsmodels `TTestPower`).
+  80% power at the 5% level, given the observed sd of the paired difference (statsmodels `TTestPower`);
+- with the sweep's base record (`base.json`, spec `base: true`): each method's change from the start, final - base
+  (the initial model under the same evaluation), with a 95% t-interval over the method's seeds.
 Figures: OUT/curves.png (held-out accuracy and AUC-mean during training, mean and a band of +-1 sd over seeds) and
 OUT/forest.png (the paired seed-level differences with their t-intervals).
 """
@@ -30,17 +32,36 @@ import numpy as np
 MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "aurc", "verbal_ece", "majority_vote",
             "perplexity_consistency")
 CURVES = ("eval/accuracy", "eval/auc_mean")
+BASE = "base"  # scripts/sweep.py's record of the initial model under the same evaluation (spec `base: true`)
 
 
 def load_records(folder: Path) -> dict[str, dict[int, dict]]:
-    """method -> seed -> record."""
+    """method -> seed -> record (the base job's record, `base.json`, is read by :func:`load_base`)."""
     out: dict[str, dict[int, dict]] = {}
     for p in sorted(Path(folder).glob("*.json")):
         rec = json.loads(p.read_text())
+        if rec["method"] == BASE:
+            continue
         out.setdefault(rec["method"], {})[rec["seed"]] = rec
     if not out:
         sys.exit(f"{folder}: no records (*.json) found")
     return out
+
+
+def load_base(folder: Path) -> dict | None:
+    """The sweep's base record (the preset's initial model, same held-out evaluation), None when it has none."""
+    p = Path(folder) / f"{BASE}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def from_base(records: dict, base: dict, effect: float) -> dict:
+    """Per method and measure: final - base over the method's seeds (the base is one fixed model and evaluation, so
+    this is a one-sample t-interval of the per-seed changes: how far training moved each measure from the start)."""
+    return {m: {k: {"seeds": sorted(by_seed), **seed_paired([by_seed[s]["final"][k] - base["final"][k]
+                                                              for s in sorted(by_seed)], effect)}
+                for k in MEASURES if base["final"].get(k) is not None
+                and all(r["final"].get(k) is not None for r in by_seed.values())}
+            for m, by_seed in records.items()}
 
 
 def paired(records: dict, method: str, reference: str, measure: str, effect: float) -> dict:
@@ -91,7 +112,7 @@ def from_compare_summary(path: Path, reference: str, effect: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary(records: dict, reference: str, effect: float) -> dict:
+def summary(records: dict, reference: str, effect: float, base: dict | None = None) -> dict:
     per_method = {}
     for m, by_seed in records.items():
         vals = {k: [by_seed[s]["final"].get(k) for s in sorted(by_seed)] for k in MEASURES}
@@ -99,7 +120,10 @@ def summary(records: dict, reference: str, effect: float) -> dict:
                          **{k: {"per_seed": v, "mean": _mean(v), "sd": _sd(v)} for k, v in vals.items()}}
     diffs = {m: {k: paired(records, m, reference, k, effect) for k in MEASURES if _has(records, m, reference, k)}
              for m in records if m != reference}
-    return {"reference": reference, "effect": effect, "methods": per_method, "paired": diffs}
+    out = {"reference": reference, "effect": effect, "methods": per_method, "paired": diffs}
+    if base is not None:
+        out |= {"base": {k: base["final"].get(k) for k in MEASURES}, "from_base": from_base(records, base, effect)}
+    return out
 
 
 def _has(records, m, ref, k) -> bool:
@@ -139,6 +163,16 @@ def markdown(s: dict) -> str:
             if "sd" in d:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
                              f"| {d['sd']:.3f} | {d['p']:.3g} | {_n(d['seeds_needed'])} |")
+    if "from_base" in s:
+        lines += ["", "Change from the start, method - base (the initial model on the same evaluation: "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in s["base"].items() if k in ("accuracy", "auc_mean", "auroc")
+                              and v is not None) + "): mean [95% t-interval over seeds], p (one-sample t-test)", "",
+                  "| method | measure | seeds | change [95% CI] | sd | p |", "|---|---|---|---|---|---|"]
+        for m, by_k in s["from_base"].items():
+            for k, d in by_k.items():
+                if "sd" in d and k in ("accuracy", "auc_mean", "auroc", "ece", "brier"):
+                    lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, "
+                                 f"{d['high']:+.3f}] | {d['sd']:.3f} | {d['p']:.3g} |")
     return "\n".join(lines) + "\n"
 
 
@@ -211,7 +245,7 @@ def main(argv=None) -> int:
         sys.exit(f"--reference {a.reference!r} has no records; methods: {', '.join(sorted(records))}")
     out = a.out or Path(__file__).resolve().parent.parent / "docs" / "figures" / "sweeps" / a.records.name
     out.mkdir(parents=True, exist_ok=True)
-    s = summary(records, a.reference, a.effect)
+    s = summary(records, a.reference, a.effect, load_base(a.records))
     md = markdown(s)
     (out / "summary.md").write_text(md)
     (out / "summary.json").write_text(json.dumps(s, indent=1))

@@ -34,3 +34,13 @@ def test_quick_is_explained_by_help(name):
                        timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     assert "--quick" in p.stdout and "a quick check of the script (--" in " ".join(p.stdout.split())
+
+
+@pytest.mark.slow
+def test_the_trainer_step_benchmark_runs_capos_real_loop():
+    """benchmarks/trl_vs_capo.py subclasses the trainer (its timing hooks): a change to the trainer's methods must not
+    break it silently (it once did: `save` gained an argument). One capo run of the quick shape, no TRL."""
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trl_vs_capo.py"), "--quick", "--variants", "capo"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert re.search(r"capo +median step wall [\d.]+s CPU [\d.]+s", p.stdout), p.stdout[-2000:]

@@ -78,6 +78,8 @@ def test_changed_settings_are_stale_not_mixed(tmp_path, capsys):
 
 @pytest.mark.parametrize("bad, message", [
     ({"seeds": ["a"]}, "'seeds' must be a list of integers"),
+    ({"methods": {"base": {"algo.name": "grpo"}}}, "'base' is the initial model's evaluation"),
+    ({"base": "yes"}, "'base' must be true or false"),
     ({"methods": {"grpo": "grpo"}}, "'methods' maps each method name"),
     ({"eval": {"problem": 3}}, "unknown eval key(s) ['problem']"),
     ({"step": 3}, "unknown key(s) ['step']"),
@@ -153,3 +155,40 @@ def test_a_job_held_by_a_live_process_is_skipped_and_a_dead_ones_lock_is_taken_o
     assert sweep.claim(jobs[1]) is None
     assert (jobs[1].run_dir / "sweep.lock").read_text() == f"{os.getpid()}@{host}"
     assert sweep.claim(jobs[1]) == f"{os.getpid()}@{host}"
+
+
+def test_change_from_base_hand_computed(tmp_path, capsys):
+    # GRPO's final AUC-mean over seeds 1-3 is 0.70, 0.75, 0.65 against the base's 0.80: changes -0.10, -0.05, -0.15
+    # -> mean -0.10, sd 0.05, half-width t(0.975, 2) * 0.05 / sqrt(3) = 0.124207...; t = -3.4641 -> p = 0.07418
+    for s_, auc in ((1, 0.70), (2, 0.75), (3, 0.65)):
+        (tmp_path / f"grpo-seed{s_}.json").write_text(json.dumps(_record("grpo", s_, 0.5, auc)))
+    (tmp_path / "base.json").write_text(json.dumps({**_record("base", None, 0.3, 0.80), "curves": {}}))
+    assert sorted(sweep_report.load_records(tmp_path)) == ["grpo"]  # the base is no method
+    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03, sweep_report.load_base(tmp_path))
+    d = s["from_base"]["grpo"]["auc_mean"]
+    half = 4.302652729911275 * 0.05 / 3 ** 0.5
+    assert d["seeds"] == [1, 2, 3] and d["mean"] == pytest.approx(-0.10, abs=1e-12)
+    assert (d["low"], d["high"]) == pytest.approx((-0.10 - half, -0.10 + half), abs=1e-9)
+    assert d["p"] == pytest.approx(0.07418, abs=5e-5)
+    assert s["from_base"]["grpo"]["accuracy"]["mean"] == pytest.approx(0.2, abs=1e-12)  # 0.5 - 0.3, sd 0: no interval
+    assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert "| grpo | auc_mean | 3 | -0.100 [-0.224, +0.024] | 0.050 | 0.0742 |" in capsys.readouterr().out
+
+
+def test_the_base_job_comes_first_once_and_evaluates_the_presets_model(tmp_path, monkeypatch):
+    spec = {**SPEC, "base": True, "seeds": [3, 4]}
+    jobs = sweep.jobs(spec, tmp_path / "runs", tmp_path / "records")
+    assert [j.name for j in jobs] == ["base", "grpo-seed3", "capo-seed3", "grpo-seed4", "capo-seed4"]
+    assert jobs[0].seed is None and jobs[0].record == tmp_path / "records" / "tiny" / "base.json"
+    # adding the base job leaves the method jobs' settings (and so their records) as they were
+    assert [j.settings_hash for j in jobs[1:]] == [j.settings_hash for j in sweep.jobs({**SPEC, "seeds": [3, 4]},
+                                                                                      tmp_path, tmp_path)]
+    calls = []
+    monkeypatch.setattr(sweep, "_capo", lambda args, log: calls.append(args))
+    monkeypatch.setattr(sweep, "build_record", lambda job, cfg, wall: {"cfg": cfg})
+    rec = sweep._train_eval_record(jobs[0])
+    assert [c[0] for c in calls] == ["eval"]  # no training
+    ev = calls[0]
+    assert ev[ev.index("--model") + 1] == "default" and ev[ev.index("--limit") + 1] == "6"
+    assert ev[ev.index("-k") + 1] == "3" and ev[ev.index("--seed") + 1] == "0"
+    assert rec["cfg"]["rollout"]["group_size"] == 4  # the spec's common overrides resolved with the preset
