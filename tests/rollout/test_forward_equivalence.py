@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from capo.rollout import HFEngine, load_model, sample_rollout, token_logprobs
+from capo.rollout.engine import KV_CACHES
 
 
 @pytest.fixture(scope="module")
@@ -87,15 +88,16 @@ def test_shared_prefix_runs_each_prompt_once(model_tok):
     assert seen == [(4, p), (n, t), (n, p + t)]
 
 
+@pytest.mark.parametrize("kv_cache", KV_CACHES)
 @pytest.mark.parametrize("share", [False, True])
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.8), (0.0, 1.0)])
-def test_recorded_logprobs_are_raw_policy_logprobs(model_tok, share, temperature, top_p):
+def test_recorded_logprobs_are_raw_policy_logprobs(model_tok, share, temperature, top_p, kv_cache):
     """Log-probs recorded during generation == the oracle re-forward (temperature 1, no top-p), whatever warping
-    was used for sampling; EOS counted, nothing after it."""
+    was used for sampling and whichever KV cache; EOS counted, nothing after it."""
     model, tok = model_tok
     torch.manual_seed(0)
     ro = sample_rollout(model, tok, PROMPTS[:3], k=4, max_new_tokens=12, temperature=temperature, top_p=top_p,
-                        share_prefix=share)
+                        share_prefix=share, kv_cache=kv_cache)
     assert ro.response_ids.shape[0] == 12
     with torch.no_grad():
         ref = oracle_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask)
@@ -119,6 +121,47 @@ def test_shared_prefix_sampling_draws_the_same_tokens(model_tok):
     a, b = out
     assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
     torch.testing.assert_close(a.gen_logp, b.gen_logp, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_static_and_dynamic_kv_caches_draw_the_same_tokens(model_tok, share):
+    """Same seed, the preallocated (static) or the growing (dynamic) KV cache: the same responses, log-probs equal to
+    float summation order; the static cache is sized by the call (prompt + max_new_tokens), and a call after a longer
+    one draws exactly what it draws first in a fresh stream."""
+    model, tok = model_tok
+    out = {}
+    for kv in KV_CACHES:
+        torch.manual_seed(5)
+        out[kv] = sample_rollout(model, tok, PROMPTS, k=3, max_new_tokens=20, share_prefix=share, kv_cache=kv)
+    a, b = out["static"], out["dynamic"]
+    assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
+    torch.testing.assert_close(a.gen_logp, b.gen_logp, rtol=0, atol=2e-6)
+    sample_rollout(model, tok, PROMPTS[1:2] * 2, k=2, max_new_tokens=40, share_prefix=share)  # a longer call first
+    torch.manual_seed(5)
+    again = sample_rollout(model, tok, PROMPTS, k=3, max_new_tokens=20, share_prefix=share)
+    assert torch.equal(again.response_ids, a.response_ids) and torch.equal(again.gen_logp, a.gen_logp)
+
+
+@pytest.mark.parametrize("kv_cache", KV_CACHES)
+def test_generation_shares_the_prefix_with_either_kv_cache(model_tok, kv_cache):
+    """With share_prefix, generation runs each prompt's first P-1 tokens once (U rows), then only new tokens for the
+    N = U*k rows: the prefix reaches the (static or dynamic) cache, nothing re-runs it."""
+    model, tok = model_tok
+    seen = []
+    h = model.model.register_forward_pre_hook(lambda m, a, kw: seen.append(tuple(kw["input_ids"].shape)),
+                                              with_kwargs=True)
+    try:
+        sample_rollout(model, tok, PROMPTS, k=3, max_new_tokens=6, share_prefix=True, kv_cache=kv_cache)
+    finally:
+        h.remove()
+    p = max(len(tok(x, add_special_tokens=False)["input_ids"]) for x in PROMPTS)
+    assert seen[0] == (4, p - 1)  # the distinct prompts, once
+    assert all(shape == (12, 1) for shape in seen[1:]) and len(seen) >= 2  # then one token per row per step
+
+
+def test_an_unknown_kv_cache_is_refused(model_tok):
+    with pytest.raises(ValueError, match="kv_cache must be one of"):
+        sample_rollout(*model_tok, PROMPTS[:1], k=2, max_new_tokens=4, kv_cache="paged")
 
 
 def test_model_generation_defaults_do_not_change_the_policy(model_tok):

@@ -26,7 +26,7 @@ from capo.core import (
 from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError
-from capo.rollout.engine import ENGINES, check_engine
+from capo.rollout.engine import ENGINES, KV_CACHES, check_engine
 from capo.rollout.method_inputs import needed_data
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
@@ -80,6 +80,10 @@ class RolloutConfig:
     top_p: float = knob(1.0, "nucleus sampling mass in (0, 1]")
     share_prefix: bool = knob(True, "run each prompt once per group (its KV cache copied to the G rows) in generation "
                               "and in every log-prob/training forward; exact up to float summation order")
+    kv_cache: str = knob(KV_CACHES[0], "hf engine's KV cache during generation: static (preallocated for the "
+                         "whole response, written in place) or dynamic (grown by concatenation, transformers' "
+                         "default: copies the cache at every decoding step); same distribution, static is faster",
+                         choices=KV_CACHES)
     engine: str = knob("hf", "generation engine: " + ", ".join(ENGINES) + " (hf: Hugging Face generate with the "
                        "training model; vllm: a colocated vLLM engine that gets the new weights after every "
                        "optimizer step; needs vLLM installed and a model folder or Hub id)", choices=ENGINES)

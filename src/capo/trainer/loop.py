@@ -127,7 +127,8 @@ class Trainer:
             return VLLMEngine(str(resume_from or self.cfg.model.path), tokenizer=self.tok, dtype=self.cfg.model.dtype,
                               seed=self.cfg.run.seed + self.rank, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
                               enable_sleep_mode=r.vllm_sleep_mode)
-        return HFEngine(self.acc.unwrap_model(self.model), self.tok, autocast=autocast, share_prefix=r.share_prefix)
+        return HFEngine(self.acc.unwrap_model(self.model), self.tok, autocast=autocast, share_prefix=r.share_prefix,
+                        kv_cache=r.kv_cache)
 
     # ----------------------------------------------------------------------------------------------- the loop
     def train(self) -> dict:
@@ -408,7 +409,8 @@ class Trainer:
         n = max(1, a.mask_calib_prompts // self.world)
         probs = [self.train_set[i % len(self.train_set)] for i in range(self.rank * n, (self.rank + 1) * n)]
         ref_engine = HFEngine(self.ref, self.tok, autocast="on" if self.cfg.model.autocast_bf16 else "off",
-                              share_prefix=self.cfg.rollout.share_prefix)  # whatever rollout.engine: HF here
+                              share_prefix=self.cfg.rollout.share_prefix,
+                              kv_cache=self.cfg.rollout.kv_cache)  # whatever rollout.engine: HF here
         with torch.random.fork_rng():
             torch.manual_seed(self.cfg.run.seed + 20_011 + self.rank)
             ro = self.rollout(probs, self.cfg.rollout.group_size, engine=ref_engine)
