@@ -170,9 +170,11 @@ def markdown(s: dict) -> str:
                   "| method | measure | seeds | change [95% CI] | sd | p |", "|---|---|---|---|---|---|"]
         for m, by_k in s["from_base"].items():
             for k, d in by_k.items():
-                if "sd" in d and k in ("accuracy", "auc_mean", "auroc", "ece", "brier"):
-                    lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, "
-                                 f"{d['high']:+.3f}] | {d['sd']:.3f} | {d['p']:.3g} |")
+                if k not in ("accuracy", "auc_mean", "auroc", "ece", "brier") or d["mean"] is None:
+                    continue
+                lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
+                             f"{d['sd']:.3f} | {d['p']:.3g} |" if "sd" in d else
+                             f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} (one seed: no interval) | - | - |")
     return "\n".join(lines) + "\n"
 
 
