@@ -178,6 +178,28 @@ def markdown(s: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def curve_table(rec: dict) -> str:
+    """One run's held-out curve as a markdown table: every periodic evaluation row (accuracy, AUC-mean, pooled AUROC,
+    ECE, Brier, mean token entropy) with the training accuracy and response length averaged over the steps since the
+    previous evaluation."""
+    train = rec["curves"]["train"]
+    lines = [f"{rec['method']} seed {rec['seed']}", "",
+             "| step | accuracy | AUC-mean | pooled AUROC | ECE | Brier | entropy | train accuracy (mean since last) | "
+             "response tokens (mean since last) |", "|---|---|---|---|---|---|---|---|---|"]
+    prev = 0
+    for ev in rec["curves"]["eval"]:
+        step = ev["step"]
+        window = [r for r in train if prev < r["step"] <= step]
+        ta = _mean([r.get("train/accuracy") for r in window])
+        tl = _mean([r.get("train/response_len") for r in window])
+        cells = [f"{ev.get('eval/' + k):.3f}" if ev.get("eval/" + k) is not None else "-"
+                 for k in ("accuracy", "auc_mean", "auroc", "ece", "brier", "entropy")]
+        lines.append(f"| {step} | " + " | ".join(cells) + f" | {'-' if ta is None else f'{ta:.3f}'} | "
+                     f"{'-' if tl is None else f'{tl:.1f}'} |")
+        prev = step
+    return "\n".join(lines) + "\n"
+
+
 def _n(x) -> str:
     return "<= 2" if x is None else f"{x:.0f}"
 
@@ -238,6 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reference", default="grpo", help="the method every other is paired against")
     ap.add_argument("--effect", type=float, default=0.03, help="difference the power analysis is for")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default: docs/figures/sweeps/NAME)")
+    ap.add_argument("--curve-tables", action="store_true", help="also print each run's held-out curve as a table")
     a = ap.parse_args(argv)
     if a.compare_summary:
         print(from_compare_summary(a.records, a.reference, a.effect))
@@ -252,6 +275,10 @@ def main(argv=None) -> int:
     (out / "summary.md").write_text(md)
     (out / "summary.json").write_text(json.dumps(s, indent=1))
     print(md)
+    if a.curve_tables:
+        for m in sorted(records):
+            for seed in sorted(records[m]):
+                print(curve_table(records[m][seed]))
     plot_curves(records, out / "curves.png")
     plot_forest(s, out / "forest.png")
     print(f"figures: {out / 'curves.png'}, {out / 'forest.png'}")

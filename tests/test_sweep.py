@@ -192,3 +192,14 @@ def test_the_base_job_comes_first_once_and_evaluates_the_presets_model(tmp_path,
     assert ev[ev.index("--model") + 1] == "default" and ev[ev.index("--limit") + 1] == "6"
     assert ev[ev.index("-k") + 1] == "3" and ev[ev.index("--seed") + 1] == "0"
     assert rec["cfg"]["rollout"]["group_size"] == 4  # the spec's common overrides resolved with the preset
+
+
+def test_curve_table_averages_training_rows_since_the_previous_evaluation():
+    train = [{"step": s, "train/accuracy": a, "train/response_len": n}
+             for s, a, n in ((1, 0.2, 80), (2, 0.4, 90), (3, 0.9, 100))]
+    ev = [{"step": 0, "eval/accuracy": 0.3, "eval/auc_mean": 0.8},
+          {"step": 2, "eval/accuracy": 0.5, "eval/auc_mean": 0.7, "eval/auroc": 0.6, "eval/ece": 0.4,
+           "eval/brier": 0.35, "eval/entropy": 0.05}]
+    out = sweep_report.curve_table({"method": "grpo", "seed": 1, "curves": {"train": train, "eval": ev}})
+    assert "| 0 | 0.300 | 0.800 | - | - | - | - | - | - |" in out  # the step-0 point: no training rows yet
+    assert "| 2 | 0.500 | 0.700 | 0.600 | 0.400 | 0.350 | 0.050 | 0.300 | 85.0 |" in out  # steps 1-2 averaged

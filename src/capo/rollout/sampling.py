@@ -13,6 +13,8 @@ applied; it equals a re-forward over prompt + response up to floating-point summ
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from capo.core.confidence import token_statistics
@@ -84,11 +86,17 @@ def _static_cache(model, prefix, max_len: int):
 
     if not getattr(model, "_supports_default_dynamic_cache", lambda: False)():
         return prefix
-    cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=max_len)
+    try:
+        cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=max_len)
+        layers = cache.layers
+    except (TypeError, AttributeError) as e:  # a transformers without the layered cache API: the growing cache
+        warnings.warn(f"rollout.kv_cache=static is not available here ({e}); sampling with the dynamic cache",
+                      stacklevel=3)
+        return prefix
     if prefix is not None:
-        if len(prefix.layers) != len(cache.layers):
+        if len(prefix.layers) != len(layers):
             return prefix
-        for static, filled in zip(cache.layers, prefix.layers):
+        for static, filled in zip(layers, prefix.layers):
             static.update(filled.keys, filled.values)  # positions 0..P-2
     return cache
 
