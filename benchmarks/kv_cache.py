@@ -33,14 +33,15 @@ from capo.rollout import load_model  # noqa: E402
 from capo.rollout.engine import KV_CACHES  # noqa: E402
 from capo.rollout.models import tune_cpu_allocator  # noqa: E402
 from capo.rollout.sampling import sample_rollout  # noqa: E402
-from capo.tasks import default, word_problems  # noqa: E402
+from capo.tasks.generated import GENERATED_TASKS, generated_task  # noqa: E402
 
 G = 8
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=("word_problems", "default"), default="word_problems")
+    ap.add_argument("--model", choices=tuple(GENERATED_TASKS), default="word_problems",
+                    help="a shipped model, sampled on its own task's training prompts")
     ap.add_argument("--batch", type=int, default=8, help="B: prompts (G = 8 samples each)")
     ap.add_argument("--new-tokens", type=int, default=192, help="T: the generation limit")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (a new seed each)")
@@ -51,9 +52,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, tok = load_model(args.model)
     model.eval()
-    task = word_problems if args.model == "word_problems" else default
-    problems = (task.word_problems if task is word_problems else task.default_problems)("train", args.batch, seed=7)
-    prompts = [task.format_prompt(p) for p in problems]
+    task = generated_task(args.model)
+    prompts = [task.prompt(p) for p in task.problems("train", args.batch, seed=7)]
     sample_rollout(model, tok, prompts[:1], k=2, max_new_tokens=4)  # warm-up
     cpu: dict[str, list[float]] = {k: [] for k in KV_CACHES}
     same, dlogp, lens = [], [], []

@@ -23,6 +23,7 @@ a process that died is taken over.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -91,25 +92,23 @@ def jobs(spec: dict, runs_root: Path, records_root: Path) -> list[Job]:
     """Every (method, seed) job of the spec, seeds outermost so that a partial sweep has whole seeds; first, with
     `base: true`, the base job: the preset's initial model under the same held-out evaluation (the fixed starting
     point that "change from the start" is measured against: one model, one evaluation seed, so one record)."""
-    out = []
-    if spec.get("base"):
-        ov, ev = dict(spec.get("overrides") or {}), {**EVAL_DEFAULTS, **(spec.get("eval") or {})}
-        settings = {"preset": spec["preset"], "overrides": ov, "eval": ev, "base": True}
+    ev = {**EVAL_DEFAULTS, **(spec.get("eval") or {})}
+
+    def job(method: str, seed: int | None, ov: dict, **extra) -> Job:
+        settings = {"preset": spec["preset"], "overrides": ov, "eval": ev, **extra}
         h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-        out.append(Job(spec["name"], BASE, None, spec["preset"], ov, ev, runs_root / spec["name"] / BASE,
-                       records_root / spec["name"] / f"{BASE}.json", h))
+        j = Job(spec["name"], method, seed, spec["preset"], ov, ev, Path(), Path(), h)
+        return dataclasses.replace(j, run_dir=runs_root / spec["name"] / j.name,
+                                   record=records_root / spec["name"] / f"{j.name}.json")
+
+    out = [job(BASE, None, dict(spec.get("overrides") or {}), base=True)] if spec.get("base") else []
     for seed in spec["seeds"]:
         for method, m_over in spec["methods"].items():
             ov = {**(spec.get("overrides") or {}), **m_over, "run.seed": seed}
             if spec.get("steps"):
                 ov["run.steps"] = spec["steps"]
             ov["run.save_every"] = spec.get("save_every", 10)
-            ev = {**EVAL_DEFAULTS, **(spec.get("eval") or {})}
-            settings = {"preset": spec["preset"], "overrides": ov, "eval": ev}
-            h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-            name = f"{method}-seed{seed}"
-            out.append(Job(spec["name"], method, seed, spec["preset"], ov, ev, runs_root / spec["name"] / name,
-                           records_root / spec["name"] / f"{name}.json", h))
+            out.append(job(method, seed, ov))
     return out
 
 
@@ -220,8 +219,8 @@ def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
     responses = [[str(r["prompt_id"]), int(r["verdict"] == "correct"),
                   None if r["mean_logprob"] is None else round(r["mean_logprob"], 6)] for r in rows]
     curves = {"train": [], "eval": []}
-    train_log = job.run_dir / "metrics.jsonl"
-    for ln in (train_log.read_text().splitlines() if job.method != BASE else []):
+    train_rows = [] if job.method == BASE else (job.run_dir / "metrics.jsonl").read_text().splitlines()
+    for ln in train_rows:
         row = json.loads(ln)
         curves["train"].append({"step": row["step"], **{k: row[k] for k in TRAIN_SERIES if k in row}})
         ev = {k: v for k, v in row.items() if k.startswith("eval/")}

@@ -29,10 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep import BASE  # noqa: E402  the base job's method name, as scripts/sweep.py writes its record
+
 MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "aurc", "verbal_ece", "majority_vote",
             "perplexity_consistency")
 CURVES = ("eval/accuracy", "eval/auc_mean")
-BASE = "base"  # scripts/sweep.py's record of the initial model under the same evaluation (spec `base: true`)
 
 
 def load_records(folder: Path) -> dict[str, dict[int, dict]]:

@@ -81,7 +81,8 @@ def _static_cache(model, prefix, max_len: int):
     """A KV cache preallocated for ``max_len`` positions, holding ``prefix``'s keys/values (a DynamicCache of the
     prompts' first P-1 tokens, already copied to the N rows) when given. Sized by this call alone (never by earlier
     calls, as ``generate(cache_implementation="static")`` would), so the same call computes the same numbers whatever
-    ran before it. None where the model takes no Cache object (then ``generate`` builds its own)."""
+    ran before it. ``prefix`` unchanged (None: ``generate`` builds its own dynamic cache) where the model takes no
+    Cache object or this transformers has no layered static cache."""
     from transformers import StaticCache
 
     if not getattr(model, "_supports_default_dynamic_cache", lambda: False)():
@@ -94,9 +95,7 @@ def _static_cache(model, prefix, max_len: int):
                       stacklevel=3)
         return prefix
     if prefix is not None:
-        if len(prefix.layers) != len(layers):
-            return prefix
-        for static, filled in zip(layers, prefix.layers):
+        for static, filled in zip(layers, prefix.layers, strict=True):
             static.update(filled.keys, filled.values)  # positions 0..P-2
     return cache
 
