@@ -172,11 +172,14 @@ def claim(job: Job) -> str | None:
 
 def run_job(job: Job) -> dict | str:
     """Claim the job, train (resuming from the last checkpoint), evaluate the final checkpoint, write the record.
-    Returns the record, or the holder ("pid@host") when another live process runs this job."""
+    Returns the record, or why it was left alone: another live process runs it, or another process finished it
+    after this one listed its jobs (the list is made once, at the start; a finished job is never run again)."""
     holder = claim(job)
     if holder is not None:
-        return holder
+        return f"run by another sweep process ({holder})"
     try:
+        if state(job) != "todo":
+            return f"finished by another sweep process ({state(job)} record {job.record})"
         return _train_eval_record(job)
     finally:
         (job.run_dir / "sweep.lock").unlink(missing_ok=True)
@@ -267,7 +270,7 @@ def run(spec: dict, all_jobs: list[Job], n_jobs: int, commit: bool, max_runs: in
                 print(f"  FAILED {j.name}: {e}", flush=True)
                 continue
             if isinstance(rec, str):
-                print(f"  skipped {j.name}: run by another sweep process ({rec})", flush=True)
+                print(f"  skipped {j.name}: {rec}", flush=True)
                 continue
             f = rec["final"]
             print(f"  done {j.name} in {rec['wall_s'] / 60:.1f} min: accuracy {f['accuracy']:.3f} "

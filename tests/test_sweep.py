@@ -157,6 +157,27 @@ def test_a_job_held_by_a_live_process_is_skipped_and_a_dead_ones_lock_is_taken_o
     assert sweep.claim(jobs[1]) == f"{os.getpid()}@{host}"
 
 
+def test_a_job_finished_by_another_process_after_listing_is_not_run_again(tmp_path, capsys, monkeypatch):
+    """Two processes list the same jobs at their start; when one finishes a job the other has listed, the other
+    skips it at its turn instead of evaluating it again and rewriting its record."""
+    spec_path = _write(tmp_path, SPEC)
+    jobs = sweep.jobs(SPEC, tmp_path / "runs", tmp_path / "records")
+    ran = []
+
+    def train(job):  # the first job's run: meanwhile "another process" finishes the second job
+        ran.append(job.name)
+        other = jobs[1]
+        other.record.parent.mkdir(parents=True, exist_ok=True)
+        other.record.write_text(json.dumps({"settings_hash": other.settings_hash, "final": {}}))
+        return {"final": {"accuracy": 0.5, "auc_mean": 0.5}, "wall_s": 1.0}
+
+    monkeypatch.setattr(sweep, "_train_eval_record", train)
+    assert _run(tmp_path, spec_path) == 0
+    assert ran == ["grpo-seed3"]
+    assert "skipped capo-seed3: finished by another sweep process (done record" in capsys.readouterr().out
+    assert not (jobs[1].run_dir / "sweep.lock").exists()  # released
+
+
 def test_change_from_base_hand_computed(tmp_path, capsys):
     # GRPO's final AUC-mean over seeds 1-3 is 0.70, 0.75, 0.65 against the base's 0.80: changes -0.10, -0.05, -0.15
     # -> mean -0.10, sd 0.05, half-width t(0.975, 2) * 0.05 / sqrt(3) = 0.124207...; t = -3.4641 -> p = 0.07418
