@@ -1,7 +1,7 @@
 """Turn a sweep's records (scripts/sweep.py) into the tables, the curves and the forest plot, with the training seed
 as the unit.
 
-    python scripts/sweep_report.py sweeps/records/NAME --reference grpo [--out docs/figures/sweeps/NAME]
+    python scripts/sweep_report.py sweeps/records/NAME [sweeps/records/NAME2 ...] --reference grpo [--out DIR]
     python scripts/sweep_report.py docs/figures/compare/default-summary.json --compare-summary --reference grpo
 
 Prints, and writes to OUT/summary.md and OUT/summary.json:
@@ -37,23 +37,70 @@ MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "aurc", "verbal_ece
 CURVES = ("eval/accuracy", "eval/auc_mean")
 
 
-def load_records(folder: Path) -> dict[str, dict[int, dict]]:
-    """method -> seed -> record (the base job's record, `base.json`, is read by :func:`load_base`)."""
+# Settings that may differ between the records of one comparison: the method itself (every `algo.*` key), the seed,
+# and knobs that change neither the method nor the sampling distribution (where a run writes, how often it saves,
+# threads, the KV-cache layout, gradient-accumulation micro-batches, the extra step-0 evaluation, which leaves the
+# training untouched: tests/trainer). Everything else must be equal.
+FREE = ("algo", "run.seed", "run.out_dir", "run.save_every", "run.keep_checkpoints", "run.resume", "run.progress",
+        "run.threads", "run.eval_at_start", "rollout.kv_cache", "optim.micro_batch_size")
+
+
+def comparable(rec: dict, sections: tuple[str, ...] | None = None) -> dict:
+    """What must agree for records to enter one comparison: the preset, the final evaluation and every training
+    setting of the record's config outside :data:`FREE` (only ``sections`` of the config when given)."""
+    cfg = {f"{sec}.{k}": v for sec, body in (rec.get("config") or {}).items()
+           if isinstance(body, dict) and (sections is None or sec in sections) for k, v in body.items()}
+    cfg = {k: v for k, v in sorted(cfg.items()) if k not in FREE and k.split(".")[0] not in FREE}
+    settings = rec.get("settings") or {}
+    return {"preset": settings.get("preset"), "eval": settings.get("eval"), "config": cfg}
+
+
+def _check_same(recs: list[tuple[Path, dict]], what: str, sections: tuple[str, ...] | None = None) -> None:
+    """Exit naming the first two records whose settings differ outside :data:`FREE`."""
+    (p0, r0), *rest = recs
+    c0 = comparable(r0, sections)
+    for p, r in rest:
+        c = comparable(r, sections)
+        if c != c0:
+            diff = [k for k in ("preset", "eval") if c[k] != c0[k]] + sorted(
+                k for k in set(c["config"]) | set(c0["config"]) if c["config"].get(k) != c0["config"].get(k))
+            sys.exit(f"{p} and {p0}: {what} differ in {', '.join(diff)}; one comparison needs the same preset, "
+                     f"evaluation and training settings except the method and {', '.join(FREE[1:])}")
+
+
+def load_records(*folders: Path) -> dict[str, dict[int, dict]]:
+    """method -> seed -> record, from one sweep's folder or several (e.g. more methods run by a second spec against
+    the first one's reference): every record must share the preset, the evaluation and the training settings outside
+    :data:`FREE`, and a (method, seed) may come from one folder only. The base records are read by
+    :func:`load_base`."""
     out: dict[str, dict[int, dict]] = {}
-    for p in sorted(Path(folder).glob("*.json")):
-        rec = json.loads(p.read_text())
-        if rec["method"] == BASE:
-            continue
-        out.setdefault(rec["method"], {})[rec["seed"]] = rec
+    paths: dict[tuple[str, int], Path] = {}
+    for folder in folders:
+        if not sorted(Path(folder).glob("*.json")):
+            sys.exit(f"{folder}: no records (*.json) found")
+        for p in sorted(Path(folder).glob("*.json")):
+            rec = json.loads(p.read_text())
+            if rec["method"] == BASE:
+                continue
+            key = (rec["method"], rec["seed"])
+            if key in paths:
+                sys.exit(f"{p} and {paths[key]}: {key[0]} seed {key[1]} twice (one record per method and seed)")
+            paths[key] = p
+            out.setdefault(rec["method"], {})[rec["seed"]] = rec
     if not out:
-        sys.exit(f"{folder}: no records (*.json) found")
+        sys.exit(f"{', '.join(map(str, folders))}: only base records, no method's")
+    _check_same([(paths[m, s], out[m][s]) for m, s in paths], "training records")
     return out
 
 
-def load_base(folder: Path) -> dict | None:
-    """The sweep's base record (the preset's initial model, same held-out evaluation), None when it has none."""
-    p = Path(folder) / f"{BASE}.json"
-    return json.loads(p.read_text()) if p.exists() else None
+def load_base(*folders: Path) -> dict | None:
+    """The base record (the preset's initial model under the same held-out evaluation) of the first folder that has
+    one, None when none has; two folders' base records must agree in preset, evaluation, model and data."""
+    found = [(p, json.loads(p.read_text())) for p in (Path(f) / f"{BASE}.json" for f in folders) if p.exists()]
+    if not found:
+        return None
+    _check_same(found, "base records", sections=("model", "data"))
+    return found[0][1]
 
 
 def from_base(records: dict, base: dict, effect: float) -> dict:
@@ -256,23 +303,28 @@ def plot_forest(s: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("records", type=Path, help="a sweep's record folder (sweeps/records/NAME), or with "
-                    "--compare-summary a scripts/compare_table.py *-summary.json")
+    ap.add_argument("records", type=Path, nargs="+", help="a sweep's record folder (sweeps/records/NAME), or several "
+                    "whose records share preset, evaluation and training settings (one comparison); with "
+                    "--compare-summary one scripts/compare_table.py *-summary.json")
     ap.add_argument("--compare-summary", action="store_true", help="read a compare_table summary JSON instead")
     ap.add_argument("--reference", default="grpo", help="the method every other is paired against")
     ap.add_argument("--effect", type=float, default=0.03, help="difference the power analysis is for")
-    ap.add_argument("--out", type=Path, default=None, help="output folder (default: docs/figures/sweeps/NAME)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output folder (default: docs/figures/sweeps/NAME, names joined by + for several folders)")
     ap.add_argument("--curve-tables", action="store_true", help="also print each run's held-out curve as a table")
     a = ap.parse_args(argv)
     if a.compare_summary:
-        print(from_compare_summary(a.records, a.reference, a.effect))
+        if len(a.records) != 1:
+            ap.error("--compare-summary reads one summary JSON")
+        print(from_compare_summary(a.records[0], a.reference, a.effect))
         return 0
-    records = load_records(a.records)
+    records = load_records(*a.records)
     if a.reference not in records:
         sys.exit(f"--reference {a.reference!r} has no records; methods: {', '.join(sorted(records))}")
-    out = a.out or Path(__file__).resolve().parent.parent / "docs" / "figures" / "sweeps" / a.records.name
+    name = "+".join(r.name for r in a.records)
+    out = a.out or Path(__file__).resolve().parent.parent / "docs" / "figures" / "sweeps" / name
     out.mkdir(parents=True, exist_ok=True)
-    s = summary(records, a.reference, a.effect, load_base(a.records))
+    s = summary(records, a.reference, a.effect, load_base(*a.records))
     md = markdown(s)
     (out / "summary.md").write_text(md)
     (out / "summary.json").write_text(json.dumps(s, indent=1))

@@ -127,6 +127,46 @@ def test_seed_paired_statistics_hand_computed(tmp_path):
     assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] | 0.100 | 0.0742 | 89 |" in (tmp_path / "out" / "summary.md").read_text()
 
 
+def test_records_of_two_sweeps_form_one_comparison_only_with_the_same_settings(tmp_path, capsys):
+    """A second spec's methods pair with the first spec's reference by seed when every training setting outside the
+    method, the seed and the bookkeeping knobs agrees; a differing setting or a (method, seed) twice is an error."""
+    def rec(method, seed, auc, **cfg):
+        config = {"algo": {"name": method}, "optim": {"lr": 1e-4, "micro_batch_size": 0},
+                  "run": {"seed": seed, "out_dir": f"/x/{method}{seed}", "threads": 1}}
+        for key, v in cfg.items():
+            sec, k = key.split("__")
+            config[sec][k] = v
+        return {**_record(method, seed, 0.4, auc), "config": config,
+                "settings": {"preset": "p", "eval": {"problems": 100, "k": 8}}}
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    for seed, auc in ((0, 0.60), (1, 0.70)):
+        (a / f"grpo-seed{seed}.json").write_text(json.dumps(rec("grpo", seed, auc)))
+    # the second sweep's method, run with another thread count and micro-batch size (free knobs): paired with a's GRPO
+    for seed, auc in ((0, 0.65), (1, 0.80)):
+        (b / f"rloo-seed{seed}.json").write_text(json.dumps(rec("rloo", seed, auc, run__threads=2,
+                                                               optim__micro_batch_size=4)))
+    records = sweep_report.load_records(a, b)
+    d = sweep_report.summary(records, "grpo", 0.03)["paired"]["rloo"]["auc_mean"]
+    assert d["seeds"] == [0, 1] and d["diffs"] == pytest.approx([0.05, 0.10], abs=1e-12)
+    # a training setting that differs: refused, naming it
+    (b / "rloo-seed1.json").write_text(json.dumps(rec("rloo", 1, 0.8, optim__lr=3e-4)))
+    with pytest.raises(SystemExit, match="differ in optim.lr"):
+        sweep_report.load_records(a, b)
+    # another evaluation: refused
+    (b / "rloo-seed1.json").write_text(json.dumps({**rec("rloo", 1, 0.8), "settings": {"preset": "p", "eval": {}}}))
+    with pytest.raises(SystemExit, match="differ in eval"):
+        sweep_report.load_records(a, b)
+    # the same method and seed in both folders: refused
+    (b / "rloo-seed1.json").unlink()
+    (b / "grpo-seed1.json").write_text(json.dumps(rec("grpo", 1, 0.7)))
+    with pytest.raises(SystemExit, match="grpo seed 1 twice"):
+        sweep_report.load_records(a, b)
+    with pytest.raises(SystemExit, match="none: no records"):  # a mistyped folder is no silent empty sweep
+        sweep_report.main([str(a), str(tmp_path / "none"), "--out", str(tmp_path / "o")])
+
+
 def test_a_job_held_by_a_live_process_is_skipped_and_a_dead_ones_lock_is_taken_over(tmp_path, capsys, monkeypatch):
     import os
     import socket
