@@ -133,8 +133,9 @@ def seed_paired(diffs, effect: float) -> dict:
     if r is not None:
         need = None
         if r["sd"] > 0:
-            with warnings.catch_warnings():  # the solver warns (and returns NaN) when 2 seeds already suffice
-                warnings.simplefilter("ignore")
+            # the solver warns (and returns NaN) when 2 seeds already suffice; record=True keeps it silent even when
+            # statsmodels' first import of its warning class adds an "always" filter inside this block
+            with warnings.catch_warnings(record=True):
                 need = float(TTestPower().solve_power(effect_size=effect / r["sd"], alpha=0.05, power=0.8))
             need = None if math.isnan(need) else need
         out |= {"sd": r["sd"], "low": r["low"], "high": r["high"], "p": r["p"], "seeds_needed": need}
