@@ -178,8 +178,9 @@ def run_job(job: Job) -> dict | str:
     if holder is not None:
         return f"run by another sweep process ({holder})"
     try:
-        if state(job) != "todo":
-            return f"finished by another sweep process ({state(job)} record {job.record})"
+        now = state(job)
+        if now != "todo":
+            return f"finished by another sweep process ({now} record {job.record})"
         return _train_eval_record(job)
     finally:
         (job.run_dir / "sweep.lock").unlink(missing_ok=True)

@@ -76,9 +76,10 @@ def load_records(*folders: Path) -> dict[str, dict[int, dict]]:
     out: dict[str, dict[int, dict]] = {}
     paths: dict[tuple[str, int], Path] = {}
     for folder in folders:
-        if not sorted(Path(folder).glob("*.json")):
+        files = sorted(Path(folder).glob("*.json"))
+        if not files:
             sys.exit(f"{folder}: no records (*.json) found")
-        for p in sorted(Path(folder).glob("*.json")):
+        for p in files:
             rec = json.loads(p.read_text())
             if rec["method"] == BASE:
                 continue
