@@ -218,3 +218,81 @@ def test_recorded_token_statistics_equal_the_oracle_distribution(model_tok, shar
     first = samples[1][2]
     n = first.n_tokens
     assert first.token_stats["entropy"] == ro.token_stats["entropy"][6, :n].tolist()
+
+
+@pytest.mark.parametrize("k,heads,kv_heads,written", [(3, 4, 2, 5), (2, 4, 4, 1), (4, 6, 2, 9)])
+def test_grouped_prefix_attention_equals_sdpa(k, heads, kv_heads, written):
+    """One decoding step: each group's k rows share their first P cache positions (left padding differing between
+    groups), each row has ``written`` response positions of its own and unwritten preallocated ones after them.
+    The grouped attention == transformers' SDPA over the full rows; calls it does not handle go to SDPA itself."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from capo.rollout.prefix import GroupedPrefixAttention
+
+    g = torch.Generator().manual_seed(k * 100 + written)
+    b, p, length, d = 3, 7, 20, 8
+    n = b * k
+    key, value = torch.randn(n, kv_heads, length, d, generator=g), torch.randn(n, kv_heads, length, d, generator=g)
+    for t in (key, value):  # the prefix is a copy per group, as shared_prefix leaves the cache
+        t[:, :, :p] = t[::k, :, :p].repeat_interleave(k, 0)
+    query = torch.randn(n, 1, heads, d, generator=g).transpose(1, 2)
+    pads = torch.tensor([0, 2, 4])[:b].repeat_interleave(k)
+    pos = torch.arange(length)
+    mask = ((pos[None] >= pads[:, None]) & (pos[None] < p + written))[:, None, None, :]
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.layer_idx = heads // kv_heads, 0
+    attend = GroupedPrefixAttention(k, p)
+    out, _ = attend(module, query, key, value, mask, scaling=0.3)
+    ref, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    assert out.shape == ref.shape == (n, 1, heads, d)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
+    assert attend._prefix[0][0].shape == (b, kv_heads, p, d)  # the prefix is held once per group
+    q2 = torch.randn(n, heads, 2, d, generator=g)  # two query tokens: not a decoding step
+    mask2 = mask.expand(n, 1, 2, length)
+    assert torch.equal(attend(module, q2, key, value, mask2, scaling=0.3)[0],
+                       sdpa_attention_forward(module, q2, key, value, mask2, scaling=0.3)[0])
+
+
+@pytest.mark.parametrize("kv_cache", KV_CACHES)
+def test_grouped_prefix_attention_draws_the_same_tokens(model_tok, kv_cache, monkeypatch):
+    """Sampling with the grouped prefix attention (default) or SDPA over the k copies: same seed, the same responses,
+    log-probs equal to float summation order; every decoding step took the grouped path, and the model's attention
+    implementation is SDPA again afterwards."""
+    from capo.rollout.prefix import GroupedPrefixAttention
+
+    model, tok = model_tok
+    assert model.config._attn_implementation == "sdpa"
+    taken = []
+    applies = GroupedPrefixAttention._applies
+    monkeypatch.setattr(GroupedPrefixAttention, "_applies", lambda self, *a: taken.append(applies(self, *a)) or
+                        taken[-1])
+    out = {}
+    for grouped in (True, False):
+        torch.manual_seed(3)
+        out[grouped] = sample_rollout(model, tok, PROMPTS, k=3, max_new_tokens=20, kv_cache=kv_cache,
+                                      prefix_attention=grouped)
+    a, b = out[True], out[False]
+    assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
+    torch.testing.assert_close(a.gen_logp, b.gen_logp, rtol=0, atol=2e-6)
+    n_layers = model.config.num_hidden_layers
+    assert len(taken) == n_layers * a.response_ids.shape[1] and all(taken)  # only the grouped run, every step
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_grouped_prefix_attention_restores_the_model_and_leaves_other_attention_alone(model_tok):
+    from capo.rollout.prefix import GROUPED_PREFIX_ATTENTION, grouped_prefix_attention
+
+    model, _ = model_tok
+    with pytest.raises(RuntimeError, match="inside"):
+        with grouped_prefix_attention(model, 3, 5):
+            assert model.config._attn_implementation == GROUPED_PREFIX_ATTENTION
+            raise RuntimeError("inside")
+    assert model.config._attn_implementation == "sdpa"
+    with grouped_prefix_attention(model, 1, 5), grouped_prefix_attention(model, 3, 0):
+        assert model.config._attn_implementation == "sdpa"  # no groups, or no shared prefix: unchanged
+    model.config._attn_implementation = "eager"
+    try:
+        with grouped_prefix_attention(model, 3, 5):
+            assert model.config._attn_implementation == "eager"  # only SDPA models are switched
+    finally:
+        model.config._attn_implementation = "sdpa"

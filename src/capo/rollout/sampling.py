@@ -20,7 +20,7 @@ import torch
 from capo.core.confidence import token_statistics
 from capo.rollout.engine import KV_CACHES
 from capo.rollout.models import autocast_context, eos_token_ids
-from capo.rollout.prefix import shared_prefix
+from capo.rollout.prefix import grouped_prefix_attention, shared_prefix
 from capo.rollout.types import Rollout
 from capo.tasks.prompts import check_context
 
@@ -102,21 +102,23 @@ def _static_cache(model, prefix, max_len: int):
 
 def _generation_cache(model, enc, k: int, max_new_tokens: int, share_prefix: bool, kv_cache: str):
     """The KV cache ``generate`` starts from: the prompts' shared prefix (when shared) in a static or dynamic cache;
-    None lets ``generate`` build its own dynamic one."""
+    None lets ``generate`` build its own dynamic one. Also returns the number of leading cache positions shared by
+    each group of k rows (the prefix copied to them; 0 when none was)."""
     if kv_cache not in KV_CACHES:
         raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
-    cache = None
+    cache, shared = None, 0
     if share_prefix and k > 1 and enc["input_ids"].shape[1] > 1 and max_new_tokens > 0:
         cache = _prefix_cache(model, enc["input_ids"], enc["attention_mask"], k)
+        shared = enc["input_ids"].shape[1] - 1 if cache is not None else 0
     if kv_cache == "static" and max_new_tokens > 0:
         cache = _static_cache(model, cache, enc["input_ids"].shape[1] + max_new_tokens)
-    return cache
+    return cache, shared
 
 
 @torch.no_grad()
 def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_tokens: int, temperature: float = 1.0,
                    top_p: float = 1.0, share_prefix: bool = True, record_stats: bool = False,
-                   kv_cache: str = KV_CACHES[0]) -> Rollout:
+                   kv_cache: str = KV_CACHES[0], prefix_attention: bool = True) -> Rollout:
     """Sample ``k`` responses per prompt string with ``model.generate``; the one sampler of trainer and evaluation.
 
     The per-token log-probs are the policy's own (raw logits, log-softmax at temperature 1, no top-p/top-k or
@@ -130,7 +132,10 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     default) grows them by concatenation, which copies the whole cache at every decoding step. Same distribution;
     the sampled tokens agreed exactly in the measured cases (docs/results.md). ``record_stats``: also record each
     token's entropy, self-certainty and DeepConf confidence (:data:`TOKEN_STATS`, into ``Rollout.token_stats``) for the
-    confidence estimators of :mod:`capo.core.confidence`. Draws from torch's global RNG.
+    confidence estimators of :mod:`capo.core.confidence`. ``prefix_attention`` (with a shared prefix): each decoding
+    step reads a group's prompt keys/values once for its k rows (:class:`capo.rollout.prefix.GroupedPrefixAttention`,
+    models on transformers' SDPA attention); False attends the k copies with SDPA, for comparison. Draws from torch's
+    global RNG.
     """
     from transformers import GenerationConfig
 
@@ -144,7 +149,7 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else \
         dict(do_sample=False)
     gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad, **sampling)
-    cache = _generation_cache(model, enc, k, max_new_tokens, share_prefix, kv_cache)
+    cache, shared = _generation_cache(model, enc, k, max_new_tokens, share_prefix, kv_cache)
     recorder = _RecordLogprobs(stats=record_stats)
     handle = model.register_forward_hook(recorder, with_kwargs=True)
     # generate() fills every field left unset in a passed config from model.generation_config (a checkpoint's
@@ -152,8 +157,9 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     # the sampling distribution.
     model_cfg, model.generation_config = model.generation_config, gen_cfg
     try:
-        seq = model.generate(input_ids=ids, attention_mask=am, generation_config=gen_cfg,
-                             **({"past_key_values": cache} if cache is not None else {}))
+        with grouped_prefix_attention(model, k, shared if prefix_attention else 0):
+            seq = model.generate(input_ids=ids, attention_mask=am, generation_config=gen_cfg,
+                                 **({"past_key_values": cache} if cache is not None else {}))
     finally:
         model.generation_config = model_cfg
         handle.remove()
