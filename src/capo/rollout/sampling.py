@@ -133,10 +133,8 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     the sampled tokens agreed exactly in the measured cases (docs/results.md). ``record_stats``: also record each
     token's entropy, self-certainty and DeepConf confidence (:data:`TOKEN_STATS`, into ``Rollout.token_stats``) for the
     confidence estimators of :mod:`capo.core.confidence`. ``prefix_attention`` (with a shared prefix): each decoding
-    step reads a group's prompt keys/values once for its k rows (:class:`capo.rollout.prefix.GroupedPrefixAttention`,
-    models on transformers' SDPA attention); False attends the k copies with SDPA, for comparison. Draws from torch's
-    global RNG.
-    """
+    step reads a group's prompt keys/values once (:class:`capo.rollout.prefix.GroupedPrefixAttention`, SDPA models);
+    False attends the k copies with SDPA, for comparison. Draws from torch's global RNG."""
     from transformers import GenerationConfig
 
     device = next(model.parameters()).device
