@@ -79,7 +79,8 @@ class RolloutConfig:
     temperature: float = knob(1.0, "sampling temperature (> 0)")
     top_p: float = knob(1.0, "nucleus sampling mass in (0, 1]")
     share_prefix: bool = knob(True, "run each prompt once per group (its KV cache copied to the G rows) in generation "
-                              "and in every log-prob/training forward; exact up to float summation order")
+                              "and in every log-prob/training forward, and (hf engine, SDPA models) read a group's "
+                              "prompt keys/values once per decoding step; exact up to float summation order")
     kv_cache: str = knob(KV_CACHES[0], "hf engine's KV cache during generation: static (preallocated for the "
                          "whole response, written in place) or dynamic (grown by concatenation, transformers' "
                          "default: copies the cache at every decoding step); same distribution, static is faster",
