@@ -280,6 +280,10 @@ def test_grouped_prefix_attention_draws_the_same_tokens(model_tok, kv_cache, mon
 
 
 def test_grouped_prefix_attention_restores_the_model_and_leaves_other_attention_alone(model_tok):
+    """The model is on SDPA again after the block (also when it raises), the registered function holds no prefix
+    copy afterwards, and a model without groups, without a shared prefix or not on SDPA is left alone."""
+    from transformers import AttentionInterface
+
     from capo.rollout.prefix import GROUPED_PREFIX_ATTENTION, grouped_prefix_attention
 
     model, _ = model_tok
@@ -288,6 +292,9 @@ def test_grouped_prefix_attention_restores_the_model_and_leaves_other_attention_
             assert model.config._attn_implementation == GROUPED_PREFIX_ATTENTION
             raise RuntimeError("inside")
     assert model.config._attn_implementation == "sdpa"
+    torch.manual_seed(0)
+    sample_rollout(model, model_tok[1], PROMPTS, k=3, max_new_tokens=4)
+    assert not AttentionInterface._global_mapping[GROUPED_PREFIX_ATTENTION]._prefix
     with grouped_prefix_attention(model, 1, 5), grouped_prefix_attention(model, 3, 0):
         assert model.config._attn_implementation == "sdpa"  # no groups, or no shared prefix: unchanged
     model.config._attn_implementation = "eager"

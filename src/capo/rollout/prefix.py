@@ -107,10 +107,13 @@ def grouped_prefix_attention(model, k: int, prefix_len: int):
     if k < 2 or prefix_len < 1 or getattr(config, "_attn_implementation", None) != "sdpa":
         yield
         return
-    AttentionInterface.register(GROUPED_PREFIX_ATTENTION, GroupedPrefixAttention(k, prefix_len))
+    attend = GroupedPrefixAttention(k, prefix_len)
+    AttentionInterface.register(GROUPED_PREFIX_ATTENTION, attend)
     AttentionMaskInterface.register(GROUPED_PREFIX_ATTENTION, sdpa_mask)  # the masks SDPA would get
     config._attn_implementation = GROUPED_PREFIX_ATTENTION
     try:
         yield
     finally:
         config._attn_implementation = "sdpa"
+        attend._prefix.clear()  # the registry keeps the function: drop the prefix copies it holds
+        attend._mask = None
