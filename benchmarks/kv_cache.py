@@ -5,7 +5,7 @@ keys/values read once per decoding step, ``capo.rollout.prefix.GroupedPrefixAtte
 ``share_prefix``; sdpa: transformers' SDPA over each row's copy).
 
 Work: a shipped model (``--model``: ``word_problems``, the 5M reasoning testbed, preset 8 x 8 x 192; ``default``, the
-0.37M embedded default, preset 16 x 8 x 40), B of its task's training prompts x G = 8 samples, up to T new tokens at
+0.37M embedded default, preset 16 x 8 x 40), B of its task's training prompts x G samples (8; `--group`), up to T new tokens at
 temperature 1, natural response lengths, shared prompt prefix, allocator tuned as the capo command does.
 The variants run interleaved with the same seed per repetition; prints CPU seconds per rollout, whether the sampled
 tokens are identical to the first variant's, the largest difference of the recorded log-probs, and ``RATIO
@@ -50,7 +50,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=tuple(GENERATED_TASKS), default="word_problems",
                     help="a shipped model, sampled on its own task's training prompts")
-    ap.add_argument("--batch", type=int, default=8, help="B: prompts (G = 8 samples each)")
+    ap.add_argument("--batch", type=int, default=8, help="B: prompts")
+    ap.add_argument("--group", type=int, default=G, help="G: samples per prompt (the trainer's periodic evaluation: 4)")
     ap.add_argument("--new-tokens", type=int, default=192, help="T: the generation limit")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (a new seed each)")
     ap.add_argument("--threads", type=int, default=1)
@@ -75,7 +76,8 @@ def main() -> None:
         for name in names:
             torch.manual_seed(1000 + rep)
             c0 = time.process_time()
-            out[name] = sample_rollout(model, tok, prompts, k=G, max_new_tokens=args.new_tokens, **VARIANTS[name])
+            out[name] = sample_rollout(model, tok, prompts, k=args.group, max_new_tokens=args.new_tokens,
+                                        **VARIANTS[name])
             cpu[name].append(time.process_time() - c0)
         a = out[names[0]]
         for name in names[1:]:
@@ -85,7 +87,7 @@ def main() -> None:
                 dlogp[name].append((a.gen_logp - b.gen_logp).abs().max().item())
         lens.append((a.response_mask.sum(1).float().mean().item(), a.response_ids.shape[1]))
     med = {k: statistics.median(v) for k, v in cpu.items()}
-    print(f"torch {torch.__version__}, threads {args.threads}: {args.model} model, {args.batch} x {G} x up to "
+    print(f"torch {torch.__version__}, threads {args.threads}: {args.model} model, {args.batch} x {args.group} x up to "
           f"{args.new_tokens} tokens; CPU s per rollout, median of {args.reps}")
     for k, v in med.items():
         print(f"  {k:16s} {v:7.2f} s   raw {[round(x, 2) for x in cpu[k]]}")
