@@ -5,8 +5,8 @@ keys/values read once per decoding step, ``capo.rollout.prefix.GroupedPrefixAtte
 ``share_prefix``; sdpa: transformers' SDPA over each row's copy).
 
 Work: a shipped model (``--model``: ``word_problems``, the 5M reasoning testbed, preset 8 x 8 x 192; ``default``, the
-0.37M embedded default, preset 16 x 8 x 40), B of its task's training prompts x G samples (8; `--group`), up to T new tokens at
-temperature 1, natural response lengths, shared prompt prefix, allocator tuned as the capo command does.
+0.37M embedded default, preset 16 x 8 x 40), B of its task's training prompts x G samples (8; ``--group``), up to T
+new tokens at temperature 1, natural response lengths, shared prompt prefix, allocator tuned as the capo command does.
 The variants run interleaved with the same seed per repetition; prints CPU seconds per rollout, whether the sampled
 tokens are identical to the first variant's, the largest difference of the recorded log-probs, and ``RATIO
 variant/first`` (> 1: the first, capo's default, faster).
