@@ -37,6 +37,32 @@ TOL = 1e-6
 pytestmark = pytest.mark.timeout(900)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def vllm_cpu_linear_keeps_weights():
+    """Test-only shim: vLLM's CPU linear layers compute with plain ``F.linear`` on the weights they hold.
+
+    On CPUs with AMX or a oneDNN-capable build, vllm-cpu 0.31 repacks each linear layer's weight once after loading
+    (``dispatch_cpu_unquantized_gemm``: sgl-kernel or oneDNN), keeps the packed copy in a closure and replaces
+    ``layer.weight`` by an empty parameter. TRL's weight sync (``load_weights`` before each generation) then fails
+    ("'Parameter' object has no attribute 'weight_loader'"), and even where it did not, the engine would keep
+    sampling from the packed, stale weights. GPU vLLM computes with the weights it holds, as this shim makes the CPU
+    build do; on AVX2 machines vLLM takes this path by itself.
+    """
+    import vllm.model_executor.layers.utils as vllm_layer_utils
+
+    original = vllm_layer_utils.dispatch_cpu_unquantized_gemm
+
+    def plain_linear(layer, remove_weight):
+        if layer.weight.ndim != 2:
+            return original(layer, remove_weight)
+        layer.cpu_linear = torch.nn.functional.linear
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(vllm_layer_utils, "dispatch_cpu_unquantized_gemm", plain_linear)
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory):
     """The adapter tests' tiny RLCR-answering Qwen2 with head_dim 32 (vLLM's CPU attention rejects 16 and 24)."""
@@ -136,6 +162,7 @@ def _check_batch(rec, loss, thresholds) -> float:
     assert torch.allclose(got.double(), want.double(), atol=1e-5, rtol=0), (got, want)
     # the engine generated with the trained weights (TRL pushes them before each generation)
     gaps = rec["engine_gaps"]
+    assert {"o_proj", "down_proj"} <= {n.split(".")[-2] for n in gaps}, f"linear weights not compared: {sorted(gaps)}"
     assert len(gaps) >= 5 and max(gaps.values()) == 0.0, gaps
     lpm_vllm = sequence_logprob_mean(torch.nan_to_num(out["sampling_per_token_logps"].double()), mask)
     return float((lpm_vllm - lpm).abs().max())
