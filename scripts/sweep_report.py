@@ -114,6 +114,24 @@ def from_base(records: dict, base: dict, effect: float) -> dict:
             for m, by_seed in records.items()}
 
 
+CURVE_MEASURES = ("accuracy", "auc_mean", "auroc")
+
+
+def along_curve(records: dict, effect: float) -> dict:
+    """Per method and measure: the last periodic evaluation minus the step-0 one, over the seeds whose curve has a
+    step-0 row (a one-sample t-interval). The periodic set (the preset's ``data.n_eval`` problems x its eval k) is not
+    the final evaluation's, so this is a second held-out reading of "how far training moved it", not the same one."""
+    out = {}
+    for m, by_seed in records.items():
+        rows = {s: r["curves"].get("eval") or [] for s, r in by_seed.items()}
+        ends = {s: (ev[0], ev[-1]) for s, ev in rows.items() if ev and ev[0]["step"] == 0 and len(ev) > 1}
+        out[m] = {k: {"seeds": sorted(ends), "last_step": sorted({e[1]["step"] for e in ends.values()}),
+                      **seed_paired([ends[s][1]["eval/" + k] - ends[s][0]["eval/" + k] for s in sorted(ends)], effect)}
+                  for k in CURVE_MEASURES
+                  if ends and all(e[i].get("eval/" + k) is not None for e in ends.values() for i in (0, 1))}
+    return out
+
+
 def paired(records: dict, method: str, reference: str, measure: str, effect: float) -> dict:
     """Seed-paired difference method - reference over the seeds both finished."""
     seeds = sorted(set(records[method]) & set(records[reference]))
@@ -171,7 +189,8 @@ def summary(records: dict, reference: str, effect: float, base: dict | None = No
                          **{k: {"per_seed": v, "mean": _mean(v), "sd": _sd(v)} for k, v in vals.items()}}
     diffs = {m: {k: paired(records, m, reference, k, effect) for k in MEASURES if _has(records, m, reference, k)}
              for m in records if m != reference}
-    out = {"reference": reference, "effect": effect, "methods": per_method, "paired": diffs}
+    out = {"reference": reference, "effect": effect, "methods": per_method, "paired": diffs,
+           "along_curve": along_curve(records, effect)}
     if base is not None:
         out |= {"base": {k: base["final"].get(k) for k in MEASURES}, "from_base": from_base(records, base, effect)}
     return out
@@ -226,7 +245,22 @@ def markdown(s: dict) -> str:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
                              f"{d['sd']:.3f} | {d['p']:.3g} |" if "sd" in d else
                              f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} (one seed: no interval) | - | - |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _along_curve_lines(s.get("along_curve") or {})) + "\n"
+
+
+def _along_curve_lines(along: dict) -> list[str]:
+    rows = [(m, k, d) for m, by_k in along.items() for k, d in by_k.items()]
+    if not rows:
+        return []
+    lines = ["", "Change along the periodic held-out curve, last evaluation - step 0 (the preset's periodic set, not "
+             "the final evaluation's; seeds whose curve starts at step 0): mean [95% t-interval over seeds], p", "",
+             "| method | measure | seeds | last step | change [95% CI] | sd | p |", "|---|---|---|---|---|---|---|"]
+    for m, k, d in rows:
+        at = "/".join(str(x) for x in d["last_step"])
+        lines.append(f"| {m} | {k} | {d['n_seeds']} | {at} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
+                     f"{d['sd']:.3f} | {d['p']:.3g} |" if "sd" in d else
+                     f"| {m} | {k} | {d['n_seeds']} | {at} | {d['mean']:+.3f} (no interval) | - | - |")
+    return lines
 
 
 def curve_table(rec: dict) -> str:

@@ -264,3 +264,29 @@ def test_curve_table_averages_training_rows_since_the_previous_evaluation():
     out = sweep_report.curve_table({"method": "grpo", "seed": 1, "curves": {"train": train, "eval": ev}})
     assert "| 0 | 0.300 | 0.800 | - | - | - | - | - | - |" in out  # the step-0 point: no training rows yet
     assert "| 2 | 0.500 | 0.700 | 0.600 | 0.400 | 0.350 | 0.050 | 0.300 | 85.0 |" in out  # steps 1-2 averaged
+
+
+def test_change_along_the_periodic_curve_hand_computed(tmp_path, capsys):
+    # periodic AUC-mean, step 0 -> step 40: seed 1 0.85 -> 0.80, seed 2 0.90 -> 0.80, seed 3 0.80 -> 0.80, seed 4 has
+    # no step-0 row (left out). Changes -0.05, -0.10, 0.00 -> mean -0.05, sd 0.05,
+    # half-width t(0.975, 2) * 0.05 / sqrt(3) = 0.124207..., t = -1.7321 -> p = 0.2254
+    for s_, start in ((1, 0.85), (2, 0.90), (3, 0.80)):
+        rec = _record("grpo", s_, 0.5, 0.7)
+        rec["curves"]["eval"] = [{"step": 0, "eval/accuracy": 0.3, "eval/auc_mean": start, "eval/auroc": 0.7},
+                                 {"step": 20, "eval/accuracy": 0.9, "eval/auc_mean": 0.1, "eval/auroc": 0.1},
+                                 {"step": 40, "eval/accuracy": 0.4 + s_ / 100, "eval/auc_mean": 0.80,
+                                  "eval/auroc": 0.7 - s_ / 100}]
+        (tmp_path / f"grpo-seed{s_}.json").write_text(json.dumps(rec))
+    (tmp_path / "grpo-seed4.json").write_text(json.dumps(_record("grpo", 4, 0.5, 0.7)))  # curve from step 20
+    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03)
+    d = s["along_curve"]["grpo"]["auc_mean"]
+    half = 4.302652729911275 * 0.05 / 3 ** 0.5
+    assert d["seeds"] == [1, 2, 3] and d["last_step"] == [40]
+    assert d["mean"] == pytest.approx(-0.05, abs=1e-12) and d["sd"] == pytest.approx(0.05, abs=1e-12)
+    assert (d["low"], d["high"]) == pytest.approx((-0.05 - half, -0.05 + half), abs=1e-9)
+    assert d["p"] == pytest.approx(0.2254, abs=5e-5)
+    # accuracy: 0.11, 0.12, 0.13 -> mean 0.12; pooled AUROC -0.01, -0.02, -0.03 -> mean -0.02
+    assert s["along_curve"]["grpo"]["accuracy"]["mean"] == pytest.approx(0.12, abs=1e-12)
+    assert s["along_curve"]["grpo"]["auroc"]["mean"] == pytest.approx(-0.02, abs=1e-12)
+    assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert "| grpo | auc_mean | 3 | 40 | -0.050 [-0.174, +0.074] | 0.050 | 0.225 |" in capsys.readouterr().out
