@@ -119,8 +119,9 @@ CURVE_MEASURES = ("accuracy", "auc_mean", "auroc")
 
 def along_curve(records: dict, effect: float) -> dict:
     """Per method and measure: the last periodic evaluation minus the step-0 one, over the seeds whose curve has a
-    step-0 row (a one-sample t-interval). The periodic set (the preset's ``data.n_eval`` problems x its eval k) is not
-    the final evaluation's, so this is a second held-out reading of "how far training moved it", not the same one."""
+    step-0 row (a one-sample t-interval). The periodic evaluation (the held-out split's first ``data.n_eval`` problems,
+    ``run.eval_samples`` each, seeded by the training seed) draws other samples than the final one, so this is a
+    second held-out reading of "how far training moved it", not the same one."""
     out = {}
     for m, by_seed in records.items():
         rows = {s: r["curves"].get("eval") or [] for s, r in by_seed.items()}
@@ -252,8 +253,8 @@ def _along_curve_lines(along: dict) -> list[str]:
     rows = [(m, k, d) for m, by_k in along.items() for k, d in by_k.items()]
     if not rows:
         return []
-    lines = ["", "Change along the periodic held-out curve, last evaluation - step 0 (the preset's periodic set, not "
-             "the final evaluation's; seeds whose curve starts at step 0): mean [95% t-interval over seeds], p", "",
+    lines = ["", "Change along the periodic held-out curve, last evaluation - step 0 (the trainer's periodic evaluation, "
+             "not the final one; seeds whose curve starts at step 0): mean [95% t-interval over seeds], p", "",
              "| method | measure | seeds | last step | change [95% CI] | sd | p |", "|---|---|---|---|---|---|---|"]
     for m, k, d in rows:
         at = "/".join(str(x) for x in d["last_step"])
