@@ -13,8 +13,10 @@ seed-level and prompt-level statistic can be recomputed without the checkpoints.
 same settings hash is skipped: re-running the command continues a killed or cut-off sweep, and with `--commit` each
 record is committed as it lands, so a fresh clone resumes from the repository. Records whose hash differs from the
 spec (the spec was edited) are reported and never silently mixed: delete them to rerun. With `base: true` the sweep
-also evaluates the preset's initial model once under the same held-out evaluation (`base.json`: the fixed start that
-`sweep_report.py` measures each method's change from). A job being run is claimed
+also evaluates the preset's initial model under the same held-out evaluation (`base.json`: the start that
+`sweep_report.py` measures each method's change from); `base: N` draws that evaluation N times with evaluation seeds
+`eval.seed`, `eval.seed + 1`, ... (`base.json`, `base-draw1.json`, ...): one draw is itself a random sample, and the
+change from the start is only as exact as the start's estimate. A job being run is claimed
 with `RUN_DIR/sweep.lock` (pid and host), so a second `sweep.py run` of the same spec -- started to use another core,
 or by mistake -- skips the jobs another live process holds instead of training into the same folder; a lock left by
 a process that died is taken over.
@@ -51,17 +53,20 @@ class Job:
 
     sweep: str
     method: str
-    seed: int | None  # None: the base job
+    seed: int | None  # None: a base job
     preset: str
     overrides: dict
     eval: dict
     run_dir: Path
     record: Path
     settings_hash: str = field(default="")
+    draw: int = 0  # a base job: which draw of the base evaluation (evaluation seed eval.seed + draw)
 
     @property
     def name(self) -> str:
-        return BASE if self.method == BASE else f"{self.method}-seed{self.seed}"
+        if self.method == BASE:
+            return f"{BASE}-draw{self.draw}" if self.draw else BASE
+        return f"{self.method}-seed{self.seed}"
 
 
 def load_spec(path: Path) -> dict:
@@ -76,8 +81,9 @@ def load_spec(path: Path) -> dict:
             sys.exit(f"{path}: '{key}' is required")
     if BASE in (spec.get("methods") or {}):
         sys.exit(f"{path}: '{BASE}' is the initial model's evaluation (`base: true`), not a method name")
-    if not isinstance(spec.get("base", False), bool):
-        sys.exit(f"{path}: 'base' must be true or false")
+    b = spec.get("base", False)
+    if not (isinstance(b, bool) or (isinstance(b, int) and b >= 1)):
+        sys.exit(f"{path}: 'base' must be true, false or a number of draws >= 1, got {b!r}")
     if not isinstance(spec["methods"], dict) or not all(isinstance(v, dict) for v in spec["methods"].values()):
         sys.exit(f"{path}: 'methods' maps each method name to a dict of config overrides")
     if not all(isinstance(s, int) for s in spec["seeds"]):
@@ -90,18 +96,21 @@ def load_spec(path: Path) -> dict:
 
 def jobs(spec: dict, runs_root: Path, records_root: Path) -> list[Job]:
     """Every (method, seed) job of the spec, seeds outermost so that a partial sweep has whole seeds; first, with
-    `base: true`, the base job: the preset's initial model under the same held-out evaluation (the fixed starting
-    point that "change from the start" is measured against: one model, one evaluation seed, so one record)."""
+    `base: true` or `base: N`, the base jobs: the preset's initial model under the same held-out evaluation, drawn N
+    times (1 for true) with evaluation seeds eval.seed + 0, 1, ...: the start that "change from the start" is measured
+    against, estimated like any other sampled evaluation."""
     ev = {**EVAL_DEFAULTS, **(spec.get("eval") or {})}
 
-    def job(method: str, seed: int | None, ov: dict, **extra) -> Job:
-        settings = {"preset": spec["preset"], "overrides": ov, "eval": ev, **extra}
+    def job(method: str, seed: int | None, ov: dict, evs: dict = ev, draw: int = 0, **extra) -> Job:
+        settings = {"preset": spec["preset"], "overrides": ov, "eval": evs, **extra}
         h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-        j = Job(spec["name"], method, seed, spec["preset"], ov, ev, Path(), Path(), h)
+        j = Job(spec["name"], method, seed, spec["preset"], ov, evs, Path(), Path(), h, draw)
         return dataclasses.replace(j, run_dir=runs_root / spec["name"] / j.name,
                                    record=records_root / spec["name"] / f"{j.name}.json")
 
-    out = [job(BASE, None, dict(spec.get("overrides") or {}), base=True)] if spec.get("base") else []
+    n_base = int(spec.get("base") or 0)  # true -> 1
+    out = [job(BASE, None, dict(spec.get("overrides") or {}), {**ev, "seed": ev["seed"] + d}, d, base=True)
+           for d in range(n_base)]
     for seed in spec["seeds"]:
         for method, m_over in spec["methods"].items():
             ov = {**(spec.get("overrides") or {}), **m_over, "run.seed": seed}
@@ -230,7 +239,8 @@ def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
         ev = {k: v for k, v in row.items() if k.startswith("eval/")}
         if ev:
             curves["eval"].append({"step": row["step"], **ev})
-    return {"sweep": job.sweep, "method": job.method, "seed": job.seed, "settings_hash": job.settings_hash,
+    return {"sweep": job.sweep, "method": job.method, "seed": job.seed, **({"draw": job.draw} if job.draw else {}),
+            "settings_hash": job.settings_hash,
             "settings": {"preset": job.preset, "overrides": job.overrides, "eval": job.eval}, "config": cfg,
             "commit": _git("rev-parse", "HEAD"), "wall_s": round(wall_s, 1), "final": metrics, "curves": curves,
             "responses": responses}

@@ -12,8 +12,10 @@ Prints, and writes to OUT/summary.md and OUT/summary.json:
   method finished enter;
 - the power analysis: how many seeds a paired t-test needs to detect a difference of --effect (default 0.03) with
   80% power at the 5% level, given the observed sd of the paired difference (statsmodels `TTestPower`);
-- with the sweep's base record (`base.json`, spec `base: true`): each method's change from the start, final - base
-  (the initial model under the same evaluation), with a 95% t-interval over the method's seeds.
+- with the sweep's base records (`base.json`, spec `base: true`; `base-drawD.json` too with `base: N`): each method's
+  change from the start, final - base (the initial model under the same evaluation): with one draw a 95% t-interval
+  over the method's seeds, with several Welch's t-interval of the seed mean minus the draws' mean;
+- for runs whose periodic curve starts at step 0: the change along that curve (last periodic evaluation - step 0).
 Figures: OUT/curves.png (held-out accuracy and AUC-mean during training, mean and a band of +-1 sd over seeds) and
 OUT/forest.png (the paired seed-level differences with their t-intervals).
 """
@@ -94,24 +96,54 @@ def load_records(*folders: Path) -> dict[str, dict[int, dict]]:
     return out
 
 
-def load_base(*folders: Path) -> dict | None:
-    """The base record (the preset's initial model under the same held-out evaluation) of the first folder that has
-    one, None when none has; two folders' base records must agree in preset, evaluation, model and data."""
-    found = [(p, json.loads(p.read_text())) for p in (Path(f) / f"{BASE}.json" for f in folders) if p.exists()]
+def load_base(*folders: Path) -> list[dict]:
+    """The base records (the preset's initial model under the same held-out evaluation: `base.json` and, with spec
+    `base: N`, the further draws `base-drawD.json`) of the first folder that has any; [] when none has. Every draw
+    must agree in preset, evaluation (its seed aside), model and data with the others and with other folders'."""
+    found = []
+    for f in folders:
+        found += [(p, json.loads(p.read_text())) for p in sorted(Path(f).glob(f"{BASE}*.json"))
+                  if p.stem == BASE or p.stem.startswith(f"{BASE}-draw")]
     if not found:
-        return None
-    _check_same(found, "base records", sections=("model", "data"))
-    return found[0][1]
+        return []
+    _check_same([(p, _without_eval_seed(r)) for p, r in found], "base records", sections=("model", "data"))
+    first = Path(found[0][0]).parent
+    draws = [(p, r) for p, r in found if Path(p).parent == first]
+    seeds = [(r.get("settings") or {}).get("eval", {}).get("seed") for _, r in draws]
+    if len(set(seeds)) != len(seeds):
+        sys.exit(f"{first}: two base records with the same evaluation seed ({seeds}); each draw needs its own")
+    return [r for _, r in sorted(draws, key=lambda d: (d[1].get("settings") or {}).get("eval", {}).get("seed", 0))]
 
 
-def from_base(records: dict, base: dict, effect: float) -> dict:
-    """Per method and measure: final - base over the method's seeds (the base is one fixed model and evaluation, so
-    this is a one-sample t-interval of the per-seed changes: how far training moved each measure from the start)."""
-    return {m: {k: {"seeds": sorted(by_seed), **seed_paired([by_seed[s]["final"][k] - base["final"][k]
-                                                              for s in sorted(by_seed)], effect)}
-                for k in MEASURES if base["final"].get(k) is not None
-                and all(r["final"].get(k) is not None for r in by_seed.values())}
-            for m, by_seed in records.items()}
+def _without_eval_seed(rec: dict) -> dict:
+    settings = rec.get("settings") or {}
+    return {**rec, "settings": {**settings, "eval": {k: v for k, v in (settings.get("eval") or {}).items()
+                                                     if k != "seed"}}}
+
+
+def from_base(records: dict, bases: list[dict], effect: float) -> dict:
+    """Per method and measure: final - base. With one base draw, a one-sample t-interval over the method's seeds of
+    final - that draw (the draw's own sampling noise is then not in the interval: it shifts every seed's change
+    alike); with several, the difference of the method's seed mean and the base draws' mean, Welch's t-interval
+    (:func:`capo.evaluation.stats.two_sample_interval`: the seeds' and the draws' variances both count)."""
+    from capo.evaluation.stats import two_sample_interval
+
+    out = {}
+    for m, by_seed in records.items():
+        out[m] = {}
+        for k in MEASURES:
+            b = [r["final"].get(k) for r in bases]
+            a = [by_seed[s]["final"].get(k) for s in sorted(by_seed)]
+            if None in a or None in b:
+                continue
+            if len(b) == 1:
+                out[m][k] = {"seeds": sorted(by_seed), "base_draws": 1, **seed_paired([x - b[0] for x in a], effect)}
+                continue
+            w = two_sample_interval(a, b)
+            out[m][k] = {"seeds": sorted(by_seed), "base_draws": len(b), "n_seeds": len(a),
+                         "mean": float(np.mean(a) - np.mean(b)),
+                         **({"sd": _sd(a), "low": w["low"], "high": w["high"], "p": w["p"]} if w else {})}
+    return out
 
 
 CURVE_MEASURES = ("accuracy", "auc_mean", "auroc")
@@ -182,7 +214,7 @@ def from_compare_summary(path: Path, reference: str, effect: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary(records: dict, reference: str, effect: float, base: dict | None = None) -> dict:
+def summary(records: dict, reference: str, effect: float, base: list[dict] | None = None) -> dict:
     per_method = {}
     for m, by_seed in records.items():
         vals = {k: [by_seed[s]["final"].get(k) for s in sorted(by_seed)] for k in MEASURES}
@@ -192,8 +224,10 @@ def summary(records: dict, reference: str, effect: float, base: dict | None = No
              for m in records if m != reference}
     out = {"reference": reference, "effect": effect, "methods": per_method, "paired": diffs,
            "along_curve": along_curve(records, effect)}
-    if base is not None:
-        out |= {"base": {k: base["final"].get(k) for k in MEASURES}, "from_base": from_base(records, base, effect)}
+    if base:
+        out |= {"base": {k: _mean([b["final"].get(k) for b in base]) for k in MEASURES},
+                "base_sd": {k: _sd([b["final"].get(k) for b in base]) for k in MEASURES},
+                "base_draws": len(base), "from_base": from_base(records, base, effect)}
     return out
 
 
@@ -234,19 +268,33 @@ def markdown(s: dict) -> str:
             if "sd" in d:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
                              f"| {d['sd']:.3f} | {d['p']:.3g} | {_n(d['seeds_needed'])} |")
-    if "from_base" in s:
-        lines += ["", "Change from the start, method - base (the initial model on the same evaluation: "
-                  + ", ".join(f"{k} {v:.3f}" for k, v in s["base"].items() if k in ("accuracy", "auc_mean", "auroc")
-                              and v is not None) + "): mean [95% t-interval over seeds], p (one-sample t-test)", "",
-                  "| method | measure | seeds | change [95% CI] | sd | p |", "|---|---|---|---|---|---|"]
-        for m, by_k in s["from_base"].items():
-            for k, d in by_k.items():
-                if k not in ("accuracy", "auc_mean", "auroc", "ece", "brier") or d["mean"] is None:
-                    continue
-                lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
-                             f"{d['sd']:.3f} | {d['p']:.3g} |" if "sd" in d else
-                             f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} (one seed: no interval) | - | - |")
-    return "\n".join(lines + _along_curve_lines(s.get("along_curve") or {})) + "\n"
+    return "\n".join(lines + _from_base_lines(s) + _along_curve_lines(s.get("along_curve") or {})) + "\n"
+
+
+def _ci_cells(d: dict) -> str:
+    """``change [95% CI] | sd | p`` table cells of one interval (mean only where there is none)."""
+    if "low" in d:
+        return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | {d['sd']:.3f} | {d['p']:.3g}"
+    return f"{d['mean']:+.3f} (no interval) | - | -"
+
+
+def _from_base_lines(s: dict) -> list[str]:
+    if "from_base" not in s:
+        return []
+    n = s["base_draws"]
+    start = ", ".join(f"{k} {v:.3f}" + (f" (sd {s['base_sd'][k]:.3f})" if n > 1 else "")
+                      for k, v in s["base"].items() if k in ("accuracy", "auc_mean", "auroc") and v is not None)
+    how = ("one draw of the base evaluation, so its own sampling noise is not in the interval; mean [95% t-interval "
+           "over seeds], p (one-sample t-test)" if n == 1 else
+           f"mean of {n} draws of the base evaluation; method's seed mean - base mean [95% Welch t-interval: the "
+           "seeds' and the draws' variances], p (Welch's t-test)")
+    lines = ["", f"Change from the start, method - base (the initial model on the same evaluation: {start}; {how})",
+             "", "| method | measure | seeds | change [95% CI] | sd over seeds | p |", "|---|---|---|---|---|---|"]
+    for m, by_k in s["from_base"].items():
+        for k, d in by_k.items():
+            if k in ("accuracy", "auc_mean", "auroc", "ece", "brier") and d["mean"] is not None:
+                lines.append(f"| {m} | {k} | {d['n_seeds']} | {_ci_cells(d)} |")
+    return lines
 
 
 def _along_curve_lines(along: dict) -> list[str]:
@@ -257,10 +305,7 @@ def _along_curve_lines(along: dict) -> list[str]:
              "not the final one; seeds whose curve starts at step 0): mean [95% t-interval over seeds], p", "",
              "| method | measure | seeds | last step | change [95% CI] | sd | p |", "|---|---|---|---|---|---|---|"]
     for m, k, d in rows:
-        at = "/".join(str(x) for x in d["last_step"])
-        lines.append(f"| {m} | {k} | {d['n_seeds']} | {at} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
-                     f"{d['sd']:.3f} | {d['p']:.3g} |" if "sd" in d else
-                     f"| {m} | {k} | {d['n_seeds']} | {at} | {d['mean']:+.3f} (no interval) | - | - |")
+        lines.append(f"| {m} | {k} | {d['n_seeds']} | {'/'.join(str(x) for x in d['last_step'])} | {_ci_cells(d)} |")
     return lines
 
 
@@ -348,6 +393,8 @@ def main(argv=None) -> int:
     ap.add_argument("--effect", type=float, default=0.03, help="difference the power analysis is for")
     ap.add_argument("--out", type=Path, default=None,
                     help="output folder (default: docs/figures/sweeps/NAME, names joined by + for several folders)")
+    ap.add_argument("--base-draws", type=int, default=None, help="use only the first N draws of the base evaluation "
+                    "(by sampling seed; default: all)")
     ap.add_argument("--curve-tables", action="store_true", help="also print each run's held-out curve as a table")
     a = ap.parse_args(argv)
     if a.compare_summary:
@@ -361,7 +408,9 @@ def main(argv=None) -> int:
     name = "+".join(r.name for r in a.records)
     out = a.out or Path(__file__).resolve().parent.parent / "docs" / "figures" / "sweeps" / name
     out.mkdir(parents=True, exist_ok=True)
-    s = summary(records, a.reference, a.effect, load_base(*a.records))
+    if a.base_draws is not None and a.base_draws < 1:
+        ap.error("--base-draws must be >= 1")
+    s = summary(records, a.reference, a.effect, load_base(*a.records)[:a.base_draws])
     md = markdown(s)
     (out / "summary.md").write_text(md)
     (out / "summary.json").write_text(json.dumps(s, indent=1))

@@ -79,7 +79,8 @@ def test_changed_settings_are_stale_not_mixed(tmp_path, capsys):
 @pytest.mark.parametrize("bad, message", [
     ({"seeds": ["a"]}, "'seeds' must be a list of integers"),
     ({"methods": {"base": {"algo.name": "grpo"}}}, "'base' is the initial model's evaluation"),
-    ({"base": "yes"}, "'base' must be true or false"),
+    ({"base": "yes"}, "'base' must be true, false or a number of draws >= 1"),
+    ({"base": 0}, "'base' must be true, false or a number of draws >= 1"),
     ({"methods": {"grpo": "grpo"}}, "'methods' maps each method name"),
     ({"eval": {"problem": 3}}, "unknown eval key(s) ['problem']"),
     ({"step": 3}, "unknown key(s) ['step']"),
@@ -234,6 +235,63 @@ def test_change_from_base_hand_computed(tmp_path, capsys):
     assert s["from_base"]["grpo"]["accuracy"]["mean"] == pytest.approx(0.2, abs=1e-12)  # 0.5 - 0.3, sd 0: no interval
     assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert "| grpo | auc_mean | 3 | -0.100 [-0.224, +0.024] | 0.050 | 0.0742 |" in capsys.readouterr().out
+
+
+def _base_draw(seed, acc, auc):
+    return {**_record("base", None, acc, auc), "curves": {}, "settings": {"eval": {"problems": 6, "seed": seed}}}
+
+
+def test_change_from_several_base_draws_is_welchs_interval_hand_computed(tmp_path, capsys):
+    # GRPO's finals 0.70, 0.75, 0.65 (mean 0.70, variance 0.0025) against four draws of the base evaluation, 0.80,
+    # 0.82, 0.78, 0.80 (mean 0.80, variance 0.0008/3): change -0.10, standard error sqrt(0.0025/3 + 0.0008/12) = 0.03,
+    # Welch-Satterthwaite df = 0.0009^2 / ((0.0025/3)^2 / 2 + (0.0008/12)^2 / 3) = 2.32289; t(0.975, 2.32289) =
+    # 3.77740 -> half-width 0.113322; t = -3.3333 -> two-sided p = 0.064539
+    for s_, auc in ((1, 0.70), (2, 0.75), (3, 0.65)):
+        (tmp_path / f"grpo-seed{s_}.json").write_text(json.dumps(_record("grpo", s_, 0.5, auc)))
+    for d, auc in enumerate((0.80, 0.82, 0.78, 0.80)):
+        (tmp_path / ("base.json" if d == 0 else f"base-draw{d}.json")).write_text(json.dumps(_base_draw(d, 0.3, auc)))
+    bases = sweep_report.load_base(tmp_path)
+    assert len(bases) == 4 and sorted(sweep_report.load_records(tmp_path)) == ["grpo"]
+    assert [b["settings"]["eval"]["seed"] for b in bases] == [0, 1, 2, 3]  # by sampling seed: base.json first
+    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03, bases)
+    d = s["from_base"]["grpo"]["auc_mean"]
+    assert d["base_draws"] == 4 and s["base"]["auc_mean"] == pytest.approx(0.80, abs=1e-12)
+    assert d["mean"] == pytest.approx(-0.10, abs=1e-12) and d["p"] == pytest.approx(0.064539, abs=1e-6)
+    assert (d["low"], d["high"]) == pytest.approx((-0.10 - 0.113322, -0.10 + 0.113322), abs=1e-6)
+    # one draw alone gives the one-sample interval of the test above, which is narrower here: the draw's noise
+    one = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03, bases[:1])["from_base"]["grpo"]
+    assert one["auc_mean"]["base_draws"] == 1 and one["auc_mean"]["high"] - one["auc_mean"]["low"] == pytest.approx(
+        2 * 4.302652729911275 * 0.05 / 3 ** 0.5, abs=1e-9)
+    assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "mean of 4 draws of the base evaluation" in out and "auc_mean 0.800 (sd 0.016)" in out
+    assert "| grpo | auc_mean | 3 | -0.100 [-0.213, +0.013] | 0.050 | 0.0645 |" in out
+    assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out1"), "--base-draws", "1"]) == 0
+    assert "one draw of the base evaluation" in capsys.readouterr().out
+
+
+def test_base_draws_must_have_their_own_evaluation_seeds(tmp_path):
+    (tmp_path / "grpo-seed1.json").write_text(json.dumps(_record("grpo", 1, 0.5, 0.7)))
+    (tmp_path / "base.json").write_text(json.dumps(_base_draw(0, 0.3, 0.8)))
+    (tmp_path / "base-draw1.json").write_text(json.dumps(_base_draw(0, 0.3, 0.8)))
+    with pytest.raises(SystemExit, match="same evaluation seed"):
+        sweep_report.load_base(tmp_path)
+    other = _base_draw(1, 0.3, 0.8)
+    other["settings"]["eval"]["problems"] = 7  # another evaluation, not another draw
+    (tmp_path / "base-draw1.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="base records differ in eval"):
+        sweep_report.load_base(tmp_path)
+
+
+def test_base_n_draws_the_base_evaluation_n_times_with_consecutive_seeds(tmp_path):
+    one = sweep.jobs({**SPEC, "base": True}, tmp_path / "runs", tmp_path / "records")
+    three = sweep.jobs({**SPEC, "base": 3}, tmp_path / "runs", tmp_path / "records")
+    assert [j.name for j in three[:4]] == ["base", "base-draw1", "base-draw2", "grpo-seed3"]
+    assert [j.eval["seed"] for j in three[:3]] == [0, 1, 2] and {j.draw for j in three[:3]} == {0, 1, 2}
+    assert three[1].record.name == "base-draw1.json" and three[1].seed is None
+    # the first draw is `base: true`'s job (its record stays valid), and no method job changes
+    assert [j.settings_hash for j in three[:1] + three[3:]] == [j.settings_hash for j in one]
+    assert len({j.settings_hash for j in three[:3]}) == 3
 
 
 def test_the_base_job_comes_first_once_and_evaluates_the_presets_model(tmp_path, monkeypatch):

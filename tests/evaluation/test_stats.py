@@ -78,6 +78,32 @@ def test_seed_paired_interval_hand_computed():
     assert seed_paired_interval([0.1]) is None and seed_paired_interval([0.1, float("nan")]) is None
 
 
+def test_equal_seed_differences_have_sd_zero_exactly():
+    from capo.evaluation.stats import seed_paired_interval
+
+    r = seed_paired_interval([0.5 - 0.3] * 3)  # three equal floats whose mean rounds an ulp away from them
+    assert (r["sd"], r["low"], r["high"], r["mean"]) == (0.0, 0.5 - 0.3, 0.5 - 0.3, 0.5 - 0.3)
+
+
+def test_two_sample_interval_hand_computed_and_against_statsmodels():
+    # a = 0.70, 0.75, 0.65 (mean 0.70, variance 0.0025); b = 0.80, 0.82, 0.78, 0.80 (mean 0.80, variance 0.0008/3):
+    # se = sqrt(0.0025/3 + 0.0008/12) = 0.03, Welch df = 0.0009^2 / ((0.0025/3)^2/2 + (0.0008/12)^2/3) = 2.322889
+    from statsmodels.stats.weightstats import CompareMeans, DescrStatsW
+
+    from capo.evaluation.stats import two_sample_interval
+
+    a, b = [0.70, 0.75, 0.65], [0.80, 0.82, 0.78, 0.80]
+    r = two_sample_interval(a, b)
+    assert (r["mean"], r["df"], r["n_a"], r["n_b"]) == (pytest.approx(-0.1, abs=1e-12),
+                                                        pytest.approx(2.322889007, abs=1e-8), 3, 4)
+    half = float(sps.t.ppf(0.975, r["df"])) * 0.03
+    assert (r["low"], r["high"]) == pytest.approx((-0.1 - half, -0.1 + half), abs=1e-10)
+    cm = CompareMeans(DescrStatsW(np.array(a)), DescrStatsW(np.array(b)))
+    assert (r["low"], r["high"]) == pytest.approx(cm.tconfint_diff(usevar="unequal"), abs=1e-10)
+    assert r["p"] == pytest.approx(cm.ttest_ind(usevar="unequal")[1], abs=1e-10)
+    assert two_sample_interval(a, [0.8]) is None and two_sample_interval([0.5, 0.5], [0.3, 0.3]) is None
+
+
 def test_comparison_pairs_runs_by_training_seed():
     """Comparison.seed_diff pairs runs by their -seedN (not by position) and subtracts a one-run reference from
     every seed."""

@@ -5,7 +5,9 @@
   clipped so that ``0 <= low <= p <= high <= 1`` holds exactly: the score formulas can put a bound a rounding error on
   the wrong side of ``p`` at k = 0 or k = n, and a plot's error bar ``p - low`` must never be negative.
 - Intervals over training seeds (the unit when methods are compared): :func:`seed_paired_interval`, a t-interval
-  (scipy) of the per-seed differences, same seeds for both models.
+  (scipy) of the per-seed differences, same seeds for both models; :func:`two_sample_interval`, Welch's t-interval
+  (scipy) of a difference of two independent samples' means (a method's seeds against repeated evaluation draws of
+  one fixed model, e.g. the initial one).
 - Bootstrap intervals over prompts come from :func:`capo.core.calibration.bootstrap_ci` (the core stays torch-only;
   tests check it against ``scipy.stats.bootstrap``).
 """
@@ -46,7 +48,29 @@ def seed_paired_interval(diffs, *, alpha: float = 0.05) -> dict | None:
     if n < 2:
         return None
     mean = sum(d) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    # equal differences have sd 0 exactly (their float mean can differ from them by an ulp, and a t-test would divide
+    # by that rounding error)
+    sd = 0.0 if len(set(d)) == 1 else math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    mean = d[0] if sd == 0.0 else mean
     half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * sd / math.sqrt(n)
     p = float(stats.ttest_1samp(d, 0.0).pvalue) if sd > 0 else (0.0 if mean != 0 else 1.0)
     return {"mean": mean, "sd": sd, "low": mean - half, "high": mean + half, "p": p, "n": n}
+
+
+def two_sample_interval(a, b, *, alpha: float = 0.05) -> dict | None:
+    """Two independent samples -> {"mean", "low", "high", "p", "df", "n_a", "n_b"}: mean(a) - mean(b), its 1 - alpha
+    Welch t-interval (unequal variances, Welch-Satterthwaite degrees of freedom) and the two-sided Welch t-test
+    p-value, from ``scipy.stats.ttest_ind(equal_var=False)``. None when either sample has fewer than 2 finite values or
+    both have zero variance (no interval exists)."""
+    from scipy import stats
+
+    xa = [float(x) for x in a if x is not None and math.isfinite(float(x))]
+    xb = [float(x) for x in b if x is not None and math.isfinite(float(x))]
+    if len(xa) < 2 or len(xb) < 2 or (len(set(xa)) == 1 and len(set(xb)) == 1):
+        return None
+    r = stats.ttest_ind(xa, xb, equal_var=False)
+    if not math.isfinite(float(r.statistic)):
+        return None
+    ci = r.confidence_interval(confidence_level=1 - alpha)
+    return {"mean": sum(xa) / len(xa) - sum(xb) / len(xb), "low": float(ci.low), "high": float(ci.high),
+            "p": float(r.pvalue), "df": float(r.df), "n_a": len(xa), "n_b": len(xb)}
