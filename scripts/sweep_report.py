@@ -108,11 +108,11 @@ def load_base(*folders: Path) -> list[dict]:
         return []
     _check_same([(p, _without_eval_seed(r)) for p, r in found], "base records", sections=("model", "data"))
     first = Path(found[0][0]).parent
-    draws = [(p, r) for p, r in found if Path(p).parent == first]
-    seeds = [(r.get("settings") or {}).get("eval", {}).get("seed") for _, r in draws]
+    draws = [((r.get("settings") or {}).get("eval", {}).get("seed", 0), r) for p, r in found if Path(p).parent == first]
+    seeds = [seed for seed, _ in draws]
     if len(set(seeds)) != len(seeds):
         sys.exit(f"{first}: two base records with the same evaluation seed ({seeds}); each draw needs its own")
-    return [r for _, r in sorted(draws, key=lambda d: (d[1].get("settings") or {}).get("eval", {}).get("seed", 0))]
+    return [r for _, r in sorted(draws, key=lambda d: d[0])]
 
 
 def _without_eval_seed(rec: dict) -> dict:
@@ -301,8 +301,8 @@ def _along_curve_lines(along: dict) -> list[str]:
     rows = [(m, k, d) for m, by_k in along.items() for k, d in by_k.items()]
     if not rows:
         return []
-    lines = ["", "Change along the periodic held-out curve, last evaluation - step 0 (the trainer's periodic evaluation, "
-             "not the final one; seeds whose curve starts at step 0): mean [95% t-interval over seeds], p", "",
+    lines = ["", "Change along the periodic held-out curve, last evaluation - step 0 (the trainer's periodic "
+             "evaluation, not the final one; seeds whose curve starts at step 0): mean [95% t-interval over seeds], p", "",
              "| method | measure | seeds | last step | change [95% CI] | sd | p |", "|---|---|---|---|---|---|---|"]
     for m, k, d in rows:
         lines.append(f"| {m} | {k} | {d['n_seeds']} | {'/'.join(str(x) for x in d['last_step'])} | {_ci_cells(d)} |")
@@ -397,6 +397,8 @@ def main(argv=None) -> int:
                     "(by sampling seed; default: all)")
     ap.add_argument("--curve-tables", action="store_true", help="also print each run's held-out curve as a table")
     a = ap.parse_args(argv)
+    if a.base_draws is not None and a.base_draws < 1:
+        ap.error("--base-draws must be >= 1")
     if a.compare_summary:
         if len(a.records) != 1:
             ap.error("--compare-summary reads one summary JSON")
@@ -408,8 +410,6 @@ def main(argv=None) -> int:
     name = "+".join(r.name for r in a.records)
     out = a.out or Path(__file__).resolve().parent.parent / "docs" / "figures" / "sweeps" / name
     out.mkdir(parents=True, exist_ok=True)
-    if a.base_draws is not None and a.base_draws < 1:
-        ap.error("--base-draws must be >= 1")
     s = summary(records, a.reference, a.effect, load_base(*a.records)[:a.base_draws])
     md = markdown(s)
     (out / "summary.md").write_text(md)
