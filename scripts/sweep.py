@@ -215,6 +215,7 @@ def _train_eval_record(job: Job) -> dict:
            "--max-new-tokens", str(cfg["rollout"]["max_new_tokens"]), "--batch-size", str(ev["batch_size"]),
            "--seed", str(ev["seed"]), "--no-chat-template", "--system-prompt", "",
            "--answer-format", cfg["data"]["answer_format"], "--n-boot", "0", "--no-token-stats",
+           "--autocast", "on" if cfg["model"].get("autocast_bf16") else "off",  # the precision it trained in
            "--out", str(job.run_dir / "eval"), "--no-progress"], log)
     record = build_record(job, cfg, time.perf_counter() - t0)
     job.record.parent.mkdir(parents=True, exist_ok=True)
@@ -242,8 +243,25 @@ def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
     return {"sweep": job.sweep, "method": job.method, "seed": job.seed, **({"draw": job.draw} if job.draw else {}),
             "settings_hash": job.settings_hash,
             "settings": {"preset": job.preset, "overrides": job.overrides, "eval": job.eval}, "config": cfg,
-            "commit": _git("rev-parse", "HEAD"), "wall_s": round(wall_s, 1), "final": metrics, "curves": curves,
+            "commit": _git("rev-parse", "HEAD"), "machine": machine(), "wall_s": round(wall_s, 1), "final": metrics,
+            "curves": curves,
             "responses": responses}
+
+
+def machine() -> dict:
+    """Where the job ran: the device type the trainer and `capo eval` used (CUDA when visible, as they choose) and the
+    versions that shape the numerics. Records from different devices never enter one comparison (sweep_report)."""
+    import platform
+
+    import torch
+    import transformers
+
+    cuda = torch.cuda.is_available()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else platform.machine()
+    return {"device": "cuda" if cuda else "cpu", "device_name": torch.cuda.get_device_name(0) if cuda else cpu,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version()}
 
 
 def _git(*args: str) -> str:
