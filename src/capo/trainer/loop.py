@@ -209,11 +209,14 @@ class Trainer:
         g_size = len(ro.texts) // len(problems)
         golds = [p.answer for p in problems for _ in range(g_size)]
         g = grade(ro.texts, golds, self.verifier, answer_format=self.cfg.data.answer_format)
+        dev = ro.response_ids.device  # the verdicts are made on the CPU; the step runs where the rollout is
+        g.correct, g.confidence, g.format_ok = g.correct.to(dev), g.confidence.to(dev), g.format_ok.to(dev)
         if self.user_reward is not None:
             prompts = [p.prompt for p in problems for _ in range(g_size)]
             rewards, g.reward_errors, _ = user_rewards(self.user_reward, prompts, ro.texts, golds,
                                                        timeout=self.cfg.algo.reward_timeout,
                                                        on_error=self.cfg.algo.reward_errors)
+            rewards = rewards.to(dev)
         else:
             rewards = self.reward_fn(g.correct, confidence=g.confidence, format_ok=g.format_ok,
                                      **self.cfg.algo.reward_kwargs)
