@@ -135,7 +135,7 @@ def seed_grpo_advantage(
     x = alpha * semantic_entropy(ids, group_size, estimator=estimator, unanswered=unanswered) / math.log(group_size)
     f = 1 - x if modulation == "linear" else torch.exp(-x)  # [B]
     base = grpo_advantage(rewards, group_size, eps=eps, std_ddof=std_ddof, scale=scale).view(-1, group_size)
-    return _apply_keep((base * f[:, None].to(base.dtype)).reshape(-1), keep)
+    return _apply_keep((base * f[:, None].to(base.device, base.dtype)).reshape(-1), keep)
 
 
 @ADVANTAGES.register("gdpo")

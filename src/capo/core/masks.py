@@ -89,5 +89,5 @@ def ppl_quantile_thresholds(base_ppl: torch.Tensor, q_low: float = MASK_Q_LOW,
     x = base_ppl[torch.isfinite(base_ppl)].double()
     if x.numel() < 2:
         raise ValueError(f"base_ppl needs at least 2 finite values to estimate quantiles, got {x.numel()}")
-    q = torch.quantile(x, torch.tensor([q_low, q_high], dtype=torch.float64))
+    q = torch.quantile(x, torch.tensor([q_low, q_high], dtype=torch.float64, device=x.device))
     return float(q[0]), float(q[1])

@@ -148,7 +148,7 @@ def method_inputs(spec: StepSpec, batch: StepBatch, rewards: torch.Tensor | None
         g, answers = batch.group_size, batch.answers
         groups = [list(answers[i:i + g]) for i in range(0, len(answers), g)]
         out.advantage["cluster_ids"] = torch.tensor([c for cl in batch.verifier.equivalence_classes_batch(groups)
-                                                     for c in cl], dtype=torch.long)
+                                                     for c in cl], dtype=torch.long, device=rewards.device)
     if "components" in adv:  # GDPO: the reward's terms, each normalised on its own
         out.advantage["components"] = _components(spec, batch, rewards, what)
     if "rewards" in los:  # C2GSPG's calibration target

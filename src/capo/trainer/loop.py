@@ -277,7 +277,7 @@ class Trainer:
         """PPO-style update over ``batch.active`` rows (filtered or bad groups take no part, nor count in
         normalisers)."""
         c, ro = self.cfg, batch.ro
-        rows = torch.arange(len(batch.advantages))[batch.active]
+        rows = torch.arange(len(batch.advantages), device=batch.active.device)[batch.active]
         # the old log-probs the loss saw, for the mismatch metric (without old_logp: the micro-steps' own)
         old_seen = batch.old_logp if batch.old_logp is not None else torch.zeros_like(ro.gen_logp)
         sums: dict[str, float] = {}
