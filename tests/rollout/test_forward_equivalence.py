@@ -159,6 +159,24 @@ def test_generation_shares_the_prefix_with_either_kv_cache(model_tok, kv_cache):
     assert all(shape == (12, 1) for shape in seen[1:]) and len(seen) >= 2  # then one token per row per step
 
 
+@pytest.mark.parametrize("kv_cache", KV_CACHES)
+def test_generate_is_never_compiled(model_tok, kv_cache, monkeypatch):
+    """On CUDA with a static cache, generate() compiles the forward with CUDA graphs unless told not to; the compiled
+    graph then overwrites the logits the log-prob hook keeps between steps (seen on an H100: training stopped). The
+    engine passes disable_compile, and generate() must take it (CUDA runs: tests/trainer/test_cuda.py)."""
+    model, tok = model_tok
+    seen = []
+    real = model.generate
+
+    def spy(*a, generation_config=None, **kw):
+        seen.append(generation_config.disable_compile)
+        return real(*a, generation_config=generation_config, **kw)
+
+    monkeypatch.setattr(model, "generate", spy)
+    sample_rollout(model, tok, PROMPTS[:1], k=2, max_new_tokens=4, kv_cache=kv_cache)
+    assert seen == [True]
+
+
 def test_an_unknown_kv_cache_is_refused(model_tok):
     with pytest.raises(ValueError, match="kv_cache must be one of"):
         sample_rollout(*model_tok, PROMPTS[:1], k=2, max_new_tokens=4, kv_cache="paged")
