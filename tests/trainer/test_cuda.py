@@ -1,7 +1,9 @@
 """The trainer on a CUDA device: every algorithm's rollout, reward, step, update, checkpoint, evaluation and resume
 with CUDA tensors. Skipped without a GPU (CI has none); run on the lent H100 (docs/results.md, "The trainer on a
-GPU"), where its first run found five CPU-only assumptions that these tests now guard."""
+GPU"), where the first CUDA training run found the CPU-only assumptions these tests now guard."""
 
+import json
+import random
 import sys
 from pathlib import Path
 
@@ -14,29 +16,47 @@ from capo.trainer.loop import Trainer
 sys.path.insert(0, str(Path(__file__).parent))
 from test_trainer import cfg_for, rows  # noqa: E402
 
+DEVICE = "cuda"
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-# static KV cache: on CUDA, generate() would compile the forward with CUDA graphs unless capo turns that off;
-# the length reward varies on a random model, so every estimator gets non-zero advantages and updates
-CUDA = {"run.steps": 2, "algo.kl_coef": 0.01, "rollout.kv_cache": "static", "run.save_every": 1}
+LENGTH = {"algo.reward": "reward_fns:length_reward"}  # varies on a random model: the estimators get advantages
+# where a random model's batch leaves no advantage under the length reward too
+NO_ADVANTAGE_HERE = {"dapo": "filters every group", "capo": "ranks correct against wrong responses",
+                     "seed_grpo": "scales by 1 - semantic entropy: 0 when every answer differs"}
+
+
+@pytest.fixture
+def over(tmp_path):
+    """Two steps with a static KV cache (on CUDA, generate() would compile the forward with CUDA graphs unless capo
+    turns that off), a checkpoint each step, on chain sums written as a user JSONL file (the GPU machine has no
+    reasoning-gym, which generates the default task)."""
+    rng = random.Random(0)
+    terms = [[rng.randint(1, 9) for _ in range(3)] for _ in range(40)]
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps({"prompt": "+".join(map(str, t)), "answer": str(sum(t))}) + "\n"
+                            for t in terms))
+    return {"run.steps": 2, "algo.kl_coef": 0.01, "rollout.kv_cache": "static", "run.save_every": 1,
+            "data.dataset": str(path)}
 
 
 @pytest.mark.parametrize("reward", ["native", "length"])
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_every_algorithm_trains_on_cuda(tiny_model, tmp_path, algo, reward):
-    extra = {} if reward == "native" else {"algo.reward": "reward_fns:length_reward"}
-    tr = Trainer(cfg_for(tiny_model, tmp_path / algo, **{"algo.name": algo, **CUDA, **extra}))
-    assert next(tr.model.parameters()).device.type == "cuda"
+def test_every_algorithm_trains_on_cuda(tiny_model, tmp_path, over, algo, reward):
+    tr = Trainer(cfg_for(tiny_model, tmp_path / algo, **{"algo.name": algo, **over,
+                                                         **(LENGTH if reward == "length" else {})}))
+    assert next(tr.model.parameters()).device.type == DEVICE
     assert tr.train()["step"] == 2
     r = rows(tmp_path / algo)
     assert [x["step"] for x in r] == [1, 2] and "eval/auc_mean" in r[-1] and "calib/auc_mean" in r[-1]
     assert all(v is None or v == v for v in r[-1].values())  # no NaN written
-    if reward == "length" and algo != "dapo":  # DAPO may filter every group
-        assert any(x.get("policy/grad_norm", 0.0) > 0 for x in r)
+    # where a batch had non-zero advantages, the update ran on the GPU and moved the weights
+    assert all(x.get("policy/grad_norm", 0.0) > 0 for x in r if x.get("policy/adv_abs_mean", 0.0) > 0)
+    if reward == "length" and algo not in NO_ADVANTAGE_HERE:
+        assert any(x.get("policy/adv_abs_mean", 0.0) > 0 for x in r)
 
 
-def test_resume_on_cuda_continues_the_run(tiny_model, tmp_path):
-    """The checkpoint carries the CUDA RNG: a run cut at step 2 and resumed logs the uncut run's numbers."""
-    kw = {"algo.name": "capo", **CUDA, "algo.reward": "reward_fns:length_reward", "run.save_every": 2, "run.seed": 3}
+def test_resume_on_cuda_continues_the_run(tiny_model, tmp_path, over):
+    """A run cut at step 2 and resumed logs the uncut run's numbers (the checkpoint carries the CUDA RNG)."""
+    kw = {**over, **LENGTH, "algo.name": "capo", "run.save_every": 2, "run.seed": 3}
     Trainer(cfg_for(tiny_model, tmp_path / "full", **{**kw, "run.steps": 4})).train()
     Trainer(cfg_for(tiny_model, tmp_path / "part", **{**kw, "run.steps": 2})).train()
     Trainer(cfg_for(tiny_model, tmp_path / "part", **{**kw, "run.steps": 4})).train()  # resumes from step 2
