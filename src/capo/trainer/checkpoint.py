@@ -25,11 +25,16 @@ STATE_FILE = "trainer_state.pt"
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """torch's CPU and (where present) CUDA generators, Python's and NumPy's: HF sampling on a GPU draws from CUDA's."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {"torch": torch.get_rng_state(), "cuda": cuda, "python": random.getstate(), "numpy": np.random.get_state()}
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda") or []  # absent in checkpoints written before it was saved
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
 
