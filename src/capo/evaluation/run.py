@@ -43,7 +43,7 @@ from capo.evaluation.metrics import assign_answer_ids, compute_metrics
 import torch
 
 from capo.evaluation.report import RunInfo, draw_safely, render_report
-from capo.rollout.engine import ENGINES, check_engine
+from capo.rollout.engine import DEVICES, ENGINES, check_engine, resolve_device
 from capo.rollout.grading import Graded, grade
 from capo.rollout.models import AUTOCAST_MODES
 from capo.rollout.types import Sample
@@ -97,6 +97,8 @@ class EvalSettings:
     chat_template: bool = opt(True, "wrap prompts in the tokenizer's chat template when it has one (the flag "
                               "--no-chat-template feeds the raw prompt)")
     system_prompt: str | None = opt(None, "system message (default: asks for the final answer within \\boxed{})")
+    device: str = opt("auto", "where the hf engine runs the model: auto = CUDA when visible, else the CPU (vLLM "
+                      "places itself)", choices=DEVICES)
     autocast: str = opt("auto", "bf16 autocast (auto: on for CUDA with bf16 and for bf16-capable CPUs with >= 25M "
                         "params)", choices=AUTOCAST_MODES)
     answer_format: str = opt(DEFAULT_ANSWER_FORMAT, "how to extract the model's answer (auto = <answer> tag, else "
@@ -154,6 +156,7 @@ def validate_settings(s: EvalSettings) -> None:
             f"{', '.join(FILE_ANSWER_FORMATS)}")
     if s.autocast not in AUTOCAST_MODES:
         bad("--autocast", f"{s.autocast!r} is not allowed{did_you_mean(s.autocast, AUTOCAST_MODES)}; allowed values: {', '.join(AUTOCAST_MODES)}")
+    resolve_device(s.device)
     if not (s.verify_timeout > 0):
         bad("--verify-timeout", f"must be > 0, got {s.verify_timeout!r}")
     if s.verify_workers is not None and s.verify_workers < 1:
@@ -318,7 +321,7 @@ def _make_engine(s: EvalSettings):
     from capo.rollout.sampling import HFEngine
 
     model, tok = load_model(s.model)
-    return HFEngine(model, tok, autocast=s.autocast, record_stats=s.token_stats)
+    return HFEngine(model.to(resolve_device(s.device)), tok, autocast=s.autocast, record_stats=s.token_stats)
 
 
 def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, engine=None) -> None:

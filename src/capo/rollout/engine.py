@@ -13,6 +13,8 @@ import importlib.util
 from pathlib import Path
 from typing import Protocol
 
+import torch
+
 from capo.errors import ConfigError
 from capo.rollout.types import Rollout
 
@@ -20,6 +22,17 @@ __all__ = ["ENGINES", "Engine", "KV_CACHES", "check_engine"]
 
 ENGINES = ("hf", "vllm")  # the one list of generation engines (config validation and `capo eval --engine`)
 KV_CACHES = ("static", "dynamic")  # the hf engine's generation KV cache (``rollout.kv_cache``); the first is default
+DEVICES = ("auto", "cpu", "cuda")  # where `capo eval`'s hf engine runs the model (the trainer follows accelerate)
+
+
+def resolve_device(name: str, *, flag: str = "--device") -> torch.device:
+    """``auto``: CUDA when visible, else the CPU. ConfigError naming ``flag`` for an unknown name, or for ``cuda``
+    where no GPU is visible."""
+    if name not in DEVICES:
+        raise ConfigError(f"{flag}: {name!r} is not allowed; allowed values: {', '.join(DEVICES)}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{flag}: cuda was asked for but torch sees no CUDA GPU (use cpu or auto)")
+    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
 
 
 class Engine(Protocol):

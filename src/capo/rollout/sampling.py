@@ -146,10 +146,8 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     ids, am = enc["input_ids"].repeat_interleave(k, 0), enc["attention_mask"].repeat_interleave(k, 0)  # [N, P]
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else \
         dict(do_sample=False)
-    # disable_compile: with a static cache on CUDA, generate() compiles the forward with CUDA graphs, which would
-    # trace the log-prob hook into the graph and overwrite the logits it keeps between steps (seen on an H100).
-    gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-                               disable_compile=True, **sampling)
+    gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,  # no CUDA graphs:
+                               disable_compile=True, **sampling)  # they overwrite the logits the log-prob hook keeps
     cache, shared = _generation_cache(model, enc, k, max_new_tokens, share_prefix, kv_cache)
     recorder = _RecordLogprobs(stats=record_stats)
     handle = model.register_forward_hook(recorder, with_kwargs=True)
