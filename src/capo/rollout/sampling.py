@@ -110,7 +110,9 @@ def _generation_cache(model, enc, k: int, max_new_tokens: int, share_prefix: boo
     if share_prefix and k > 1 and enc["input_ids"].shape[1] > 1 and max_new_tokens > 0:
         cache = _prefix_cache(model, enc["input_ids"], enc["attention_mask"], k)
         shared = enc["input_ids"].shape[1] - 1 if cache is not None else 0
-    if kv_cache == "static" and max_new_tokens > 0:
+    # under bf16 autocast RoPE can return fp32 keys beside bf16 values (CUDA, seen on an H100), which one static cache
+    # cannot hold: the growing cache keeps each as it comes
+    if kv_cache == "static" and max_new_tokens > 0 and not torch.is_autocast_enabled(enc["input_ids"].device.type):
         cache = _static_cache(model, cache, enc["input_ids"].shape[1] + max_new_tokens)
     return cache, shared
 

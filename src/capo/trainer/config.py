@@ -83,7 +83,8 @@ class RolloutConfig:
                               "prompt keys/values once per decoding step; exact up to float summation order")
     kv_cache: str = knob(KV_CACHES[0], "hf engine's KV cache during generation: static (preallocated for the "
                          "whole response, written in place) or dynamic (grown by concatenation, transformers' "
-                         "default: copies the cache at every decoding step); same distribution, static is faster",
+                         "default: copies the cache at every decoding step); same distribution, static is faster; "
+                         "under bf16 autocast always dynamic (one static cache cannot hold fp32 keys and bf16 values)",
                          choices=KV_CACHES)
     engine: str = knob("hf", "generation engine: " + ", ".join(ENGINES) + " (hf: Hugging Face generate with the "
                        "training model; vllm: a colocated vLLM engine that gets the new weights after every "
