@@ -68,3 +68,12 @@ def test_resume_on_cuda_continues_the_run(tiny_model, tmp_path, over):
     assert [r["step"] for r in part] == [1, 2, 3, 4]
     for a, b in zip(full, part):
         assert nums(b) == pytest.approx(nums(a), rel=1e-5, abs=1e-6)
+
+
+def test_bf16_autocast_trains_on_cuda(tiny_model, tmp_path, over):
+    """bf16 autocast with the static-cache setting: RoPE's fp32 keys beside bf16 values once broke the static cache
+    (the engine now generates with the dynamic one under autocast)."""
+    tr = Trainer(cfg_for(tiny_model, tmp_path / "bf16", **{**over, **LENGTH, "algo.name": "grpo",
+                                                           "model.autocast_bf16": True}))
+    assert tr.train()["step"] == 2
+    assert any(x.get("policy/grad_norm", 0.0) > 0 for x in rows(tmp_path / "bf16"))
