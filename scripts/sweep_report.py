@@ -49,12 +49,14 @@ FREE = ("algo", "run.seed", "run.out_dir", "run.save_every", "run.keep_checkpoin
 
 def comparable(rec: dict, sections: tuple[str, ...] | None = None) -> dict:
     """What must agree for records to enter one comparison: the preset, the final evaluation and every training
-    setting of the record's config outside :data:`FREE` (only ``sections`` of the config when given)."""
+    setting of the record's config outside :data:`FREE` (only ``sections`` of the config when given), and the device
+    it ran on (a GPU's sampling stream and float summation differ from a CPU's)."""
     cfg = {f"{sec}.{k}": v for sec, body in (rec.get("config") or {}).items()
            if isinstance(body, dict) and (sections is None or sec in sections) for k, v in body.items()}
     cfg = {k: v for k, v in sorted(cfg.items()) if k not in FREE and k.split(".")[0] not in FREE}
     settings = rec.get("settings") or {}
-    return {"preset": settings.get("preset"), "eval": settings.get("eval"), "config": cfg}
+    device = (rec.get("machine") or {}).get("device", "cpu")  # records before 2026-11-25 name none: all ran on a CPU
+    return {"preset": settings.get("preset"), "eval": settings.get("eval"), "device": device, "config": cfg}
 
 
 def _check_same(recs: list[tuple[Path, dict]], what: str, sections: tuple[str, ...] | None = None) -> None:
@@ -64,7 +66,7 @@ def _check_same(recs: list[tuple[Path, dict]], what: str, sections: tuple[str, .
     for p, r in rest:
         c = comparable(r, sections)
         if c != c0:
-            diff = [k for k in ("preset", "eval") if c[k] != c0[k]] + sorted(
+            diff = [k for k in ("preset", "eval", "device") if c[k] != c0[k]] + sorted(
                 k for k in set(c["config"]) | set(c0["config"]) if c["config"].get(k) != c0["config"].get(k))
             sys.exit(f"{p} and {p0}: {what} differ in {', '.join(diff)}; one comparison needs the same preset, "
                      f"evaluation and training settings except the method and {', '.join(FREE[1:])}")

@@ -159,6 +159,12 @@ def test_records_of_two_sweeps_form_one_comparison_only_with_the_same_settings(t
     (b / "rloo-seed1.json").write_text(json.dumps({**rec("rloo", 1, 0.8), "settings": {"preset": "p", "eval": {}}}))
     with pytest.raises(SystemExit, match="differ in eval"):
         sweep_report.load_records(a, b)
+    # another device (a GPU run beside CPU runs): refused
+    (b / "rloo-seed1.json").write_text(json.dumps({**rec("rloo", 1, 0.8), "machine": {"device": "cuda"}}))
+    with pytest.raises(SystemExit, match="differ in device"):
+        sweep_report.load_records(a, b)
+    (b / "rloo-seed1.json").write_text(json.dumps({**rec("rloo", 1, 0.8), "machine": {"device": "cpu"}}))
+    assert sweep_report.load_records(a, b)["rloo"].keys() == {0, 1}  # a CPU record naming its machine pairs
     # the same method and seed in both folders: refused
     (b / "rloo-seed1.json").unlink()
     (b / "grpo-seed1.json").write_text(json.dumps(rec("grpo", 1, 0.7)))
