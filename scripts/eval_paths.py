@@ -50,7 +50,7 @@ def eval_draw(preset: str, seed: int, out: Path, engine) -> dict:
 
 
 def main(argv=None) -> int:
-    from capo.evaluation.run import EvalSettings, _make_engine
+    from capo.evaluation.run import EvalSettings, make_engine
     from capo.evaluation.stats import two_sample_interval
     from capo.trainer.config import load_config
 
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         ap.error("--draws must be >= 2 (an sd needs two draws)")
     torch.set_num_threads(1)
     out = a.out or Path(tempfile.mkdtemp(prefix="eval_paths-"))
-    engine = _make_engine(EvalSettings(model=load_config(a.preset).model.path, token_stats=False))
+    engine = make_engine(EvalSettings(model=load_config(a.preset).model.path, token_stats=False))
     res: dict[str, list[dict]] = {"trainer": [], "capo eval": []}
     for seed in range(a.draws):
         res["trainer"].append(trainer_draw(a.preset, seed, out))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from capo.cli import main
-from capo.evaluation.run import EvalSettings, _make_engine
+from capo.evaluation.run import EvalSettings, make_engine
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here")
@@ -18,8 +18,8 @@ def test_cuda_without_a_gpu_is_refused_before_anything_is_written(tiny_model, tm
 
 
 def test_auto_and_cpu_place_the_model_where_they_say(tiny_model):
-    auto = _make_engine(EvalSettings(model=str(tiny_model)))
-    cpu = _make_engine(EvalSettings(model=str(tiny_model), device="cpu"))
+    auto = make_engine(EvalSettings(model=str(tiny_model)))
+    cpu = make_engine(EvalSettings(model=str(tiny_model), device="cpu"))
     assert next(auto.model.parameters()).device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert next(cpu.model.parameters()).device.type == "cpu"
 

@@ -29,12 +29,12 @@ def test_eval_token_stats_switch_reaches_the_vllm_engine(monkeypatch):
     """`capo eval --engine vllm` asks the engine for the per-token statistics exactly when token stats are on
     (`--no-token-stats`: record_stats=False, so the engine keeps requesting logprobs=0)."""
     import capo.rollout.vllm_engine as ve
-    from capo.evaluation.run import EvalSettings, _make_engine
+    from capo.evaluation.run import EvalSettings, make_engine
 
     made = []
     monkeypatch.setattr(ve, "VLLMEngine", lambda model, **kw: made.append((model, kw)) or kw)
     for on in (True, False):
-        _make_engine(EvalSettings(model="some/folder", engine="vllm", token_stats=on))
+        make_engine(EvalSettings(model="some/folder", engine="vllm", token_stats=on))
     assert [m[1]["record_stats"] for m in made] == [True, False]
 
 def test_stop_ids_leave_out_eos_ids_the_model_cannot_emit():

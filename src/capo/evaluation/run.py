@@ -52,7 +52,7 @@ from capo.settings import opt
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, Verifier
 
-__all__ = ["EvalSettings", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
+__all__ = ["EvalSettings", "make_engine", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
 
 read_rows = read_jsonl_rows  # a run's generations.jsonl rows (torn last line dropped)
 
@@ -308,9 +308,10 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
             return _finish(out_dir, rows, s, config, verifier, timing)
 
 
-def _make_engine(s: EvalSettings):
-    """The ``s.engine`` engine for ``s.model``. vLLM's weights dtype follows ``--autocast``: bfloat16 for 'on',
-    float32 for 'off' and for 'auto' on a CPU (as the HF engine), the checkpoint's own dtype for 'auto' on a GPU."""
+def make_engine(s: EvalSettings):
+    """The ``s.engine`` engine for ``s.model``, exactly as ``capo eval`` builds it (the HF engine on ``--device``).
+    vLLM's weights dtype follows ``--autocast``: bfloat16 for 'on', float32 for 'off' and for 'auto' on a CPU (as the
+    HF engine), the checkpoint's own dtype for 'auto' on a GPU."""
     if s.engine == "vllm":
         from capo.rollout.vllm_engine import VLLMEngine
 
@@ -328,7 +329,7 @@ def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, 
     from capo.tasks.prompts import default_system, render_problem
 
     t_load = time.perf_counter()
-    engine = engine if engine is not None else _make_engine(s)
+    engine = engine if engine is not None else make_engine(s)
     tok = engine.tokenizer
     timing["load_model_s"] = time.perf_counter() - t_load
     system = s.system_prompt if s.system_prompt is not None else default_system(s.answer_format)
