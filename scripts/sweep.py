@@ -257,11 +257,10 @@ def machine() -> dict:
     import transformers
 
     cuda = torch.cuda.is_available()
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else platform.machine()
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), platform.machine())
     return {"device": "cuda" if cuda else "cpu", "device_name": torch.cuda.get_device_name(0) if cuda else cpu,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version()}
+            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
 
 
 def _git(*args: str) -> str:

@@ -18,7 +18,7 @@ import torch
 from capo.errors import ConfigError
 from capo.rollout.types import Rollout
 
-__all__ = ["ENGINES", "Engine", "KV_CACHES", "check_engine"]
+__all__ = ["DEVICES", "ENGINES", "Engine", "KV_CACHES", "check_engine", "resolve_device"]
 
 ENGINES = ("hf", "vllm")  # the one list of generation engines (config validation and `capo eval --engine`)
 KV_CACHES = ("static", "dynamic")  # the hf engine's generation KV cache (``rollout.kv_cache``); the first is default
