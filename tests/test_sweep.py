@@ -59,6 +59,11 @@ def test_sweep_resumes_and_records(tmp_path, capsys):
         assert rec["final"]["accuracy"] == pytest.approx(sum(r[1] for r in resp) / 18, abs=1e-12)
         assert [r["step"] for r in rec["curves"]["train"]] == [1, 2]
         assert rec["curves"]["eval"][-1]["step"] == 2 and "eval/auc_mean" in rec["curves"]["eval"][-1]
+        import torch
+        import transformers
+
+        assert rec["machine"]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+        assert (rec["machine"]["torch"], rec["machine"]["transformers"]) == (torch.__version__, transformers.__version__)
     assert _run(tmp_path, spec_path) == 0
     assert "2 done, 0 to run now" in capsys.readouterr().out
 
