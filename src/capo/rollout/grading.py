@@ -36,14 +36,18 @@ class Graded:
 
 
 def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, answer_format: str = DEFAULT_ANSWER_FORMAT,
-          fallback_last_number: bool = False) -> Graded:
-    """Extract each response's answer and judge it against its gold (``len(texts) == len(golds)``)."""
+          fallback_last_number: bool = False, device: torch.device | str | None = None) -> Graded:
+    """Extract each response's answer and judge it against its gold (``len(texts) == len(golds)``).
+
+    ``device``: where the verdict tensors (``correct``, ``confidence``, ``format_ok``) are made; the CPU when None.
+    The trainer passes its rollout's device, so the step's tensors all live where the step runs."""
     if len(texts) != len(golds):
         raise ValueError(f"got {len(texts)} responses but {len(golds)} gold answers; they must match")
     parses = [extract_rlcr(t) for t in texts]
     answers = [extract_answer(t, answer_format, fallback_last_number=fallback_last_number) for t in texts]
     verdicts = verifier.verify_batch(answers, [str(g) for g in golds])
-    correct = torch.tensor([v == Verdict.CORRECT for v in verdicts], dtype=torch.bool)
-    conf = torch.tensor([float("nan") if p.confidence is None else p.confidence for p in parses], dtype=torch.float32)
-    fmt = torch.tensor([p.format_ok for p in parses], dtype=torch.bool)
+    correct = torch.tensor([v == Verdict.CORRECT for v in verdicts], dtype=torch.bool, device=device)
+    conf = torch.tensor([float("nan") if p.confidence is None else p.confidence for p in parses], dtype=torch.float32,
+                        device=device)
+    fmt = torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device)
     return Graded(answers, verdicts, parses, correct, conf, fmt)

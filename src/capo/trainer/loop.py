@@ -208,9 +208,8 @@ class Trainer:
     def reward(self, ro: Rollout, problems):
         g_size = len(ro.texts) // len(problems)
         golds = [p.answer for p in problems for _ in range(g_size)]
-        g = grade(ro.texts, golds, self.verifier, answer_format=self.cfg.data.answer_format)
-        dev = ro.response_ids.device  # the verdicts are made on the CPU; the step runs where the rollout is
-        g.correct, g.confidence, g.format_ok = g.correct.to(dev), g.confidence.to(dev), g.format_ok.to(dev)
+        dev = ro.response_ids.device  # the step runs where the rollout is (the trainer's device)
+        g = grade(ro.texts, golds, self.verifier, answer_format=self.cfg.data.answer_format, device=dev)
         if self.user_reward is not None:
             prompts = [p.prompt for p in problems for _ in range(g_size)]
             rewards, g.reward_errors, _ = user_rewards(self.user_reward, prompts, ro.texts, golds,
@@ -356,8 +355,7 @@ class Trainer:
         """``train/*`` of the step's rollouts over every process (its ``calib/*`` come from the advantage step)."""
         G = self.cfg.rollout.group_size
         t = self.acc.gather
-        correct, rewards = t(g.correct.to(self.acc.device)), t(rewards.to(self.acc.device))
-        conf, fmt = t(g.confidence.to(self.acc.device)), t(g.format_ok.to(self.acc.device))
+        correct, rewards, conf, fmt = t(g.correct), t(rewards), t(g.confidence), t(g.format_ok)
         lengths, trunc = t(ro.lengths.float()), t(ro.truncated.float())
         per_group = correct.view(-1, G).float().mean(1)
         return {
@@ -384,10 +382,9 @@ class Trainer:
         self.engine.set_rng_state(stream)
         g, _ = self.reward(ro, share)
         lpm = sequence_logprob_mean(ro.gen_logp, ro.response_mask)
-        gid = torch.arange(len(share)).repeat_interleave(k) * self.world + self.rank
+        gid = torch.arange(len(share), device=self.acc.device).repeat_interleave(k) * self.world + self.rank
         t = self.acc.gather_for_metrics
-        s = summarize(t(lpm).cpu(), t(g.correct.to(self.acc.device)).cpu(), t(gid.to(self.acc.device)).cpu(),
-                      verbal_conf=t(g.confidence.to(self.acc.device)).cpu())
+        s = summarize(t(lpm).cpu(), t(g.correct).cpu(), t(gid).cpu(), verbal_conf=t(g.confidence).cpu())
         ent_sum, n_tok = self._entropy_sum(ro)
         s["entropy"] = float(self.acc.reduce(ent_sum, "sum") / self.acc.reduce(n_tok, "sum").clamp(min=1))
         return {f"eval/{key}": float(v) for key, v in s.items()}
