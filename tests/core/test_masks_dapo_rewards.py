@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from capo.core import (
     REWARDS,
@@ -85,6 +87,18 @@ def test_rlcr_expected_reward_maximised_at_true_probability():
             torch.zeros(101, dtype=torch.bool), confidence=qs
         )
         assert abs(qs[exp_r.argmax()].item() - p) <= 0.005
+
+
+@given(st.lists(st.floats(0.0, 1.0, width=32), min_size=1, max_size=16))
+def test_rlcr_margin_for_being_right_is_2q(qs):
+    """The reward pays a correct answer 2q - q^2 and a wrong one -q^2: the margin is 2q, and 0 at q = 0 (the nearly
+    absorbing state of docs/papers.md, RLCR)."""
+    rlcr = REWARDS.get("rlcr")
+    q = torch.tensor(qs, dtype=torch.float32)
+    right = rlcr(torch.ones(len(qs), dtype=torch.bool), confidence=q)
+    wrong = rlcr(torch.zeros(len(qs), dtype=torch.bool), confidence=q)
+    torch.testing.assert_close(right - wrong, 2 * q, atol=1e-6, rtol=0)
+    torch.testing.assert_close(wrong, -q.square(), atol=1e-6, rtol=0)
 
 
 def test_correctness_reward():
