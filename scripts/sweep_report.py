@@ -341,23 +341,54 @@ def _ms(m, sd) -> str:
     return "-" if m is None else f"{m:.3f}" + (f" ({sd:.3f})" if sd is not None else "")
 
 
-def plot_curves(records: dict, path: Path) -> None:
+def plot_curves(records: dict, reference: str, path: Path) -> None:
+    """Small multiples: for each method, its held-out accuracy and AUC-mean curves (thin: each seed; thick: the mean;
+    band: +-1 sd over seeds) over the reference's (grey), so that eleven methods stay readable."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    others = [m for m in sorted(records) if m != reference] or [reference]
+    pairs_per_row = 2 if len(others) > 1 else 1
+    rows = math.ceil(len(others) / pairs_per_row)
+    fig = Figure(figsize=(7 * pairs_per_row, 2.6 * rows + 0.6), layout="constrained")
     FigureCanvasAgg(fig)
-    for ax, key in zip(fig.subplots(1, len(CURVES)), CURVES):
-        for m, by_seed in records.items():
-            steps = sorted({r["step"] for rec in by_seed.values() for r in rec["curves"]["eval"]})
-            ys = np.array([[_at(rec, st, key) for st in steps] for rec in by_seed.values()], dtype=float)
-            mu = np.nanmean(ys, axis=0)
-            sd = np.nanstd(ys, axis=0, ddof=1) if len(ys) > 1 else np.zeros(len(steps))
-            ax.plot(steps, mu, marker="o", label=f"{m} ({len(ys)} seeds)")
-            ax.fill_between(steps, mu - sd, mu + sd, alpha=0.2)
-        ax.set(xlabel="training step", ylabel=key, title=f"held-out {key.split('/')[1]} (mean, band = +-1 sd)")
-        ax.legend()
-    fig.savefig(path, dpi=110)
+    axes = np.atleast_2d(fig.subplots(rows, 2 * pairs_per_row, sharex=True, squeeze=False))
+    for i, m in enumerate(others):
+        for j, key in enumerate(CURVES):
+            ax = axes[i // pairs_per_row, 2 * (i % pairs_per_row) + j]
+            if m != reference:
+                _draw_curve(ax, records[reference], key, "0.55", f"{reference} ({len(records[reference])})", seeds=False)
+            _draw_curve(ax, records[m], key, "C0" if j == 0 else "C3", f"{m} ({len(records[m])})", seeds=True)
+            ax.set_title(f"{m}: {key.split('/')[1]}", fontsize=9)
+            ax.tick_params(labelsize=7)
+            ax.legend(fontsize=7, loc="lower right" if j == 0 else "lower left")
+    for ax in axes.flat[2 * len(others):]:
+        ax.set_visible(False)
+    for j in range(len(CURVES)):  # one y range per measure, so panels compare at a glance
+        col = [axes[i // pairs_per_row, 2 * (i % pairs_per_row) + j] for i in range(len(others))]
+        lims = np.array([ax.get_ylim() for ax in col])
+        for ax in col:
+            ax.set_ylim(lims[:, 0].min(), lims[:, 1].max())
+    for ax in axes[-1]:
+        ax.set_xlabel("training step", fontsize=8)
+    fig.suptitle(f"held-out curves vs {reference} (thick: mean over seeds, band: +-1 sd, thin: each seed; "
+                 "legend: seeds)", fontsize=10)
+    fig.savefig(path, dpi=100)
+
+
+def _draw_curve(ax, by_seed: dict, key: str, color: str, label: str, *, seeds: bool) -> None:
+    """One method's curve of ``key``: mean over seeds with a +-1 sd band, and each seed thin when ``seeds``."""
+    steps = sorted({r["step"] for rec in by_seed.values() for r in rec["curves"]["eval"]})
+    ys = np.array([[_at(rec, st, key) for st in steps] for rec in by_seed.values()], dtype=float)
+    with warnings.catch_warnings():  # a step no seed reached is NaN, not an error
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mu = np.nanmean(ys, axis=0)
+        sd = np.nanstd(ys, axis=0, ddof=1) if len(ys) > 1 else np.zeros(len(steps))
+    if seeds:
+        for y in ys:
+            ax.plot(steps, y, color=color, lw=0.6, alpha=0.45)
+    ax.plot(steps, mu, color=color, lw=2, label=label)
+    ax.fill_between(steps, mu - sd, mu + sd, color=color, alpha=0.15, lw=0)
 
 
 def _at(rec, step, key):
@@ -421,7 +452,7 @@ def main(argv=None) -> int:
         for m in sorted(records):
             for seed in sorted(records[m]):
                 print(curve_table(records[m][seed]))
-    plot_curves(records, out / "curves.png")
+    plot_curves(records, a.reference, out / "curves.png")
     plot_forest(s, out / "forest.png")
     print(f"figures: {out / 'curves.png'}, {out / 'forest.png'}")
     return 0

@@ -359,3 +359,17 @@ def test_change_along_the_periodic_curve_hand_computed(tmp_path, capsys):
     assert s["along_curve"]["grpo"]["auroc"]["mean"] == pytest.approx(-0.02, abs=1e-12)
     assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert "| grpo | auc_mean | 3 | 40 | -0.050 [-0.174, +0.074] | 0.050 | 0.225 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("methods", [("grpo",), ("grpo", "capo"), ("grpo", "capo", "rloo", "ace")])
+def test_curves_are_small_multiples_one_pair_of_panels_per_method(tmp_path, methods):
+    """Each method other than the reference gets an accuracy and an AUC-mean panel drawn over the reference; the
+    reference alone gets its own pair; the y range is shared per measure."""
+    import matplotlib.image
+
+    recs = {m: {s: _record(m, s, 0.4 + 0.01 * s, 0.7 + 0.02 * i) for s in (1, 2)} for i, m in enumerate(methods)}
+    sweep_report.plot_curves(recs, "grpo", tmp_path / "c.png")
+    h, w = matplotlib.image.imread(tmp_path / "c.png").shape[:2]
+    n = max(len(methods) - 1, 1)
+    assert w == (1400 if n > 1 else 700)  # two methods (four panels) per row at 7 in x 100 dpi
+    assert h == round((2.6 * -(-n // (2 if n > 1 else 1)) + 0.6) * 100)
