@@ -373,3 +373,11 @@ def test_curves_are_small_multiples_one_pair_of_panels_per_method(tmp_path, meth
     n = max(len(methods) - 1, 1)
     assert w == (1400 if n > 1 else 700)  # two methods (four panels) per row at 7 in x 100 dpi
     assert h == round((2.6 * -(-n // (2 if n > 1 else 1)) + 0.6) * 100)
+
+
+def test_forest_panels_fit_the_powered_intervals_and_cut_the_rest():
+    """A 2-seed interval (t = 12.7) must not set a panel's range: the range fits the rows with >= 3 seeds."""
+    powered, wide = {"seeds": [1, 2, 3], "low": -0.01, "high": 0.03}, {"seeds": [1, 2], "low": -2.0, "high": 2.0}
+    assert sweep_report._forest_limit([powered, wide]) == pytest.approx(1.15 * 0.03)
+    assert sweep_report._forest_limit([wide]) == pytest.approx(2.3)  # no powered row: fit them all
+    assert sweep_report._forest_limit([{"seeds": [1, 2, 3], "low": -1e-4, "high": 1e-4}]) == 0.02  # a floor
