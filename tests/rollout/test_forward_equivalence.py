@@ -321,3 +321,37 @@ def test_grouped_prefix_attention_restores_the_model_and_leaves_other_attention_
             assert model.config._attn_implementation == "eager"  # only SDPA models are switched
     finally:
         model.config._attn_implementation = "sdpa"
+
+
+@pytest.mark.parametrize("kv_cache", KV_CACHES)
+def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes(model_tok, kv_cache):
+    """transformers 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40); the vLLM
+    environments pin older versions. capo passes and reads the cache under the installed version's name: no
+    deprecation warning on the shared-prefix forward or in generation."""
+    import warnings
+
+    model, tok = model_tok
+    pi, pm, ri, rm = batch(tok)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        with torch.no_grad():
+            token_logprobs(model, pi, pm, ri, rm, share_prefix=True)
+        sample_rollout(model, tok, PROMPTS[:2], k=3, max_new_tokens=4, share_prefix=True, kv_cache=kv_cache)
+
+
+def test_cache_names_on_either_side_of_the_rename():
+    import dataclasses
+
+    from capo.rollout.prefix import cache_kwarg, output_cache
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids, cache=None): ...
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None): ...
+
+    assert (cache_kwarg(New()), cache_kwarg(Old())) == ("cache", "past_key_values")
+    NewOut = dataclasses.make_dataclass("NewOut", ["last_hidden_state", "cache"])
+    OldOut = dataclasses.make_dataclass("OldOut", ["last_hidden_state", "past_key_values"])
+    assert output_cache(NewOut(0, "c")) == "c" and output_cache(OldOut(0, "p")) == "p"
+    assert output_cache(object()) is None  # no cache field at all: the caller runs its plain forward

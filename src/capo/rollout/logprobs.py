@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from capo.rollout.prefix import position_ids as _position_ids
-from capo.rollout.prefix import shared_prefix
+from capo.rollout.prefix import cache_kwarg, shared_prefix
 
 __all__ = ["LOGPROB_TILE_TOKENS", "token_logprobs"]
 
@@ -80,7 +80,7 @@ def _shared_prefix_hidden(backbone, prompt_ids, prompt_mask, response_ids, attn,
     if cache is None:
         return None
     h_resp = backbone(input_ids=response_ids, attention_mask=attn, position_ids=position_ids[:, p:],
-                      past_key_values=cache, use_cache=True).last_hidden_state  # [N, T, d]
+                      use_cache=True, **{cache_kwarg(backbone): cache}).last_hidden_state  # [N, T, d]
     return torch.cat([out.last_hidden_state[inv, -1:], h_resp[:, :-1]], dim=1)
 
 

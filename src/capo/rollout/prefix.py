@@ -8,11 +8,28 @@ floating-point summation order (tested in ``tests/rollout/test_forward_equivalen
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from contextlib import contextmanager
 
 import torch
 
-__all__ = ["GroupedPrefixAttention", "grouped_prefix_attention", "position_ids", "shared_prefix"]
+__all__ = ["GroupedPrefixAttention", "cache_kwarg", "grouped_prefix_attention", "output_cache", "position_ids",
+           "shared_prefix"]
+
+
+def cache_kwarg(module) -> str:
+    """The keyword ``module``'s forward (and the ``generate`` of the same transformers) takes its KV cache under:
+    ``"cache"`` where the forward names it so (transformers 5.2x renamed it; the old name warns and goes in 5.40),
+    ``"past_key_values"`` before (the vLLM environments pin transformers < 5.20)."""
+    forward = getattr(module, "forward", module)
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def output_cache(out):
+    """The KV cache a forward returned (the output field ``cache`` or, before the rename, ``past_key_values``)."""
+    names = {f.name for f in dataclasses.fields(out)} if dataclasses.is_dataclass(out) else set()
+    return getattr(out, "cache" if "cache" in names else "past_key_values", None)
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -27,7 +44,7 @@ def shared_prefix(module, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Ten
     Returns ``(output, cache)``; ``cache`` is None where the architecture gives no cache that can be copied by index
     (then the caller runs its plain forward). ``kwargs`` go to the forward (e.g. ``logits_to_keep=1``)."""
     out = module(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True, **kwargs)
-    cache = getattr(out, "past_key_values", None)
+    cache = output_cache(out)
     if cache is None or not hasattr(cache, "batch_select_indices"):
         return out, None
     cache.batch_select_indices(rows)

@@ -20,7 +20,7 @@ import torch
 from capo.core.confidence import token_statistics
 from capo.rollout.engine import KV_CACHES
 from capo.rollout.models import autocast_context, eos_token_ids
-from capo.rollout.prefix import grouped_prefix_attention, shared_prefix
+from capo.rollout.prefix import cache_kwarg, grouped_prefix_attention, shared_prefix
 from capo.rollout.types import Rollout
 from capo.tasks.prompts import check_context
 
@@ -160,7 +160,7 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     try:
         with grouped_prefix_attention(model, k, shared if prefix_attention else 0):
             seq = model.generate(input_ids=ids, attention_mask=am, generation_config=gen_cfg,
-                                 **({"past_key_values": cache} if cache is not None else {}))
+                                 **({cache_kwarg(model): cache} if cache is not None else {}))
     finally:
         model.generation_config = model_cfg
         handle.remove()
