@@ -16,8 +16,9 @@ Prints, and writes to OUT/summary.md and OUT/summary.json:
   change from the start, final - base (the initial model under the same evaluation): with one draw a 95% t-interval
   over the method's seeds, with several Welch's t-interval of the seed mean minus the draws' mean;
 - for runs whose periodic curve starts at step 0: the change along that curve (last periodic evaluation - step 0).
-Figures: OUT/curves.png (held-out accuracy and AUC-mean during training, mean and a band of +-1 sd over seeds) and
-OUT/forest.png (the paired seed-level differences with their t-intervals).
+Figures: OUT/curves.png (small multiples: each method's held-out accuracy and AUC-mean during training over the
+reference's, mean, a band of +-1 sd over seeds and each seed) and OUT/forest.png (one panel per measure: the paired
+seed-level differences with their t-intervals; intervals from fewer than 3 seeds are cut at the panel's edge).
 """
 
 from __future__ import annotations
