@@ -402,10 +402,11 @@ def _at(rec, step, key):
 FOREST = ("accuracy", "auc_mean", "auroc", "ece", "brier")
 
 
-def plot_forest(s: dict, path: Path) -> None:
+def plot_forest(s: dict, path: Path) -> bool:
     """One panel per measure, one row per method: the paired difference from the reference with its t-interval over
     seeds. Each panel's x range fits the methods with at least 3 paired seeds; a wider interval (2 seeds: t = 12.7)
-    is cut at the edge and marked with an arrow, so that it cannot hide the powered ones."""
+    is cut at the edge and marked with an arrow, so that it cannot hide the powered ones. False (nothing drawn) when
+    no method has a paired interval."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -413,7 +414,7 @@ def plot_forest(s: dict, path: Path) -> None:
     methods = [m for m, by_k in paired.items() if by_k]
     measures = [k for k in FOREST if any(k in paired[m] for m in methods)]
     if not methods:
-        return
+        return False
     fig = Figure(figsize=(2.5 * len(measures) + 1.6, 0.42 * len(methods) + 1.3), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(measures), sharey=True, squeeze=False)[0]
@@ -433,6 +434,7 @@ def plot_forest(s: dict, path: Path) -> None:
     fig.supxlabel(f"difference vs {s['reference']} (95% t-interval over training seeds, paired; "
                   "arrow: interval cut at the panel's edge)", fontsize=8)
     fig.savefig(path, dpi=110)
+    return True
 
 
 def _forest_limit(ds: list[dict]) -> float:
@@ -491,8 +493,12 @@ def main(argv=None) -> int:
             for seed in sorted(records[m]):
                 print(curve_table(records[m][seed]))
     plot_curves(records, a.reference, out / "curves.png")
-    plot_forest(s, out / "forest.png")
-    print(f"figures: {out / 'curves.png'}, {out / 'forest.png'}")
+    figures = [out / "curves.png"]
+    if plot_forest(s, out / "forest.png"):
+        figures.append(out / "forest.png")
+    else:
+        (out / "forest.png").unlink(missing_ok=True)  # nothing paired: no stale plot from an earlier run
+    print("figures: " + ", ".join(map(str, figures)))
     return 0
 
 
