@@ -353,10 +353,12 @@ def plot_curves(records: dict, reference: str, path: Path) -> None:
     rows = math.ceil(len(others) / pairs_per_row)
     fig = Figure(figsize=(7 * pairs_per_row, 2.6 * rows + 0.6), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = np.atleast_2d(fig.subplots(rows, 2 * pairs_per_row, sharex=True, squeeze=False))
+    axes = fig.subplots(rows, 2 * pairs_per_row, sharex=True, squeeze=False)
+    panels = {(i, j): axes[i // pairs_per_row, 2 * (i % pairs_per_row) + j]  # (method, measure) -> its panel
+              for i in range(len(others)) for j in range(len(CURVES))}
     for i, m in enumerate(others):
         for j, key in enumerate(CURVES):
-            ax = axes[i // pairs_per_row, 2 * (i % pairs_per_row) + j]
+            ax = panels[i, j]
             if m != reference:
                 _draw_curve(ax, records[reference], key, "0.55", f"{reference} ({len(records[reference])})", seeds=False)
             _draw_curve(ax, records[m], key, "C0" if j == 0 else "C3", f"{m} ({len(records[m])})", seeds=True)
@@ -366,7 +368,7 @@ def plot_curves(records: dict, reference: str, path: Path) -> None:
     for ax in axes.flat[2 * len(others):]:
         ax.set_visible(False)
     for j in range(len(CURVES)):  # one y range per measure, so panels compare at a glance
-        col = [axes[i // pairs_per_row, 2 * (i % pairs_per_row) + j] for i in range(len(others))]
+        col = [panels[i, j] for i in range(len(others))]
         lims = np.array([ax.get_ylim() for ax in col])
         for ax in col:
             ax.set_ylim(lims[:, 0].min(), lims[:, 1].max())

@@ -363,8 +363,8 @@ def test_change_along_the_periodic_curve_hand_computed(tmp_path, capsys):
 
 @pytest.mark.parametrize("methods", [("grpo",), ("grpo", "capo"), ("grpo", "capo", "rloo", "ace")])
 def test_curves_are_small_multiples_one_pair_of_panels_per_method(tmp_path, methods):
-    """Each method other than the reference gets an accuracy and an AUC-mean panel drawn over the reference; the
-    reference alone gets its own pair; the y range is shared per measure."""
+    """The figure's layout: each method other than the reference gets an accuracy and an AUC-mean panel (two methods
+    per row); the reference alone gets its own pair."""
     import matplotlib.image
 
     recs = {m: {s: _record(m, s, 0.4 + 0.01 * s, 0.7 + 0.02 * i) for s in (1, 2)} for i, m in enumerate(methods)}
