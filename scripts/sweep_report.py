@@ -17,7 +17,8 @@ Prints, and writes to OUT/summary.md and OUT/summary.json:
   over the method's seeds, with several Welch's t-interval of the seed mean minus the draws' mean;
 - for runs whose periodic curve starts at step 0: the change along that curve (last periodic evaluation - step 0).
 Figures: OUT/curves.png (small multiples: each method's held-out accuracy and AUC-mean during training over the
-reference's, mean, a band of +-1 sd over seeds and each seed) and OUT/forest.png (one panel per measure: the paired
+reference's, mean, a band of +-1 sd over seeds and each seed), OUT/plane.png (every method on the final accuracy /
+AUC-mean plane: each seed, the mean +-1 sd, the start) and OUT/forest.png (one panel per measure: the paired
 seed-level differences with their t-intervals; intervals from fewer than 3 seeds are cut at the panel's edge).
 """
 
@@ -401,6 +402,61 @@ def _at(rec, step, key):
     return np.nan
 
 
+PLANE = ("accuracy", "auc_mean")
+
+
+def plane_points(s: dict) -> dict:
+    """The final evaluation's accuracy / AUC-mean plane: ``methods`` maps each method to its seeds' (accuracy,
+    AUC-mean) points and the mean and sd over seeds of each axis (sd None with one seed); ``start`` is the base's
+    draws' mean and sd (None without base records)."""
+    methods = {}
+    for m, v in s["methods"].items():
+        pts = [(a, u) for a, u in zip(v["accuracy"]["per_seed"], v["auc_mean"]["per_seed"])
+               if a is not None and u is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            methods[m] = {"seeds": pts, "mean": (_mean(xs), _mean(ys)), "sd": (_sd(xs), _sd(ys))}
+    start = None
+    if s.get("base") and all(s["base"].get(k) is not None for k in PLANE):
+        start = {"mean": tuple(s["base"][k] for k in PLANE), "sd": tuple(s["base_sd"].get(k) for k in PLANE),
+                 "draws": s["base_draws"]}
+    return {"methods": methods, "start": start}
+
+
+_PALETTE = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9", "navy")  # tab10 without its grey, which is GRPO's
+
+
+def plot_plane(s: dict, path: Path) -> None:
+    """Every method on one accuracy / AUC-mean plane (final held-out evaluation): each seed a small point, the mean
+    over seeds a large one with +-1 sd bars on both axes; the start (the base's draws) a black star with its sd and
+    a dotted line at its AUC-mean. Up and to the right is better on both."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    pts = plane_points(s)
+    fig = Figure(figsize=(8.5, 6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ref = s["reference"]
+    order = [m for m in [ref] + sorted(set(pts["methods"]) - {ref}) if m in pts["methods"]]
+    for i, m in enumerate(order):  # colour and marker both cycle, so that eleven methods stay apart
+        p, color, marker = pts["methods"][m], "0.35" if m == ref else _PALETTE[i % len(_PALETTE)], "os^Dv<>"[i % 7]
+        ax.plot(*zip(*p["seeds"]), marker, color=color, ms=4, alpha=0.45, ls="none")
+        ax.errorbar(*p["mean"], xerr=p["sd"][0] or 0, yerr=p["sd"][1] or 0, fmt=marker, color=color, ms=9,
+                    capsize=3, mec="black", mew=0.6, label=f"{m} ({len(p['seeds'])} seeds)")
+    if pts["start"]:
+        p = pts["start"]
+        ax.errorbar(*p["mean"], xerr=p["sd"][0] or 0, yerr=p["sd"][1] or 0, fmt="*", color="black", ms=14,
+                    capsize=3, label=f"start: base model ({p['draws']} draw{'s' * (p['draws'] > 1)})")
+        ax.axhline(p["mean"][1], color="black", lw=0.8, ls=":")
+    ax.set_xlabel("final held-out accuracy")
+    ax.set_ylabel("final held-out AUC-mean (per-prompt AUROC of exp(lpm))")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title("accuracy vs AUC-mean after training (small: each seed; large: mean, bars +-1 sd over seeds)",
+                 fontsize=10)
+    fig.savefig(path, dpi=100)
+
+
 FOREST = ("accuracy", "auc_mean", "auroc", "ece", "brier")
 
 
@@ -495,7 +551,8 @@ def main(argv=None) -> int:
             for seed in sorted(records[m]):
                 print(curve_table(records[m][seed]))
     plot_curves(records, a.reference, out / "curves.png")
-    figures = [out / "curves.png"]
+    plot_plane(s, out / "plane.png")
+    figures = [out / "curves.png", out / "plane.png"]
     if plot_forest(s, out / "forest.png"):
         figures.append(out / "forest.png")
     else:

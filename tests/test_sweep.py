@@ -381,3 +381,24 @@ def test_forest_panels_fit_the_powered_intervals_and_cut_the_rest():
     assert sweep_report._forest_limit([powered, wide]) == pytest.approx(1.15 * 0.03)
     assert sweep_report._forest_limit([wide]) == pytest.approx(2.3)  # no powered row: fit them all
     assert sweep_report._forest_limit([{"seeds": [1, 2, 3], "low": -1e-4, "high": 1e-4}]) == 0.02  # a floor
+
+
+def test_plane_points_are_each_methods_seeds_mean_and_sd_hand_computed(tmp_path):
+    """The accuracy / AUC-mean plane: GRPO seeds (0.4, 0.6), (0.5, 0.8) -> mean (0.45, 0.7), sd (0.0707, 0.1414);
+    a one-seed method has no sd; the start is the base draws' mean and sd; the figure is written."""
+    recs = [_record("grpo", 1, 0.4, 0.6), _record("grpo", 2, 0.5, 0.8), _record("rloo", 1, 0.3, 0.9)]
+    for r in recs:
+        (tmp_path / f"{r['method']}-seed{r['seed']}.json").write_text(json.dumps(r))
+    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03)
+    pts = sweep_report.plane_points(s)
+    assert pts["start"] is None
+    g = pts["methods"]["grpo"]
+    assert g["seeds"] == [(0.4, 0.6), (0.5, 0.8)]
+    assert g["mean"] == pytest.approx((0.45, 0.7), abs=1e-12)
+    assert g["sd"] == pytest.approx((0.05 * 2 ** 0.5, 0.1 * 2 ** 0.5), abs=1e-12)
+    assert pts["methods"]["rloo"]["sd"] == (None, None)
+    s |= {"base": {"accuracy": 0.3, "auc_mean": 0.75}, "base_sd": {"accuracy": 0.01, "auc_mean": 0.02},
+          "base_draws": 8}
+    assert sweep_report.plane_points(s)["start"] == {"mean": (0.3, 0.75), "sd": (0.01, 0.02), "draws": 8}
+    sweep_report.plot_plane(s, tmp_path / "plane.png")
+    assert (tmp_path / "plane.png").stat().st_size > 10_000
