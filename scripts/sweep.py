@@ -19,7 +19,9 @@ also evaluates the preset's initial model under the same held-out evaluation (`b
 change from the start is only as exact as the start's estimate. A job being run is claimed
 with `RUN_DIR/sweep.lock` (pid and host), so a second `sweep.py run` of the same spec -- started to use another core,
 or by mistake -- skips the jobs another live process holds instead of training into the same folder; a lock left by
-a process that died is taken over.
+a process that died is taken over. The record is also kept in the run folder (`RUN_DIR/record.json`): a process
+whose records folder lacks it (a second checkout sharing `--runs-root`) copies that one, byte for byte, instead of
+evaluating the finished run again under its own name and wall time.
 """
 
 from __future__ import annotations
@@ -196,6 +198,11 @@ def run_job(job: Job) -> dict | str:
 
 
 def _train_eval_record(job: Job) -> dict:
+    kept = job.run_dir / RUN_RECORD
+    text = kept.read_text() if kept.exists() else ""
+    if text and _settings_hash_of(text) == job.settings_hash:  # finished by a process with another records folder
+        _write_atomic(job.record, text)
+        return json.loads(text)
     log = job.run_dir / "sweep.log"
     t0 = time.perf_counter()
     if job.method == BASE:  # no training: the preset's initial model, its settings resolved as `capo train` would
@@ -218,11 +225,27 @@ def _train_eval_record(job: Job) -> dict:
            "--autocast", "on" if cfg["model"].get("autocast_bf16") else "off",  # the precision it trained in
            "--out", str(job.run_dir / "eval"), "--no-progress"], log)
     record = build_record(job, cfg, time.perf_counter() - t0)
-    job.record.parent.mkdir(parents=True, exist_ok=True)
-    tmp = job.record.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, separators=(",", ":")) + "\n")
-    tmp.replace(job.record)
+    text = json.dumps(record, separators=(",", ":")) + "\n"
+    _write_atomic(kept, text)
+    _write_atomic(job.record, text)
     return record
+
+
+RUN_RECORD = "record.json"  # the finished run's record, kept in its run folder too
+
+
+def _settings_hash_of(text: str) -> str | None:
+    try:
+        return json.loads(text).get("settings_hash")
+    except json.JSONDecodeError:
+        return None  # torn by a kill mid-write: not a record
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def build_record(job: Job, cfg: dict, wall_s: float) -> dict:

@@ -402,3 +402,22 @@ def test_plane_points_are_each_methods_seeds_mean_and_sd_hand_computed(tmp_path)
     assert sweep_report.plane_points(s)["start"] == {"mean": (0.3, 0.75), "sd": (0.01, 0.02), "draws": 8}
     sweep_report.plot_plane(s, tmp_path / "plane.png")
     assert (tmp_path / "plane.png").stat().st_size > 10_000
+
+
+def test_a_run_finished_under_another_records_folder_is_copied_not_evaluated_again(tmp_path, monkeypatch):
+    """Two checkouts sharing --runs-root: the second finds the finished run's record in the run folder and copies it
+    byte for byte (same wall time, same commit) instead of evaluating the run again; a record kept from other
+    settings (the spec was edited) is not taken."""
+    job = sweep.jobs(SPEC, tmp_path / "runs", tmp_path / "records")[0]
+    job.run_dir.mkdir(parents=True)
+    kept = '{"settings_hash":"%s","final":{"accuracy":0.5,"auc_mean":0.7},"wall_s":2331.1}\n' % job.settings_hash
+    (job.run_dir / sweep.RUN_RECORD).write_text(kept)
+    monkeypatch.setattr(sweep, "_capo", lambda *a: pytest.fail("a finished run was evaluated again"))
+    assert sweep.run_job(job)["wall_s"] == 2331.1
+    assert job.record.read_text() == kept
+    job.record.unlink()
+    (job.run_dir / sweep.RUN_RECORD).write_text(kept.replace(job.settings_hash, "0" * 16))
+    monkeypatch.setattr(sweep, "_capo", lambda *a: (_ for _ in ()).throw(RuntimeError("trains again")))
+    with pytest.raises(RuntimeError, match="trains again"):
+        sweep.run_job(job)
+    assert not job.record.exists()
