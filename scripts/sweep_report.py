@@ -272,7 +272,30 @@ def markdown(s: dict) -> str:
             if "sd" in d:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
                              f"| {d['sd']:.3f} | {d['p']:.3g} | {_n(d['seeds_needed'])} |")
-    return "\n".join(lines + _from_base_lines(s) + _along_curve_lines(s.get("along_curve") or {})) + "\n"
+    return "\n".join(_glance_lines(s) + lines + _from_base_lines(s) + _along_curve_lines(s.get("along_curve") or {})) \
+        + "\n"
+
+
+def _glance_lines(s: dict) -> list[str]:
+    """The reading at a glance, one row per method: accuracy and AUC-mean minus the reference (paired by seed), and
+    the AUC-mean's change from the start and along the periodic curve, each mean [95% interval] (over the method's
+    seeds; "-" where there is none)."""
+    ref = s["reference"]
+    cols = [("paired", "accuracy", f"accuracy - {ref}"), ("paired", "auc_mean", f"AUC-mean - {ref}"),
+            ("from_base", "auc_mean", "AUC-mean change from the start"),
+            ("along_curve", "auc_mean", "AUC-mean along the periodic curve")]
+    cols = [c for c in cols if c[0] in s]
+    lines = ["At a glance: mean [95% interval over training seeds] (details in the tables below; each reading uses the "
+             "seeds it can: paired ones, or those whose curve starts at step 0)", "",
+             "| method | seeds | " + " | ".join(c[2] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for m, v in s["methods"].items():
+        cells = []
+        for section, k, _ in cols:
+            d = (s[section].get(m) or {}).get(k)
+            cells.append("-" if not d or d["mean"] is None else
+                         f"{d['mean']:+.3f}" + (f" [{d['low']:+.3f}, {d['high']:+.3f}]" if "low" in d else ""))
+        lines.append(f"| {m} | {len(v['seeds'])} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _ci_cells(d: dict) -> str:

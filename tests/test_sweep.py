@@ -130,7 +130,11 @@ def test_seed_paired_statistics_hand_computed(tmp_path):
     assert s["methods"]["capo"]["auc_mean"]["mean"] == pytest.approx((0.7 + 0.8 + 0.9 + 0.9) / 4)
     assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
-    assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] | 0.100 | 0.0742 | 89 |" in (tmp_path / "out" / "summary.md").read_text()
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] | 0.100 | 0.0742 | 89 |" in md
+    # at a glance: accuracy differences 0, 0, 0 (sd 0), AUC-mean as above; no base records, so no change from the
+    # start column; the curves have no step-0 row, so nothing along them
+    assert "| capo | 4 | +0.000 [+0.000, +0.000] | +0.200 [-0.048, +0.448] | - |\n" in md
 
 
 def test_records_of_two_sweeps_form_one_comparison_only_with_the_same_settings(tmp_path, capsys):
