@@ -47,6 +47,7 @@ TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "tr
                 "policy/entropy", "policy/kl", "time/step")
 EVAL_DEFAULTS = {"problems": 100, "k": 8, "batch_size": 64, "seed": 0}
 BASE = "base"  # the job that evaluates the preset's initial model (spec `base: true`); no training, no seed
+RUN_RECORD = "record.json"  # a finished run's record, kept in its run folder too (read by checkouts sharing the folder)
 
 
 @dataclass(frozen=True)
@@ -229,9 +230,6 @@ def _train_eval_record(job: Job) -> dict:
     _write_atomic(kept, text)
     _write_atomic(job.record, text)
     return record
-
-
-RUN_RECORD = "record.json"  # the finished run's record, kept in its run folder too
 
 
 def _settings_hash_of(text: str) -> str | None:
