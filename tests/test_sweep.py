@@ -44,6 +44,7 @@ def test_sweep_resumes_and_records(tmp_path, capsys):
     rec_dir = tmp_path / "records" / "tiny"
     assert sorted(p.name for p in rec_dir.iterdir()) == ["grpo-seed3.json"]  # seeds outermost, methods in order
     first = (rec_dir / "grpo-seed3.json").read_text()
+    assert (tmp_path / "runs" / "tiny" / "grpo-seed3" / sweep.RUN_RECORD).read_text() == first  # kept in the run folder
 
     assert _run(tmp_path, spec_path) == 0  # continues: only the missing job runs
     assert (rec_dir / "grpo-seed3.json").read_text() == first
