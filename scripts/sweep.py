@@ -202,7 +202,7 @@ def _train_eval_record(job: Job) -> dict:
     kept = job.run_dir / RUN_RECORD
     text = kept.read_text() if kept.exists() else ""
     if text and _settings_hash_of(text) == job.settings_hash:  # finished by a process with another records folder
-        _write_atomic(job.record, text)
+        _write_record(job.record, text)
         return json.loads(text)
     log = job.run_dir / "sweep.log"
     t0 = time.perf_counter()
@@ -227,9 +227,16 @@ def _train_eval_record(job: Job) -> dict:
            "--out", str(job.run_dir / "eval"), "--no-progress"], log)
     record = build_record(job, cfg, time.perf_counter() - t0)
     text = json.dumps(record, separators=(",", ":")) + "\n"
-    _write_atomic(kept, text)
-    _write_atomic(job.record, text)
+    _write_record(kept, text)
+    _write_record(job.record, text)
     return record
+
+
+def _write_record(path: Path, text: str) -> None:
+    from capo.rundir import atomic_write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
 
 
 def _settings_hash_of(text: str) -> str | None:
@@ -237,13 +244,6 @@ def _settings_hash_of(text: str) -> str | None:
         return json.loads(text).get("settings_hash")
     except json.JSONDecodeError:
         return None  # torn by a kill mid-write: not a record
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
