@@ -8,8 +8,9 @@ Prints, and writes to OUT/summary.md and OUT/summary.json:
 - per-seed final held-out values of each method;
 - mean and sd over seeds;
 - each method minus the reference, paired by training seed: mean difference, its sd, a 95% t-interval over the
-  seeds (n_seeds - 1 degrees of freedom) and the two-sided paired t-test p-value; only seeds that every compared
-  method finished enter;
+  seeds (n_seeds - 1 degrees of freedom), the two-sided paired t-test p-value and, per measure, that p-value
+  Holm-adjusted over the methods compared with the reference (statsmodels `multipletests`: many methods make many
+  tests, and at 5% some exclude 0 by chance); only seeds that every compared method finished enter;
 - the power analysis: how many seeds a paired t-test needs to detect a difference of --effect (default 0.03) with
   80% power at the 5% level, given the observed sd of the paired difference (statsmodels `TTestPower`);
 - with the sweep's base records (`base.json`, spec `base: true`; `base-drawD.json` too with `base: N`): each method's
@@ -226,6 +227,7 @@ def summary(records: dict, reference: str, effect: float, base: list[dict] | Non
                          **{k: {"per_seed": v, "mean": _mean(v), "sd": _sd(v)} for k, v in vals.items()}}
     diffs = {m: {k: paired(records, m, reference, k, effect) for k in MEASURES if _has(records, m, reference, k)}
              for m in records if m != reference}
+    _holm(diffs)
     out = {"reference": reference, "effect": effect, "methods": per_method, "paired": diffs,
            "along_curve": along_curve(records, effect)}
     if base:
@@ -233,6 +235,19 @@ def summary(records: dict, reference: str, effect: float, base: list[dict] | Non
                 "base_sd": {k: _sd([b["final"].get(k) for b in base]) for k in MEASURES},
                 "base_draws": len(base), "from_base": from_base(records, base, effect)}
     return out
+
+
+def _holm(diffs: dict) -> None:
+    """Add ``p_holm`` to each paired difference: its p-value Holm-adjusted over the methods that have one for the
+    same measure (the family: every method against the one reference on one measure)."""
+    from statsmodels.stats.multitest import multipletests
+
+    for k in MEASURES:
+        family = [d[k] for d in diffs.values() if k in d and d[k].get("p") is not None]
+        if family:
+            adjusted = multipletests([d["p"] for d in family], method="holm")[1]
+            for d, p in zip(family, adjusted):
+                d["p_holm"] = float(p)
 
 
 def _has(records, m, ref, k) -> bool:
@@ -264,14 +279,15 @@ def markdown(s: dict) -> str:
         lines.append(f"| {m} | {len(v['seeds'])} | " + " | ".join(_ms(v[k]["mean"], v[k]["sd"]) for k in MEASURES)
                      + " |")
     lines += ["", f"Paired by training seed, method - {ref}: mean [95% t-interval over seeds], p (paired t-test); "
-              f"seeds needed for {s['effect']} at 80% power", "",
-              "| method | measure | seeds | difference [95% CI] | sd of difference | p | seeds needed |",
-              "|---|---|---|---|---|---|---|"]
+              f"p Holm-adjusted over the {len(s['paired'])} methods per measure; seeds needed for {s['effect']} at 80% "
+              "power", "",
+              "| method | measure | seeds | difference [95% CI] | sd of difference | p | p (Holm) | seeds needed |",
+              "|---|---|---|---|---|---|---|---|"]
     for m, by_k in s["paired"].items():
         for k, d in by_k.items():
             if "sd" in d:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
-                             f"| {d['sd']:.3f} | {d['p']:.3g} | {_n(d['seeds_needed'])} |")
+                             f"| {d['sd']:.3f} | {d['p']:.3g} | {d['p_holm']:.3g} | {_n(d['seeds_needed'])} |")
     return "\n".join(_glance_lines(s) + lines + _from_base_lines(s) + _along_curve_lines(s.get("along_curve") or {})) \
         + "\n"
 

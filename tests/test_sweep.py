@@ -132,7 +132,7 @@ def test_seed_paired_statistics_hand_computed(tmp_path):
     assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
     md = (tmp_path / "out" / "summary.md").read_text()
-    assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] | 0.100 | 0.0742 | 89 |" in md
+    assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] | 0.100 | 0.0742 | 0.0742 | 89 |" in md  # Holm over 1
     # at a glance: accuracy differences 0, 0, 0 (sd 0), AUC-mean as above; no base records, so no change from the
     # start column; the curves have no step-0 row, so nothing along them
     assert "| capo | 4 | +0.000 [+0.000, +0.000] | +0.200 [-0.048, +0.448] | - |\n" in md
@@ -233,6 +233,25 @@ def test_a_job_finished_by_another_process_after_listing_is_not_run_again(tmp_pa
     assert ran == ["grpo-seed3"]
     assert "skipped capo-seed3: finished by another sweep process (done record" in capsys.readouterr().out
     assert not (jobs[1].run_dir / "sweep.lock").exists()  # released
+
+
+def test_paired_p_values_are_holm_adjusted_over_the_methods_hand_computed(tmp_path):
+    # with 2 degrees of freedom the two-sided t-test p is 1 - t / sqrt(t^2 + 2):
+    # capo - grpo: 0.1, 0.2, 0.3 -> t = sqrt(12), p = 1 - sqrt(12/14) = 0.0741799...
+    # rloo - grpo: 0.2, 0.3, 0.4 -> t = sqrt(27), p = 1 - sqrt(27/29) = 0.0350977...
+    # Holm over the 2 methods: the smaller p times 2 (0.0701955), the larger times 1, never below the one before it
+    recs = [_record("grpo", s, 0.4, 0.6) for s in (1, 2, 3)]
+    recs += [_record("capo", s, 0.4, 0.6 + d) for s, d in ((1, 0.1), (2, 0.2), (3, 0.3))]
+    recs += [_record("rloo", s, 0.4, 0.6 + d) for s, d in ((1, 0.2), (2, 0.3), (3, 0.4))]
+    for r in recs:
+        (tmp_path / f"{r['method']}-seed{r['seed']}.json").write_text(json.dumps(r))
+    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03)
+    capo, rloo = s["paired"]["capo"]["auc_mean"], s["paired"]["rloo"]["auc_mean"]
+    p_capo, p_rloo = 1 - (12 / 14) ** 0.5, 1 - (27 / 29) ** 0.5
+    assert (capo["p"], rloo["p"]) == pytest.approx((p_capo, p_rloo), abs=1e-9)
+    assert rloo["p_holm"] == pytest.approx(2 * p_rloo, abs=1e-9)
+    assert capo["p_holm"] == pytest.approx(p_capo, abs=1e-9)
+    assert "| rloo | auc_mean | 3 | +0.300 [+0.052, +0.548] | 0.100 | 0.0351 | 0.0702 |" in sweep_report.markdown(s)
 
 
 def test_change_from_base_hand_computed(tmp_path, capsys):
