@@ -279,7 +279,7 @@ def markdown(s: dict) -> str:
         lines.append(f"| {m} | {len(v['seeds'])} | " + " | ".join(_ms(v[k]["mean"], v[k]["sd"]) for k in MEASURES)
                      + " |")
     lines += ["", f"Paired by training seed, method - {ref}: mean [95% t-interval over seeds], p (paired t-test); "
-              f"p Holm-adjusted over the {len(s['paired'])} methods per measure; seeds needed for {s['effect']} at 80% "
+              f"p Holm-adjusted over the {len(s['paired'])} method{'s' * (len(s['paired']) != 1)} per measure; seeds needed for {s['effect']} at 80% "
               "power", "",
               "| method | measure | seeds | difference [95% CI] | sd of difference | p | p (Holm) | seeds needed |",
               "|---|---|---|---|---|---|---|---|"]
