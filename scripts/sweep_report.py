@@ -278,9 +278,10 @@ def markdown(s: dict) -> str:
     for m, v in s["methods"].items():
         lines.append(f"| {m} | {len(v['seeds'])} | " + " | ".join(_ms(v[k]["mean"], v[k]["sd"]) for k in MEASURES)
                      + " |")
+    n = len(s["paired"])
     lines += ["", f"Paired by training seed, method - {ref}: mean [95% t-interval over seeds], p (paired t-test); "
-              f"p Holm-adjusted over the {len(s['paired'])} method{'s' * (len(s['paired']) != 1)} per measure; seeds needed for {s['effect']} at 80% "
-              "power", "",
+              f"p Holm-adjusted over the {n} method{'s' * (n != 1)} per measure; seeds needed for {s['effect']} at "
+              "80% power", "",
               "| method | measure | seeds | difference [95% CI] | sd of difference | p | p (Holm) | seeds needed |",
               "|---|---|---|---|---|---|---|---|"]
     for m, by_k in s["paired"].items():
