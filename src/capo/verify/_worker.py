@@ -281,19 +281,27 @@ def stall_task(seconds: float) -> str:
     return "finished"
 
 
-def die_once_task(marker: str) -> str:
-    """Test hook: the first call (``marker`` file absent) creates ``marker`` and kills its worker process with an
-    error on stderr; later calls return 'survived'. Tests a worker that dies mid-item being replaced and retried."""
-    if not os.path.exists(marker):
-        open(marker, "w").close()
-        print("die_once_task: exiting on purpose", file=sys.stderr, flush=True)
-        os._exit(3)
-    return "survived"
+def die_task(marker: str, times: int) -> str:
+    """Test hook: kill this worker process (exit status 3, a line on stderr) on each of the first ``times`` calls
+    that share the file ``marker`` (it counts them); later calls return 'survived'. Tests a worker that dies mid-item
+    being replaced and the item retried."""
+    with open(marker, "a+") as f:
+        f.seek(0)
+        if len(f.read()) >= times:
+            return "survived"
+        f.write("x")
+    print("die_task: exiting on purpose", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+def imported_task(module: str) -> str:
+    """Test hook: 'yes' if ``module`` has been imported in this worker, else 'no'."""
+    return "yes" if module in sys.modules else "no"
 
 
 # The only functions a request may name (the parent refers to them by function object; see _pool).
 TASKS = {f.__name__: f for f in (ping, verify_task, parse_ok_task, equal_task, probe_sympify, stall_task,
-                                 die_once_task)}
+                                 die_task, imported_task)}
 
 
 def _error(e: BaseException) -> dict:
