@@ -299,9 +299,14 @@ def imported_task(module: str) -> str:
     return "yes" if module in sys.modules else "no"
 
 
+def address_space_task() -> str:
+    """Benchmark hook: this worker's address space in bytes (``VmSize``), as a string; '' where unknown."""
+    return str(address_space_bytes() or "")
+
+
 # The only functions a request may name (the parent refers to them by function object; see _pool).
 TASKS = {f.__name__: f for f in (ping, verify_task, parse_ok_task, equal_task, probe_sympify, stall_task,
-                                 die_task, imported_task)}
+                                 die_task, imported_task, address_space_task)}
 
 
 def _error(e: BaseException) -> dict:
