@@ -70,6 +70,7 @@ bench: install
 	sh scripts/engine-env.sh vllm
 	rm -rf $(BENCH_OUT)
 	$(BIN)/python benchmarks/capo_advantage.py --quick
+	$(BIN)/python benchmarks/verifier_start.py --quick
 	$(BIN)/python benchmarks/rollout_opts.py --quick
 	$(BIN)/python benchmarks/rollout_bound.py --quick
 	$(BIN)/python benchmarks/allocator.py --quick

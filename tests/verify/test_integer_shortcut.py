@@ -20,7 +20,7 @@ def test_integer_shortcut_agrees_with_math_verify():
     with Verifier(workers=2) as fast:
         got = fast.verify_batch(preds, golds)
         got_classes = fast.equivalence_classes(preds[:12])
-        assert fast._slots == []  # no worker was ever started: every judgement took the shortcut
+        assert fast._pool.n_started == 0  # no worker was ever started: every judgement took the shortcut
     assert got == want
     assert got_classes == want_classes
     assert Verdict.INCORRECT in got and Verdict.CORRECT in got

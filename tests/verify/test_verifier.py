@@ -116,8 +116,8 @@ def test_constructor_validation():
         Verifier(workers=0)
     with pytest.raises(ValueError, match="timeout_s"):
         Verifier(timeout_s=0)
-    with pytest.raises(ValueError, match="fork"):
-        Verifier(start_method="fork")
+    with pytest.raises(ValueError, match="max_retries"):
+        Verifier(max_retries=-1)
 
 
 @pytest.mark.parametrize(

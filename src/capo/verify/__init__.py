@@ -3,7 +3,8 @@
 - :mod:`capo.verify.extract`: ``extract_boxed``, ``extract_gsm8k``, ``extract_rlcr``, ``extract_answer`` (pure,
   linear-time string functions).
 - :mod:`capo.verify.verifier`: :class:`Verifier` runs math-verify in sandboxed worker processes with a hard
-  per-call timeout and returns a :class:`Verdict` for every input.
+  per-call timeout and returns a :class:`Verdict` for every input (:class:`WorkerError` when its workers cannot
+  start, with their own exception).
 """
 
 from capo.verify.extract import (
@@ -17,7 +18,7 @@ from capo.verify.extract import (
     extract_rlcr,
     normalize_number,
 )
-from capo.verify.verifier import Verdict, Verifier, looks_like_code
+from capo.verify.verifier import Verdict, Verifier, WorkerError, looks_like_code
 
 __all__ = [
     "ANSWER_FORMATS",
@@ -25,6 +26,7 @@ __all__ = [
     "RlcrParse",
     "Verdict",
     "Verifier",
+    "WorkerError",
     "extract_answer",
     "extract_boxed",
     "extract_gsm8k",

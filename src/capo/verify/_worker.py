@@ -14,13 +14,23 @@ Defence in depth against model text being executed:
    of digits and operators, and latex2sympy builds expressions with an ANTLR grammar, but sympy may call
    ``sympify`` on a string internally; the guard makes that path inert too.
 3. Each worker has an address-space limit, and the parent kills it after a hard wall-clock timeout.
+
+A worker is its own interpreter, started by the parent as ``python -m capo.verify._worker`` (see
+``capo.verify._pool``): it never imports the parent's main script, torch or CUDA, whatever the parent has loaded.
+It speaks JSON lines over its stdin/stdout: first one line ``{"ready": true}`` (or ``{"error", "traceback"}`` when
+it cannot start), then one reply ``{"result": str}`` or ``{"error", "traceback"}`` per request ``{"fn", "args"}``;
+``fn`` must be one of :data:`TASKS`.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import logging
+import os
 import signal
+import sys
+import traceback
 from functools import lru_cache
 
 # Names that must never be reachable from code sympy generates out of a string.
@@ -105,19 +115,40 @@ def _on_alarm(signum, frame):
     raise _Deadline()
 
 
-def init_worker(memory_limit_mb: int | None) -> None:
-    """Process initializer: memory limit, quiet logging, sympy guard, warm imports."""
-    if memory_limit_mb:
-        try:
-            import resource
+def address_space_bytes() -> int | None:
+    """This process's current virtual address space (``VmSize``), or None where /proc is not available."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
-            limit = int(memory_limit_mb) * 1024 * 1024
-            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-            if hard != resource.RLIM_INFINITY:
-                limit = min(limit, hard)
-            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-        except (ImportError, ValueError, OSError):  # pragma: no cover - non-POSIX
-            pass
+
+def limit_memory(headroom_mb: int | None) -> int | None:
+    """Cap this process's address space at its current size plus ``headroom_mb``; returns the limit in bytes.
+
+    Called before math-verify loads, so the bound is relative to the worker's own baseline (a bare interpreter) and
+    only a runaway computation -- sympy expanding an enormous integer -- reaches it, whatever the parent holds.
+    """
+    if not headroom_mb:
+        return None
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - non-POSIX
+        return None
+    limit = (address_space_bytes() or 0) + int(headroom_mb) * 1024 * 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    return limit
+
+
+def init_worker(memory_headroom_mb: int | None) -> None:
+    """Worker start: memory limit (first), quiet logging, sympy guard, warm imports."""
+    limit_memory(memory_headroom_mb)
     # The parent owns Ctrl-C; workers are killed by the parent.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
@@ -248,3 +279,68 @@ def stall_task(seconds: float) -> str:
     signal.signal(signal.SIGALRM, signal.SIG_IGN)
     time.sleep(seconds)
     return "finished"
+
+
+def die_task(marker: str, times: int) -> str:
+    """Test hook: kill this worker process (exit status 3, a line on stderr) on each of the first ``times`` calls
+    that share the file ``marker`` (it counts them); later calls return 'survived'. Tests a worker that dies mid-item
+    being replaced and the item retried."""
+    with open(marker, "a+") as f:
+        f.seek(0)
+        if len(f.read()) >= times:
+            return "survived"
+        f.write("x")
+    print("die_task: exiting on purpose", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+def imported_task(module: str) -> str:
+    """Test hook: 'yes' if ``module`` has been imported in this worker, else 'no'."""
+    return "yes" if module in sys.modules else "no"
+
+
+def address_space_task() -> str:
+    """Benchmark hook: this worker's address space in bytes (``VmSize``), as a string; '' where unknown."""
+    return str(address_space_bytes() or "")
+
+
+# The only functions a request may name (the parent refers to them by function object; see _pool).
+TASKS = {f.__name__: f for f in (ping, verify_task, parse_ok_task, equal_task, probe_sympify, stall_task,
+                                 die_task, imported_task, address_space_task)}
+
+
+def _error(e: BaseException) -> dict:
+    return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+
+
+def _serve(out, memory_headroom_mb: int | None) -> int:
+    """Start, say ready (or why not), then answer requests until stdin closes."""
+    try:
+        init_worker(memory_headroom_mb)
+        ping()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent verbatim, then this worker exits
+        out.write(json.dumps(_error(e)) + "\n")
+        return 1
+    out.write('{"ready": true}\n')
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            msg = {"result": TASKS[req["fn"]](*req["args"])}
+        except BaseException as e:  # noqa: BLE001 - a task bug: reported with its traceback, the worker lives on
+            msg = _error(e)
+        out.write(json.dumps(msg) + "\n")
+    return 0
+
+
+def main() -> int:
+    """Entry point of ``python -m capo.verify._worker HEADROOM_MB``: the protocol goes over a private copy of
+    stdout; anything else printed (by sympy, say) goes to stderr, which the parent keeps for error reports."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    headroom = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] != "none" else None
+    return _serve(out, headroom)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,17 +4,21 @@ Design (why not just call ``math_verify.verify``): math-verify's own timeout use
 only in the main thread and cannot interrupt C code (sympy computing ``9**9**9**9`` as an exact integer never
 returns to the interpreter). Here every judgement runs in a worker process:
 
-* ``workers`` slots, each a ``concurrent.futures.ProcessPoolExecutor`` with one process (``spawn`` or
-  ``forkserver`` context, never ``fork``: the parent may hold threads and torch state). One item is in flight
-  per slot, so the wall-clock time of each item is known exactly.
+* ``workers`` worker processes, each a fresh interpreter running ``python -m capo.verify._worker`` (see
+  ``capo.verify._pool``): a worker never imports the caller's script, torch or CUDA, so its memory bound is
+  relative to its own small baseline and a user script needs no ``__main__`` guard. One item is in flight per
+  worker, so the wall-clock time of each item is known exactly.
 * Inside the worker a soft ``setitimer`` alarm stops Python-level work at ``timeout_s - grace``; if the worker is
-  stuck in C code the parent kills the process at ``timeout_s`` and starts a fresh slot. Either way the verdict is
-  ``TIMEOUT``. A worker that dies (address-space limit, segfault) also gives ``TIMEOUT`` and is replaced. Both
-  limits are wall-clock, so a judgement near the limit can time out on a loaded machine and not on an idle one:
+  stuck in C code the parent kills the process at ``timeout_s`` and starts a fresh one. Either way the verdict is
+  ``TIMEOUT``. A worker that dies mid-item (a crash, killed from outside) is replaced and the item retried
+  (``max_retries``); one that kills a worker on every try is ``TIMEOUT`` too. A worker that cannot start is
+  replaced, and after three failed starts in a row the call raises :class:`WorkerError` with the worker's own
+  exception and traceback. Both time limits are wall-clock, so a judgement near the limit can time out on a loaded
+  machine and not on an idle one:
   the one way the machine's load can change a verdict. The trainer counts TIMEOUT verdicts per step
   (``train/verify_timeouts``) so a run where it happened is visible (docs/papers.md, "Determinism").
-* The parent only waits on futures with a timeout, so the hard limit holds when called from any thread. Calls on
-  one Verifier are serialised by a lock.
+* The parent waits on its workers' pipes with a timeout, so the hard limit holds when called from any thread.
+  Calls on one Verifier are serialised by a lock.
 * Model text is never evaluated: answers longer than ``max_answer_chars`` or that look like code are judged
   ``UNPARSABLE`` before reaching a worker, and the worker guards sympy's string-to-code path (see ``_worker``).
 """
@@ -22,18 +26,15 @@ returns to the interpreter). Here every judgement runs in a worker process:
 from __future__ import annotations
 
 import enum
-import multiprocessing
 import os
 import re
 import threading
-import time
-from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
 from capo.verify import _worker
+from capo.verify._pool import Pool, WorkerError
 
-__all__ = ["Verdict", "Verifier", "looks_like_code"]
+__all__ = ["Verdict", "Verifier", "WorkerError", "looks_like_code"]
 
 
 # An integer literal (sign, up to 30 digits): two of them are equivalent iff they are equal as integers, which is
@@ -68,48 +69,6 @@ def looks_like_code(answer: str) -> bool:
     return bool(_CODE_PATTERNS.search(answer))
 
 
-def _default_context() -> multiprocessing.context.BaseContext:
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-
-
-class _Slot:
-    """One single-process executor, warmed up, with at most one item in flight."""
-
-    def __init__(self, ctx, memory_limit_mb: int | None):
-        self.executor = ProcessPoolExecutor(
-            max_workers=1, mp_context=ctx, initializer=_worker.init_worker, initargs=(memory_limit_mb,)
-        )
-        self.ready: Future = self.executor.submit(_worker.ping)
-
-    def kill(self) -> None:
-        procs = list(getattr(self.executor, "_processes", {}).values())
-        for p in procs:
-            try:
-                p.kill()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        for p in procs:
-            try:
-                p.join(timeout=5)
-            except Exception:  # noqa: BLE001
-                pass
-
-
-class _Batch:
-    """State of one :meth:`Verifier._run_tasks` call: which tasks wait, which slots are idle, warming up, busy."""
-
-    def __init__(self, tasks: list[tuple], on_timeout: str):
-        self.tasks, self.on_timeout = tasks, on_timeout
-        self.results: list[str | None] = [None] * len(tasks)
-        self.pending = deque(range(len(tasks)))
-        self.idle: list[_Slot] = []
-        self.starting: dict[Future, _Slot] = {}
-        self.running: dict[Future, tuple[int, _Slot, float]] = {}  # future -> (task index, slot, dispatch time)
-        self.t_start_wait = 0.0  # since when the batch has been waiting for a worker to start
-
-
 def _find(p: list[int], x: int) -> int:
     """Root of ``x`` in the union-find parent list ``p`` (with path halving)."""
     while p[x] != x:
@@ -132,13 +91,15 @@ class Verifier:
         workers: number of worker processes (default: ``min(4, os.cpu_count())``).
         timeout_s: hard wall-clock limit per judgement, measured from dispatch to a warm worker.
         max_answer_chars: longer extracted answers are ``UNPARSABLE`` without parsing.
-        memory_limit_mb: address-space limit of each worker (``None``: no limit).
+        memory_limit_mb: address space each worker may add above its own baseline (a bare interpreter, measured
+            when it starts, before math-verify loads); ``None``: no limit. It stops a runaway sympy computation
+            (an enormous exact integer), which then gives ``TIMEOUT``.
         float_rounding: decimal places math-verify rounds floats to before comparing.
-        start_method: ``"forkserver"`` (default where available) or ``"spawn"``; ``"fork"`` is refused.
         startup_timeout_s: how long a new worker may take to import sympy/math-verify and warm up.
         exact_match_shortcut: judge identical strings ``CORRECT``, and two integer literals by integer equality,
             without parsing (saves a worker round trip;
             turn off to make every judgement go through math-verify, as the MATH-500 self-check does).
+        max_retries: how many times an item whose worker died is retried in a fresh worker.
 
     Use as a context manager, or call :meth:`close`. Workers start lazily on first use.
     """
@@ -150,9 +111,9 @@ class Verifier:
         max_answer_chars: int = 1000,
         memory_limit_mb: int | None = 4096,
         float_rounding: int = 6,
-        start_method: str | None = None,
         startup_timeout_s: float = 120.0,
         exact_match_shortcut: bool = True,
+        max_retries: int = 2,
     ):
         if workers is None:
             workers = max(1, min(4, os.cpu_count() or 1))
@@ -160,8 +121,8 @@ class Verifier:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         if not (timeout_s > 0):
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        if start_method == "fork":
-            raise ValueError("start_method='fork' is not allowed (unsafe with threads); use 'forkserver' or 'spawn'")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
         self.workers = workers
         self.timeout_s = float(timeout_s)
         self.grace_s = min(1.0, 0.25 * self.timeout_s)
@@ -170,11 +131,19 @@ class Verifier:
         self.float_rounding = int(float_rounding)
         self.startup_timeout_s = float(startup_timeout_s)
         self.exact_match_shortcut = bool(exact_match_shortcut)
-        self._ctx = multiprocessing.get_context(start_method) if start_method else _default_context()
-        self._slots: list[_Slot] = []
+        self._pool = Pool(workers, self.timeout_s, memory_limit_mb, self.startup_timeout_s, max_retries=max_retries)
         self._lock = threading.RLock()
-        self.n_killed = 0  # workers killed after a hard timeout (or found dead); for tests and logs
         self.last_elapsed: list[float] = []
+
+    @property
+    def n_killed(self) -> int:
+        """Workers killed after a hard timeout, or found dead, so far (for tests and logs)."""
+        return self._pool.n_killed
+
+    @property
+    def worker_failures(self) -> list[str]:
+        """Reports (exit status, stderr tail) of the workers that died while judging an item."""
+        return self._pool.failures
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Verifier:
@@ -192,132 +161,18 @@ class Verifier:
     def close(self) -> None:
         """Stop all workers."""
         with self._lock:
-            for s in self._slots:
-                s.kill()
-            self._slots = []
+            self._pool.close()
 
-    def _new_slot(self) -> _Slot:
-        return _Slot(self._ctx, self.memory_limit_mb)
-
-    def _check_ready(self, slot: _Slot, timeout: float | None) -> None:
-        try:
-            slot.ready.result(timeout=timeout)
-        except Exception as e:  # noqa: BLE001
-            slot.kill()
-            self._slots.remove(slot)
-            raise RuntimeError(
-                f"a verifier worker process failed to start (within {self.startup_timeout_s:.0f} s): {e!r}. Workers "
-                "are started with the 'forkserver'/'spawn' method, which re-imports the main script: a script that "
-                "creates a Verifier at top level must put that code under `if __name__ == '__main__':`."
-            ) from None
-
-    def _ensure_started(self) -> None:
-        while len(self._slots) < self.workers:
-            self._slots.append(self._new_slot())
-
-    def _replace(self, slot: _Slot) -> _Slot:
-        """Kill ``slot``'s process and start a fresh slot in its place (not waited for: it warms up meanwhile)."""
-        slot.kill()
-        self.n_killed += 1
-        new = self._new_slot()
-        self._slots[self._slots.index(slot)] = new
-        return new
-
-    # ------------------------------------------------------------------ dispatch
     def _run_tasks(self, tasks: list[tuple], on_timeout: str) -> list[str]:
-        """Run ``(fn, *args)`` tasks, one per slot at a time, each under the hard timeout. Returns result strings.
+        """Run ``(fn, *args)`` tasks (``fn`` one of ``_worker.TASKS``), one per worker at a time, each under the
+        hard timeout. Returns result strings.
 
         ``self.last_elapsed[i]`` is the wall time of task i from dispatch to a warm worker until its result (or its
         kill), the quantity the hard timeout bounds.
         """
-        self.last_elapsed = [0.0] * len(tasks)
-        if not tasks:
-            return []
         with self._lock:
-            b = self._start_batch(tasks, on_timeout)
-            while b.pending or b.running:
-                self._dispatch(b)
-                waitable = list(b.running) + list(b.starting)
-                done, _ = wait(waitable, timeout=max(0.0, self._deadline(b) - time.monotonic()),
-                               return_when=FIRST_COMPLETED)
-                for fut in done:
-                    if fut in b.starting:
-                        self._slot_started(b, fut)
-                    else:
-                        self._task_finished(b, fut)
-                self._kill_overdue(b)
-                self._check_startup_stalled(b)
-        return b.results  # type: ignore[return-value]
-
-    def _start_batch(self, tasks: list[tuple], on_timeout: str) -> _Batch:
-        """Start any missing slots and sort them into warm (idle) and still starting."""
-        self._ensure_started()
-        b = _Batch(tasks, on_timeout)
-        for slot in self._slots:
-            if slot.ready.done():
-                self._check_ready(slot, 0)
-                b.idle.append(slot)
-            else:
-                b.starting[slot.ready] = slot
-        b.t_start_wait = time.monotonic()
-        return b
-
-    def _restart(self, b: _Batch, slot: _Slot) -> None:
-        """Replace a broken, dead or overdue slot; the new one warms up among ``b.starting``."""
-        new = self._replace(slot)
-        b.starting[new.ready] = new
-
-    def _dispatch(self, b: _Batch) -> None:
-        """Give pending tasks to idle slots; a slot whose executor is broken is replaced and its task requeued."""
-        while b.idle and b.pending:
-            slot, i = b.idle.pop(), b.pending.popleft()
-            fn, *args = b.tasks[i]
-            try:
-                fut = slot.executor.submit(fn, *args)
-            except Exception:  # noqa: BLE001 - broken executor: replace it and retry this item
-                self._restart(b, slot)
-                b.pending.appendleft(i)
-                continue
-            b.running[fut] = (i, slot, time.monotonic())
-
-    def _deadline(self, b: _Batch) -> float:
-        """When the oldest running task times out, or (none running) when waiting for a worker to start does."""
-        if b.running:
-            return min(t0 for (_, _, t0) in b.running.values()) + self.timeout_s
-        return b.t_start_wait + self.startup_timeout_s
-
-    def _slot_started(self, b: _Batch, fut: Future) -> None:
-        slot = b.starting.pop(fut)
-        self._check_ready(slot, 0)
-        b.idle.append(slot)
-        b.t_start_wait = time.monotonic()
-
-    def _task_finished(self, b: _Batch, fut: Future) -> None:
-        """Record a finished task's result; a worker that died gives ``on_timeout`` and is replaced."""
-        i, slot, t0 = b.running.pop(fut)
-        self.last_elapsed[i] = time.monotonic() - t0
-        try:
-            b.results[i] = fut.result()
-            b.idle.append(slot)
-        except Exception:  # noqa: BLE001 - the worker died (memory limit, crash)
-            b.results[i] = b.on_timeout
-            self._restart(b, slot)
-
-    def _kill_overdue(self, b: _Batch) -> None:
-        """Tasks past the hard timeout get ``on_timeout``; their worker processes are killed and replaced."""
-        now = time.monotonic()
-        for fut, (i, slot, t0) in list(b.running.items()):
-            if now - t0 >= self.timeout_s and not fut.done():
-                b.running.pop(fut)
-                self.last_elapsed[i] = now - t0
-                b.results[i] = b.on_timeout
-                self._restart(b, slot)
-
-    def _check_startup_stalled(self, b: _Batch) -> None:
-        """Raise when nothing runs and no worker has finished starting within ``startup_timeout_s``."""
-        if not b.running and b.starting and not b.idle and time.monotonic() - b.t_start_wait > self.startup_timeout_s:
-            for slot in list(b.starting.values()):
-                self._check_ready(slot, 0)  # raises with a clear message
+            results, self.last_elapsed = self._pool.run(tasks, on_timeout) if tasks else ([], [])
+        return results
 
     def _refused(self, answer: str | None) -> bool:
         return answer is None or not answer.strip() or len(answer) > self.max_answer_chars or looks_like_code(answer)

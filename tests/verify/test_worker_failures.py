@@ -1,0 +1,106 @@
+"""Verifier workers are capo's own interpreters: what they import, and what happens when one dies or cannot start.
+
+A worker that dies mid-item is replaced and the item retried (a dead worker never costs a verdict); an item that
+kills every worker it meets is TIMEOUT after ``max_retries`` retries; a worker that cannot start is retried and then
+reported with its own exception; a task that raises is reported with its traceback, never guessed at.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from capo.verify import Verdict, Verifier, WorkerError
+from capo.verify import _worker
+
+
+@pytest.fixture()
+def one():
+    with Verifier(workers=1, timeout_s=3.0) as v:
+        yield v
+
+
+def test_worker_imports_neither_the_callers_modules_nor_torch(one):
+    import torch  # noqa: F401  - the caller has torch, as a training script does
+
+    assert "torch" in sys.modules
+    assert one._run_tasks([(_worker.imported_task, "torch"), (_worker.imported_task, "math_verify"),
+                           (_worker.imported_task, "test_worker_failures")], on_timeout="timeout") == ["no", "yes", "no"]
+
+
+def test_worker_dying_mid_item_is_replaced_and_the_item_retried(one, tmp_path):
+    marker = str(tmp_path / "deaths")
+    assert one._run_tasks([(_worker.die_task, marker, 1), (_worker.stall_task, 0.0)], "timeout") == \
+        ["survived", "finished"]
+    assert open(marker).read() == "x"  # it died exactly once
+    assert one.n_killed == 1
+    (report,) = one.worker_failures
+    assert "died while judging die_task" in report and "exit status 3" in report
+    assert "die_task: exiting on purpose" in report  # the worker's own stderr, not a guess
+
+
+def test_an_item_that_kills_every_worker_is_timeout_after_the_retries(tmp_path):
+    marker = str(tmp_path / "deaths")
+    with Verifier(workers=1, timeout_s=3.0, max_retries=2) as v:
+        assert v._run_tasks([(_worker.die_task, marker, 99)], "timeout") == ["timeout"]
+        assert open(marker).read() == "xxx"  # first try + 2 retries
+        assert v.n_killed == 3 and len(v.worker_failures) == 3
+        assert v.verify("1/2", "0.5") is Verdict.CORRECT  # and the verifier still works
+
+
+def test_worker_killed_from_outside_mid_item_costs_no_verdict(one):
+    one.verify("1/2", "0.5")  # starts and warms the worker
+    (w,) = one._pool.workers
+
+    def kill_soon():
+        time.sleep(0.5)
+        os.kill(w.proc.pid, signal.SIGKILL)
+
+    th = threading.Thread(target=kill_soon)
+    th.start()
+    assert one._run_tasks([(_worker.stall_task, 1.5)], "timeout") == ["finished"]  # retried in a new worker
+    th.join()
+    assert one.n_killed == 1 and "exit status -9" in one.worker_failures[0]
+
+
+def test_worker_killed_while_idle_is_replaced_before_the_next_batch(one):
+    assert one.verify_batch(["1/2"], ["0.5"]) == [Verdict.CORRECT]
+    (w,) = one._pool.workers
+    os.kill(w.proc.pid, signal.SIGKILL)
+    w.proc.wait()
+    assert one.verify_batch(["1/2", r"\frac{1}{3}"], ["0.5", "0.25"]) == [Verdict.CORRECT, Verdict.INCORRECT]
+    assert one.n_killed == 1 and "died while idle" in one.worker_failures[0]
+
+
+def test_worker_that_cannot_start_is_reported_with_its_own_exception():
+    # 1 MB above a bare interpreter cannot hold math-verify's imports: every start fails the same way
+    with Verifier(workers=1, memory_limit_mb=1, startup_timeout_s=60) as v:
+        with pytest.raises(WorkerError) as e:
+            v.verify_batch(["1/2"], ["0.5"])
+        assert v._pool.n_started == 3
+    msg = str(e.value)
+    assert "could not start" in msg and "MemoryError" in msg and "3 verifier worker starts failed in a row" in msg
+    assert "Traceback" in msg  # the worker's own traceback tail
+
+
+def test_a_task_that_raises_is_an_error_with_its_traceback(one):
+    with pytest.raises(WorkerError, match=r"(?s)verify_task failed: TypeError.*Traceback"):
+        one._run_tasks([(_worker.verify_task, "1")], "timeout")  # missing arguments
+    assert one.verify("2", "2.0") is Verdict.CORRECT  # the worker lives on
+
+
+def test_memory_bound_is_relative_to_the_workers_own_baseline():
+    import resource
+
+    base = _worker.address_space_bytes()
+    assert base is not None and base > 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    try:
+        limit = _worker.limit_memory(64)  # in this (test) process: its current size + 64 MB
+        assert base + 64 * 2**20 <= limit <= _worker.address_space_bytes() + 64 * 2**20
+        assert resource.getrlimit(resource.RLIMIT_AS)[0] == limit
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
