@@ -45,7 +45,8 @@ DOWNLOAD = ("pip download --no-deps --only-binary=:all: --python-version 3.12 --
             "datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 math-verify==0.9.0 latex2sympy2_extended==1.11.0 "
             "antlr4-python3-runtime==4.13.2 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0")
 CUDA_TESTS = ["tests/trainer/test_cuda.py", "tests/evaluation/test_eval_device.py", "tests/adapters/test_trl.py",
-              "tests/adapters/test_trl_methods.py", "tests/adapters/test_trl_paths.py", "tests/adapters/test_trl_cuda.py"]
+              "tests/adapters/test_trl_methods.py", "tests/adapters/test_trl_paths.py", "tests/adapters/test_trl_cuda.py",
+              "tests/adapters/test_user_script.py"]  # a user's unguarded TRL script (on the GPU there: _tiny.grpo_args)
 NOT_ON_GPU = "not two_processes"  # the multi-process TRL tests run on the CPU by construction (CI runs them)
 BENCH = ["benchmarks/trl_vs_capo.py", "--size", "testbed", "--prompts", "word_problems", "--batch", "16",
          "--new-tokens", "128", "--variants", "capo", "trl", "--reps", "1", "--steps", "2", "--warmup", "1"]
