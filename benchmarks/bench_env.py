@@ -45,13 +45,19 @@ def vllm_python(given: str | None = None) -> str:
 
 def asset_links() -> Path:
     """A folder holding links to the offline asset packages (this interpreter's, else the main .venv's), for
-    PYTHONPATH or sys.path: the assets without the rest of another environment's site-packages."""
+    PYTHONPATH or sys.path: the assets without the rest of another environment's site-packages. A package installed
+    in neither is left out (only the benchmarks that read its files need it)."""
     out = CACHE / "asset_links"
     out.mkdir(parents=True, exist_ok=True)
     for name in ASSET_PACKAGES:
         link = out / name
-        if not link.exists():
-            link.symlink_to(asset_package_dir(name), target_is_directory=True)
+        if link.exists():
+            continue
+        try:
+            target = asset_package_dir(name)
+        except SystemExit:  # not installed (a GPU image has neither): a benchmark that reads it fails on its import
+            continue
+        link.symlink_to(target, target_is_directory=True)
     return out
 
 

@@ -249,7 +249,13 @@ def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, p
             "engine": tr.engine.name, "engine_start_s": engine_start[0], "first_step_s": first_step}
 
 
-def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str, micro: int = 0) -> dict:
+def trl_on_gpu(trl_device: str) -> bool:
+    """``--trl-device``: auto puts TRL on the GPU when one is visible (where capo's trainer runs), cpu keeps it there."""
+    return trl_device == "auto" and torch.cuda.is_available()
+
+
+def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str, micro: int = 0,
+            trl_device: str = "auto") -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -261,7 +267,7 @@ def run_trl(assets: Path, steps: int, warmup: int, precision: str, prompts: str,
     train, texts = bench_prompts(assets, precision, prompts, tok)
     ds = Dataset.from_list([{"prompt": t, "answer": p.answer} for t, p in zip(texts, train)])
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl_bench_"), use_cpu=True, bf16=precision == "bf16",
+        output_dir=tempfile.mkdtemp(prefix="trl_bench_"), use_cpu=not trl_on_gpu(trl_device), bf16=precision == "bf16",
         gradient_checkpointing=False, per_device_train_batch_size=micro or SHAPE.n,
         gradient_accumulation_steps=SHAPE.n // (micro or SHAPE.n),  # one generation of N, one optimizer step
         num_generations=G, max_completion_length=SHAPE.new_tokens, steps_per_generation=SHAPE.n // (micro or SHAPE.n),
@@ -383,7 +389,7 @@ def child(args) -> None:
                                                                    if args.micro else {})
         r = run_capo(assets, args.steps, args.warmup, args.precision, args.algo, args.prompts, extra)
     elif args.engine == "trl":
-        r = run_trl(assets, args.steps, args.warmup, args.precision, args.prompts, args.micro)
+        r = run_trl(assets, args.steps, args.warmup, args.precision, args.prompts, args.micro, args.trl_device)
     else:
         r = run_eval(assets, args.steps, args.precision, args.prompts)
     r["peak_rss_gib"] = peak_rss_gib()
@@ -416,7 +422,7 @@ def spawn(args, engine: str, python: str = sys.executable, **kw) -> dict:
            "--warmup", str(args.warmup), "--precision", kw.get("precision", args.precision),
            "--threads", str(args.threads), "--algo", kw.get("algo", "grpo"), "--extra", kw.get("extra", ""),
            "--prompts", args.prompts, "--micro", str(args.micro), "--batch", str(args.batch),
-           "--new-tokens", str(args.new_tokens), "--allocator", args.allocator]
+           "--new-tokens", str(args.new_tokens), "--allocator", args.allocator, "--trl-device", args.trl_device]
     p = subprocess.run(cmd, capture_output=True, text=True, env=child_env(args.threads))
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not line:
@@ -485,6 +491,9 @@ def main() -> None:
     ap.add_argument("--allocator", choices=("system", "tuned"), default="system",
                     help="glibc's allocation thresholds in every engine's process: system (glibc's defaults) or tuned "
                          "(capo.rollout.models.tune_cpu_allocator, what the capo command applies; TRL gets it too)")
+    ap.add_argument("--trl-device", choices=("auto", "cpu"), default="auto",
+                    help="where TRL runs: auto = the GPU when one is visible (capo's trainer runs there too), else the "
+                         "CPU; cpu = the CPU always")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="capo", help=argparse.SUPPRESS)
     ap.add_argument("--algo", default="grpo", help=argparse.SUPPRESS)
@@ -497,6 +506,8 @@ def main() -> None:
     vllm_py = vllm_python(args.vllm_python) if args.what == "step" and "capo_vllm" in args.variants else ""
     build_assets(args.size)
     peak = matmul_peak(args.threads)
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    print(f"device: capo's trainer on {gpu or 'the CPU'}, TRL on {gpu if trl_on_gpu(args.trl_device) else 'the CPU'}")
     print(f"torch {torch.__version__}, threads {args.threads}, size {args.size}, precision {args.precision}, "
           f"allocator {args.allocator} (every engine); matmul "
           f"peak fp32 {peak['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s")

@@ -7,10 +7,16 @@ well-formed RLCR outputs samples answers that are sometimes right, sometimes wro
 from __future__ import annotations
 
 import json
+import pathlib
 import random
 import re
+import sys
 
 import torch
+
+if str(pathlib.Path(__file__).resolve().parents[1]) not in sys.path:  # tests/ (for scripts run from this folder)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from _device import DEVICE  # noqa: E402  (cpu, or cuda when a GPU is visible / CAPO_TEST_DEVICE=cuda)
 
 TAGS = ["<answer>", "</answer>", "<confidence>", "</confidence>"]
 CONFS = ["0.1", "0.5", "0.9"]
@@ -78,21 +84,41 @@ def seven_reward(completions, **kwargs):
     return [1.0 if re.search(r"<answer>\s*7\s*</answer>", c) else 0.0 for c in completions]
 
 
-# TRL GRPOConfig settings of the adapter tests: CPU, fp32, G = 4 generations of 8 tokens, 2 steps, no KL, T = 1
-GRPO_ARGS = dict(use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
+# TRL GRPOConfig settings of the adapter tests: the test device (tests/_device.py), fp32, G = 4 generations of 8
+# tokens, 2 steps, no KL, T = 1
+GRPO_ARGS = dict(use_cpu=DEVICE == "cpu", bf16=False, gradient_checkpointing=False, report_to="none",
                  per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=2,
                  logging_steps=1, learning_rate=5e-3, beta=0.0, temperature=1.0, save_strategy="no", seed=0,
                  disable_dropout=True)
 
 
+# Tolerance on advantages recomputed independently. CPU: 1e-6 (measured). CUDA: 1e-5, not yet measured: cuBLAS picks
+# its kernels by batch shape, and TRL's chunked forwards and the tests' one-batch forward have different shapes.
+TOL = 1e-6 if DEVICE == "cpu" else 1e-5
+
+
+def reference_model(model_dir):
+    """An independent frozen copy of the model in ``model_dir``, on the test device (where the trainer's tensors are)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval().to(DEVICE)
+
+
+def cpu_copy(out: dict) -> dict:
+    """``out`` (a TRL batch) with its tensors detached and on the CPU, where the tests compare."""
+    return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
 def raw_token_logps(model, out, temperature=1.0):
-    """Per-token log-probs of a TRL batch's completions (``out``) from a plain forward with full logits: [n, T]."""
-    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-    attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    """Per-token log-probs of a TRL batch's completions (``out``) from a plain forward with full logits, run on the
+    model's device, returned on the CPU: [n, T] float64."""
+    dev = next(model.parameters()).device
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1).to(dev)
+    attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1).to(dev)
     t = out["completion_ids"].size(1)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=attn).logits[:, -t - 1:-1].double() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, ids[:, -t:, None]).squeeze(-1)
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, -t:, None]).squeeze(-1).cpu()
 
 
 def grpo_args(output_dir, **kw):

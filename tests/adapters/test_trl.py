@@ -1,6 +1,8 @@
-"""CapoGRPOTrainer end to end on CPU with a tiny model: the advantages TRL trains on are capo core's, to 1e-6.
+"""CapoGRPOTrainer end to end with a tiny model: the advantages TRL trains on are capo core's, to 1e-6 (CPU).
 
-Each run is 2 optimizer steps of 8 completions (2 prompts x G=4, 8 tokens) -- a few seconds after imports.
+Each run is 2 optimizer steps of 8 completions (2 prompts x G=4, 8 tokens) -- a few seconds after imports. They run on
+the test device (tests/_device.py: the GPU when one is visible); the independent recomputations run on that device
+too, and everything is compared on the CPU.
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ from capo.core import ADVANTAGES, REWARDS, capo_noise_mask, compute_advantages, 
 from capo.errors import ConfigError  # noqa: E402
 
 G = 4
-TOL = 1e-6
 
 
-from _tiny import dataset as _dataset, seven_reward  # noqa: E402
+from _tiny import TOL, cpu_copy, dataset as _dataset, raw_token_logps, reference_model, seven_reward  # noqa: E402
 
 
 def _args(tmp_path, **kw):
@@ -41,22 +42,18 @@ def _probe_class():
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
             self.records = getattr(self, "records", [])
-            self.records.append({"out": {k: v for k, v in out.items()}, "batch": dict(self.capo_last_batch),
+            self.records.append({"out": cpu_copy(out), "batch": dict(self.capo_last_batch),
                                  "expected": self._independent(out)})
             return out
 
         def _independent(self, out):
-            """Recompute everything from the rollout tensors with plain HF forwards and capo core (no adapter code)."""
+            """Recompute everything from the rollout tensors with plain HF forwards (on the trainer's device) and capo
+            core (on the CPU); no adapter code."""
             cfg = self.capo
-            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-            attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
-            t = out["completion_ids"].size(1)
-            mask = out["completion_mask"]
+            mask = out["completion_mask"].cpu()
 
             def token_logps(model):
-                with torch.no_grad():
-                    logits = model(input_ids=ids, attention_mask=attn).logits[:, -t - 1:-1].float() / self.temperature
-                return torch.log_softmax(logits, -1).gather(-1, ids[:, -t:, None]).squeeze(-1)
+                return raw_token_logps(model, out, self.temperature)
 
             texts = self.processing_class.batch_decode(out["completion_ids"], skip_special_tokens=True)
             rewards = torch.tensor(seven_reward(texts), dtype=torch.float64)
@@ -70,14 +67,14 @@ def _probe_class():
 
         def _compute_loss(self, model, inputs):
             self.used = getattr(self, "used", [])
-            self.used.append(inputs["advantages"].detach().clone())
+            self.used.append(inputs["advantages"].detach().cpu().clone())
             return super()._compute_loss(model, inputs)
 
     return Probe
 
 
 def test_capo_advantages_used_by_trl_equal_core(tiny_model_dir, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from capo.adapters.trl import CapoAdvantageConfig
 
@@ -85,7 +82,7 @@ def test_capo_advantages_used_by_trl_equal_core(tiny_model_dir, tmp_path):
     cfg = CapoAdvantageConfig(estimator="capo", estimator_kwargs={"tau": 0.6}, noise_mask=True,
                               mask_low=1.3, mask_high=1.9)
     Probe = _probe_class()
-    Probe.probe_ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    Probe.probe_ref = reference_model(tiny_model_dir)
     tr = Probe(model=tiny_model_dir, reward_funcs=seven_reward, args=_args(tmp_path), train_dataset=_dataset(),
                processing_class=tok, capo=cfg)
     tr.train()
@@ -125,7 +122,7 @@ def test_capo_grpo_equals_trl_grpo(tiny_model_dir, tmp_path):
     n_signal = 0
     for rec in tr.records:
         ours = rec["out"]["advantages"]
-        trl_own = rec["batch"]["trl_advantages_local"]
+        trl_own = rec["batch"]["trl_advantages_local"].cpu()  # TRL's tensor, on the trainer's device
         assert torch.allclose(ours, trl_own, atol=TOL, rtol=0), (ours, trl_own)
         assert torch.allclose(ours.double(), rec["expected"][0], atol=TOL, rtol=0)
         n_signal += int((trl_own.abs() > 1e-3).sum())

@@ -13,6 +13,7 @@ import torch  # noqa: E402
 
 from capo.core import ADVANTAGES  # noqa: E402
 from capo.errors import ConfigError  # noqa: E402
+from _tiny import raw_token_logps  # noqa: E402  (tests/adapters is on sys.path: conftest.py)
 
 G = 4
 
@@ -23,20 +24,13 @@ def _recorder():
     class Recorder(CapoGRPOTrainer):
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
-            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-            attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
-            t = out["completion_ids"].size(1)
-
-            def token_logps(model):  # independent of the adapter: full logits, temperature 1
-                with torch.no_grad():
-                    logits = model(input_ids=ids, attention_mask=attn).logits[:, -t - 1:-1].double()
-                return torch.log_softmax(logits, -1).gather(-1, ids[:, -t:, None]).squeeze(-1)
-
             fn = self.reward_funcs[0]
+            # independent of the adapter: full logits, temperature 1, on the trainer's device; compared on the CPU
             self.records = getattr(self, "records", []) + [dict(
-                adv=out["advantages"].double(), mask=out["completion_mask"].bool(), answers=list(fn.last.answers),
-                rewards=torch.tensor(fn.last.rewards, dtype=torch.float64),
-                lp=token_logps(self.accelerator.unwrap_model(self.model)), ref=token_logps(self.probe_ref))]
+                adv=out["advantages"].double().cpu(), mask=out["completion_mask"].bool().cpu(),
+                answers=list(fn.last.answers), rewards=torch.tensor(fn.last.rewards, dtype=torch.float64),
+                lp=raw_token_logps(self.accelerator.unwrap_model(self.model), out),
+                ref=raw_token_logps(self.probe_ref, out))]
             return out
 
     return Recorder
@@ -45,7 +39,7 @@ def _recorder():
 @pytest.mark.parametrize("est,hp", [("ace", {"alpha": 2.0}), ("seed_grpo", {"alpha": 1.0})])
 def test_trl_issue18_estimators_equal_core(est, hp, tiny_model_dir, tmp_path):
     import _tiny
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from capo.adapters.trl import CapoAdvantageConfig, CorrectnessReward
     from capo.verify import Verifier
@@ -53,7 +47,7 @@ def test_trl_issue18_estimators_equal_core(est, hp, tiny_model_dir, tmp_path):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     with Verifier(workers=1) as v:
         Recorder = _recorder()
-        Recorder.probe_ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+        Recorder.probe_ref = _tiny.reference_model(tiny_model_dir)
         tr = Recorder(model=tiny_model_dir, reward_funcs=CorrectnessReward(verifier=v),
                       args=_tiny.grpo_args(tmp_path / "out"), train_dataset=_tiny.dataset(), processing_class=tok,
                       capo=CapoAdvantageConfig(estimator=est, estimator_kwargs=hp, calibration_metrics=False))
@@ -69,7 +63,7 @@ def test_trl_issue18_estimators_equal_core(est, hp, tiny_model_dir, tmp_path):
                 kw["cluster_ids"] = torch.tensor([c for g in groups for c in v.equivalence_classes(g)])
             want = ADVANTAGES.get(est)(r["rewards"], G, **kw, **hp)
             # TRL holds advantages and its fused-head log-probs in float32 (ACE's reach |A| ~ 10 here: rtol 1e-6)
-            torch.testing.assert_close(r["adv"], want, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(r["adv"], want, rtol=_tiny.TOL, atol=_tiny.TOL)
             grpo = ADVANTAGES.get("grpo")(r["rewards"], G)
             differs += int(((want - grpo).abs() > 1e-4).sum())
         assert differs > 0, "the method equalled GRPO on every row: the test would not notice a missing input"

@@ -3,7 +3,8 @@ temperature != 1, TRL's own old log-probs (steps_per_generation / num_iterations
 reference through TRL's fused log-prob head with ``model_init_kwargs``, and 2 processes == 1 process.
 
 Every expectation is recomputed independently: decoded texts, plain Hugging Face forwards with full logits (raw,
-temperature 1), and capo core's estimator -- no adapter code.
+temperature 1) on the trainer's device (tests/_device.py), and capo core's estimator on the CPU -- no adapter code.
+The multi-process tests run on the CPU on every machine (gloo; one GPU cannot hold two NCCL ranks).
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from capo.core import capo_noise_mask, compute_advantages, ppl_quantile_threshol
 from capo.errors import CapoError  # noqa: E402
 
 G = 4
-TOL = 1e-6
 HERE = pathlib.Path(__file__).parent
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "CAPO_TEST_DEVICE": "cpu"}  # the multi-process runs' environment
 
 
-from _tiny import dataset as _dataset, raw_token_logps, seven_reward  # noqa: E402
+from _tiny import DEVICE, TOL, cpu_copy, dataset as _dataset, raw_token_logps, reference_model, seven_reward  # noqa: E402
 
 
 def _args(tmp_path, **kw):
@@ -40,7 +41,7 @@ def _args(tmp_path, **kw):
 
 def _trainer(tiny_model_dir, tmp_path, cfg, reward=seven_reward, trainer_kw=None, model=None, probe_ref=None,
              **args):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from capo.adapters.trl import CapoGRPOTrainer
 
@@ -54,12 +55,12 @@ def _trainer(tiny_model_dir, tmp_path, cfg, reward=seven_reward, trainer_kw=None
             raw["lp_scaled"] = raw_token_logps(policy, out, self.temperature)
             raw["ref"] = raw_token_logps(self.probe_ref, out)
             self.records = getattr(self, "records", [])
-            self.records.append({"out": dict(out), "batch": dict(self.capo_last_batch), "texts": texts, **raw,
+            self.records.append({"out": cpu_copy(out), "batch": dict(self.capo_last_batch), "texts": texts, **raw,
                                  "table": list(self._logs["advantages"])[-out["completion_ids"].size(0):]})
             return out
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    Probe.probe_ref = probe_ref or AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    Probe.probe_ref = (probe_ref or reference_model(tiny_model_dir)).to(DEVICE)
     return Probe(model=model or tiny_model_dir, reward_funcs=reward, args=_args(tmp_path, **args), train_dataset=_dataset(),
                  processing_class=tok, capo=cfg, **(trainer_kw or {}))
 
@@ -206,7 +207,7 @@ def test_verdict_reward_must_be_binary(tiny_model_dir, tmp_path):
 def test_two_processes_equal_one(tiny_model_dir, tmp_path):
     """TRL on 2 processes (accelerate launch, gloo on CPU): each process's advantages are its slice of capo core
     on the whole gathered batch, recomputed here from the full batch in one process."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **CPU_ONLY}
     accel = pathlib.Path(sys.executable).parent / "accelerate"
     out = tmp_path / "two"
     subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
@@ -284,7 +285,7 @@ def test_peft_pretrained_adapter_reference_is_trls_ref_adapter(tiny_model_dir, t
     assert "ref" in tr.accelerator.unwrap_model(tr.model).peft_config
     tr.train()
     rec = tr.records[0]
-    plain = raw_token_logps(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), rec["out"])
+    plain = raw_token_logps(reference_model(tiny_model_dir), rec["out"])
     m = rec["out"]["completion_mask"]
     ppl_ref, ppl_base = (torch.exp(-sequence_logprob_mean(x, m)) for x in (rec["ref"], plain))
     assert torch.allclose(rec["batch"]["ref_ppl"], ppl_ref, rtol=1e-5)  # raw temperature-1, "ref" adapter
@@ -301,7 +302,7 @@ def _free_port() -> int:
 
 
 def _launch(procs: int, model_dir: str, out: pathlib.Path, est: str, per_device: int) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **CPU_ONLY}
     accel = pathlib.Path(sys.executable).parent / "accelerate"
     multi = ["--multi_gpu"] if procs > 1 else []
     subprocess.run([str(accel), "launch", *multi, "--num_processes", str(procs), "--num_machines", "1",

@@ -8,6 +8,7 @@ import torch
 
 from capo.cli import main
 from capo.evaluation.run import EvalSettings, make_engine
+from _device import DEVICE  # tests/ is on sys.path (its conftest.py)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here")
@@ -24,7 +25,7 @@ def test_auto_and_cpu_place_the_model_where_they_say(tiny_model):
     assert next(cpu.model.parameters()).device.type == "cpu"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (and CAPO_TEST_DEVICE unset or cuda)")
 def test_eval_runs_on_the_gpu_end_to_end(tiny_model, tmp_path):
     sums = tmp_path / "sums.jsonl"
     sums.write_text("".join(json.dumps({"prompt": f"{a}+{b}", "answer": str(a + b)}) + "\n"

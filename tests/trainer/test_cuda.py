@@ -1,6 +1,7 @@
 """The trainer on a CUDA device: every algorithm's rollout, reward, step, update, checkpoint, evaluation and resume
-with CUDA tensors. Skipped without a GPU (CI has none); run on the lent H100 (docs/results.md, "The trainer on a
-GPU"), where the first CUDA training run found the CPU-only assumptions these tests now guard."""
+with CUDA tensors. Skipped unless the test device (tests/_device.py) is cuda: CI has no GPU; `sh scripts/gpu-check.sh`
+runs them on a lent H100/H200 (docs/results.md, "The trainer on a GPU"), where the first CUDA training run found the
+CPU-only assumptions these tests now guard."""
 
 import json
 import random
@@ -8,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from capo.core.presets import ALGORITHMS
 from capo.trainer.loop import Trainer
@@ -16,8 +16,9 @@ from capo.trainer.loop import Trainer
 sys.path.insert(0, str(Path(__file__).parent))
 from test_trainer import cfg_for, rows  # noqa: E402
 
-DEVICE = "cuda"
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+from _device import DEVICE  # noqa: E402  (tests/ is on sys.path: its conftest.py)
+
+pytestmark = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (and CAPO_TEST_DEVICE unset or cuda)")
 LENGTH = {"algo.reward": "reward_fns:length_reward"}  # varies on a random model: the estimators get advantages
 # where a random model's batch leaves no advantage under the length reward too
 NO_ADVANTAGE_HERE = {"dapo": "filters every group", "capo": "ranks correct against wrong responses",

@@ -30,7 +30,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from capo.rollout.types import Sample
 from capo.rundir import Progress, atomic_write_text, read_jsonl_rows, run_lock
 from capo.settings import opt
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
+from capo.tasks.generated import GENERATED_TASKS
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, Verifier
 
 __all__ = ["EvalSettings", "make_engine", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
@@ -62,6 +63,10 @@ GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "to
                    "answer_format", "fallback_last_number",  # these two: rows store their extracted answers
                    "engine")
 OLD_DEFAULTS = {"engine": "hf"}  # settings added later: what a run directory written before them used
+
+
+DEFAULT_MAX_NEW_TOKENS = 512  # the response budget when neither --max-new-tokens nor a shipped model sets one
+_SHIPPED_BUDGETS = ", ".join(f"{t.name} {t.max_new_tokens}" for t in GENERATED_TASKS.values())
 
 
 ENGINE_HELP = ("generation engine: hf (Hugging Face generate, every causal LM) or vllm (needs vLLM: "
@@ -91,7 +96,10 @@ class EvalSettings:
     k: int = opt(4, "responses sampled per prompt", flag="-k")
     temperature: float = opt(1.0, "sampling temperature; 0 = greedy")
     top_p: float = opt(1.0, "nucleus sampling threshold")
-    max_new_tokens: int = opt(512, "maximum response length")
+    max_new_tokens: int | None = opt(None, "maximum response length. Default: for a model capo ships, its task's "
+                                     f"budget ({_SHIPPED_BUDGETS}); else {DEFAULT_MAX_NEW_TOKENS}, or what the model's "
+                                     "context leaves after the longest prompt when that is less (said at the start). "
+                                     "A value given that does not fit the context is an error")
     batch_size: int = opt(16, "sequences per generate call; rounded down to a multiple of k, at least k")
     seed: int = opt(0, "sampling seed")
     chat_template: bool = opt(True, "wrap prompts in the tokenizer's chat template when it has one (the flag "
@@ -145,7 +153,8 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--temperature", f"must be >= 0 (0 = greedy), got {s.temperature!r}")
     if not (isinstance(s.top_p, (int, float)) and 0 < s.top_p <= 1):
         bad("--top-p", f"must be in (0, 1], got {s.top_p!r}")
-    if not isinstance(s.max_new_tokens, int) or s.max_new_tokens < 1:
+    if s.max_new_tokens is not None and (isinstance(s.max_new_tokens, bool) or not isinstance(s.max_new_tokens, int)
+                                         or s.max_new_tokens < 1):
         bad("--max-new-tokens", f"must be an integer >= 1, got {s.max_new_tokens!r}")
     if not isinstance(s.batch_size, int) or s.batch_size < 1:
         bad("--batch-size", f"must be an integer >= 1, got {s.batch_size!r}")
@@ -285,6 +294,7 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
 
     problems = load_problems(s.dataset, split=s.split, prompt_field=s.prompt_field, answer_field=s.answer_field,
                              answer_format=s.dataset_answer_format, limit=s.limit)
+    s = replace(s, max_new_tokens=response_budget(s, problems, engine))
     out_dir = Path(out_dir)
     config = {k: v for k, v in asdict(s).items() if k != "extra"}
     config["n_prompts"] = len(problems)
@@ -306,6 +316,36 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
             order = {p.id: i for i, p in enumerate(problems)}
             rows.sort(key=lambda r: (order[str(r["prompt_id"])], int(r["sample_idx"])))
             return _finish(out_dir, rows, s, config, verifier, timing)
+
+
+def response_budget(s: EvalSettings, problems: list, engine=None) -> int:
+    """``--max-new-tokens``: the value given; else the budget of the task a shipped model was trained for
+    (:class:`capo.tasks.generated.GeneratedTask`); else :data:`DEFAULT_MAX_NEW_TOKENS`, lowered to what the model's
+    context leaves after the longest prompt when that is less (a note on stderr says so). A value given that does
+    not fit stays as given: sampling stops with the prompt, its length and the context (``check_context``)."""
+    if s.max_new_tokens is not None:
+        return s.max_new_tokens
+    if s.model in GENERATED_TASKS:
+        return GENERATED_TASKS[s.model].max_new_tokens
+    from capo.tasks.prompts import default_system, render_problem
+
+    if engine is not None:
+        tok = engine.tokenizer
+        limit = getattr(engine, "max_model_len", None) or getattr(engine.model.config, "max_position_embeddings", None)
+    else:
+        from capo.rollout.models import load_tokenizer_and_context
+
+        tok, limit = load_tokenizer_and_context(s.model)
+    system = s.system_prompt if s.system_prompt is not None else default_system(s.answer_format)
+    texts = [render_problem(tok, p, dataset=s.dataset, chat_template=s.chat_template, system=system) for p in problems]
+    longest = max((len(x) for x in tok(texts, add_special_tokens=False)["input_ids"]), default=0)
+    if not limit or longest + DEFAULT_MAX_NEW_TOKENS <= limit or longest >= limit:
+        return DEFAULT_MAX_NEW_TOKENS  # fits; or no response fits at all: sampling names the prompt
+    fit = limit - longest
+    print(f"capo eval: note: --max-new-tokens not given; the default {DEFAULT_MAX_NEW_TOKENS} does not fit the "
+          f"model's context of {limit} positions after the longest prompt ({longest} tokens): using {fit}",
+          file=sys.stderr, flush=True)
+    return fit
 
 
 def make_engine(s: EvalSettings):

@@ -16,8 +16,8 @@ import torch
 from capo.errors import ConfigError
 from capo.tasks.datasets import GENERATED_TASKS
 
-__all__ = ["AUTOCAST_MODES", "autocast_context", "check_model_spec", "eos_token_ids", "load_model", "merge_eos_ids",
-           "tune_cpu_allocator"]
+__all__ = ["AUTOCAST_MODES", "autocast_context", "check_model_spec", "eos_token_ids", "load_model",
+           "load_tokenizer_and_context", "merge_eos_ids", "tune_cpu_allocator"]
 
 AUTOCAST_MODES = ("auto", "on", "off")  # the one list of bf16 autocast policies (`capo eval --autocast`)
 BUILTIN_MODELS = GENERATED_TASKS  # model specs naming a model shipped in capo/assets: one per generated task
@@ -92,20 +92,10 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32):
 
         model, tok = load_default(dtype=dtype, model_dir=_builtin_model_dir(spec))
     else:
-        p = Path(spec).expanduser()
-        kw = {}
-        if p.suffix == ".gguf":
-            kw = {"gguf_file": p.name}
-            p = p.parent
-        try:
-            tok = AutoTokenizer.from_pretrained(str(p) if p.exists() else spec, **kw)
-            model = AutoModelForCausalLM.from_pretrained(str(p) if p.exists() else spec, dtype=dtype, **kw)
-        except (OSError, ValueError) as e:
-            offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-            raise ConfigError(
-                f"could not load model {spec!r}{' (HF_HUB_OFFLINE is set)' if offline else ''}: "
-                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-            ) from None
+        src, kw = _hf_source(spec)
+        with _load_errors(spec):
+            tok = AutoTokenizer.from_pretrained(src, **kw)
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kw)
         if kw and getattr(model.config, "quantization_config", None) is not None:
             model.config.quantization_config = None  # weights are dequantised; lets users save a normal folder
             model.hf_quantizer, model.is_quantized = None, False  # (checkpoints of a GGUF-started run are plain)
@@ -114,6 +104,45 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32):
     tok.padding_side = "left"
     model.generation_config.pad_token_id = tok.pad_token_id
     return model.eval(), tok
+
+
+def _hf_source(spec: str) -> tuple[str, dict]:
+    """What transformers' ``from_pretrained`` takes for ``spec``: a folder or Hub id, and ``gguf_file`` for a GGUF."""
+    p = Path(spec).expanduser()
+    if p.suffix == ".gguf":
+        return str(p.parent), {"gguf_file": p.name}
+    return (str(p) if p.exists() else spec), {}
+
+
+@contextlib.contextmanager
+def _load_errors(spec: str):
+    """A loading failure as a ConfigError naming the model (and an offline Hub, when set)."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        raise ConfigError(
+            f"could not load model {spec!r}{' (HF_HUB_OFFLINE is set)' if offline else ''}: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
+
+
+def load_tokenizer_and_context(spec: str):
+    """``(tokenizer, context)`` of a model without loading its weights: the tokenizer :func:`load_model` gives and the
+    model's context window in positions (``max_position_embeddings``; None when the config has none)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    check_model_spec(spec)
+    if spec in BUILTIN_MODELS:
+        src, kw = str(_builtin_model_dir(spec)), {}
+    else:
+        src, kw = _hf_source(spec)
+    with _load_errors(spec):
+        tok = AutoTokenizer.from_pretrained(src, **kw)
+        cfg = AutoConfig.from_pretrained(src, **kw)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok, getattr(cfg.get_text_config(), "max_position_embeddings", None)
 
 
 def _cpu_has_bf16() -> bool:

@@ -1,0 +1,34 @@
+"""The device the device-aware tests run on (the TRL adapter's tests, the trainer's and `capo eval`'s CUDA tests).
+
+``CAPO_TEST_DEVICE`` (``cpu`` or ``cuda``) when set; otherwise ``cuda`` when torch sees a GPU, else ``cpu``. So the
+same files run unchanged here (no GPU: cpu) and on a GPU machine (cuda, automatically); ``CAPO_TEST_DEVICE=cpu``
+keeps a GPU machine's run on the CPU, and ``CAPO_TEST_DEVICE=cuda`` without a GPU is an error, not a skip.
+
+Tests compare what the code under test computed with an independent recomputation on this same device (reference
+models are moved to it), and compare on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+DEVICES = ("cpu", "cuda")
+
+
+def device_under_test() -> str:
+    """``cpu`` or ``cuda``, as the module docstring says."""
+    want = os.environ.get("CAPO_TEST_DEVICE", "").strip().lower()
+    if not want:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if want not in DEVICES:
+        raise RuntimeError(f"CAPO_TEST_DEVICE={want!r}: allowed values: {', '.join(DEVICES)}")
+    if want == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("CAPO_TEST_DEVICE=cuda, but torch sees no CUDA GPU (torch "
+                           f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'})")
+    return want
+
+
+DEVICE = device_under_test()
+ON_CUDA = DEVICE == "cuda"
