@@ -57,18 +57,11 @@ def answer_values(n_answers: int) -> torch.Tensor:
 
 
 def sample_answers(logits: torch.Tensor, category: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
-    """[Q, n] answer indices, n per question from its category's softmax. logits: [C, K]; category: [Q]."""
-    probs = torch.softmax(logits.detach(), dim=-1)  # [C, K]
-    counts = torch.bincount(category, minlength=logits.size(0)) * n  # [C]
-    draws = torch.multinomial(probs, int(counts.max()), replacement=True, generator=gen)  # [C, M]
-    order = torch.argsort(category, stable=True)  # questions grouped by category
-    out = torch.empty(category.numel(), n, dtype=torch.long)
-    start = 0
-    for c, k in enumerate(counts.tolist()):
-        q = order[start // n:(start + k) // n]
-        out[q] = draws[c, :k].reshape(-1, n)
-        start += k
-    return out
+    """[Q, n] answer indices, n per question from its category's softmax (inverse CDF of one uniform draw each).
+    logits: [C, K]; category: [Q]."""
+    cdf = torch.cumsum(torch.softmax(logits.detach().double(), dim=-1), dim=-1)  # [C, K]
+    u = torch.rand(category.numel(), n, generator=gen, dtype=torch.float64)  # [Q, n]
+    return torch.searchsorted(cdf[category], u).clamp_(max=logits.size(1) - 1)  # [Q, n]
 
 
 def evaluate(logits: torch.Tensor, data: StochasticData, s: TableSettings, gen: torch.Generator) -> dict:
@@ -118,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=TableSettings.steps, help="optimizer steps per run")
     ap.add_argument("--rule", choices=SCORING_RULES, default="log", help="scoring rule of the reward")
     ap.add_argument("--group-size", type=int, default=TableSettings.group_size, help="answers per question per step")
+    ap.add_argument("--questions", type=int, default=TableSettings.n_questions, help="questions (all used every step)")
+    ap.add_argument("--curve-points", type=int, default=50, help="evaluations along the run (the curves)")
     ap.add_argument("--eps", type=float, default=1e-5, help="GRPO's std epsilon (the notebook's 1e-5)")
     ap.add_argument("--out", type=Path, required=True, help="folder for one JSON record per (method, seed)")
     a = ap.parse_args(argv)
@@ -129,7 +124,8 @@ def main(argv=None) -> int:
                 continue
             kw = {"eps": a.eps} if m == "grpo" else {}
             rec = train_table(TableSettings(method=m, estimator_kwargs=kw, seed=seed, steps=a.steps, rule=a.rule,
-                                            group_size=a.group_size, log_every=max(1, a.steps // 50)))
+                                            group_size=a.group_size, n_questions=a.questions,
+                                            log_every=max(1, a.steps // a.curve_points)))
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(rec, indent=1))
             tmp.replace(path)
