@@ -51,8 +51,8 @@ class SweepReportSettings:
     effect: float = opt(0.03, "the difference the power analysis is for: the seeds a paired t-test needs to detect "
                         "it at 80%% power and the 5%% level")  # %% : argparse formats help strings
     out: str | None = opt(None, "output folder of summary.md, summary.json and the figures (default: "
-                          "docs/figures/sweeps/NAME under the current directory, names joined by + for several "
-                          "folders)")
+                          "docs/figures/sweeps/NAME relative to the current directory, the records folders' names "
+                          "joined by + for several)")
     base_draws: int | None = opt(None, "use only the first N draws of the base evaluation, by sampling seed "
                                  "(default: all)", metavar="N")
     curve_tables: bool = opt(False, "also print each run's held-out curve as a table")
