@@ -22,8 +22,8 @@ COMMITTED = {"default_grpo_capo": ["default_grpo_capo"], "collapse_grpo_capo": [
 def test_the_report_of_committed_records_is_the_committed_report_byte_for_byte(tmp_path, capsys):
     """`capo sweep report` rewrites docs/figures/sweeps/word_grpo_capo exactly: summary.md, summary.json, the printed
     tables and, when this matplotlib is the one that drew them (PNGs name their writer), the three figures."""
-    from PIL import Image
     import matplotlib
+    from PIL import Image
 
     assert main(["sweep", "report", str(RECORDS / "word_grpo_capo"), "--reference", "grpo", "--out",
                  str(tmp_path)]) == 0
