@@ -149,3 +149,19 @@ def test_the_record_names_the_code_that_ran():
     if pathlib.Path(capo.__file__).resolve().parents[2] != ROOT:
         pytest.skip("capo is not imported from this checkout")
     assert runner.code_commit() == _git(ROOT, "rev-parse", "HEAD")
+
+
+def test_each_action_is_built_from_its_settings():
+    """Every flag of `capo sweep run | status | report` is a field of its settings dataclass, with the field's help."""
+    from capo.cli import build_parser
+    from capo.cli.sweep_cmd import ACTIONS
+    from capo.settings import cli_fields
+
+    sweep = next(a for a in build_parser()._actions if a.dest == "command").choices["sweep"]
+    parsers = next(a for a in sweep._actions if a.dest == "sweep_command").choices
+    for name, (settings, _, _) in ACTIONS.items():
+        sub = parsers[name]
+        assert {a.dest for a in sub._actions} - {"help"} == {f.name for f in cli_fields(settings)}, name
+        for f in cli_fields(settings):
+            action = next(a for a in sub._actions if a.dest == f.name)
+            assert f.metadata["help"].replace("%%", "%") in (action.help or "").replace("%%", "%"), f.name
