@@ -36,7 +36,7 @@ def trainer_draw(preset: str, seed: int, out: Path) -> dict:
 
 def eval_draw(preset: str, seed: int, out: Path, engine) -> dict:
     """`capo eval` of the preset's initial model on the same problems and samples per problem, sampling seed
-    ``seed``, the settings `scripts/sweep.py` uses for its final evaluation."""
+    ``seed``, the settings `capo sweep` uses for its final evaluation."""
     from capo.evaluation.run import EvalSettings, run_eval
     from capo.trainer.config import load_config
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "capo"
-ORDER = ["core", "verify", "tasks", "rollout", "evaluation", "trainer", "adapters", "cli"]
+ORDER = ["core", "verify", "tasks", "rollout", "evaluation", "trainer", "adapters", "sweep", "cli"]
 # what each layer may import from capo (besides itself and the leaf modules capo.errors, capo.rundir and capo.settings);
 # docs/architecture.md states the same table
 ALLOWED = {
@@ -17,6 +17,7 @@ ALLOWED = {
     "evaluation": {"core", "verify", "tasks", "rollout"},
     "trainer": {"core", "verify", "tasks", "rollout"},
     "adapters": {"core", "verify", "rollout"},
+    "sweep": {"evaluation", "trainer"},  # runs `capo train` / `capo eval` in subprocesses; reads their outputs
     "cli": set(ORDER),
 }
 LEAVES = {"errors.py": set(), "rundir.py": {"errors"}, "settings.py": set()}  # top-level modules any layer may use

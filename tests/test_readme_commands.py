@@ -27,7 +27,7 @@ def readme_commands() -> list[str]:
     spans = re.findall(r"`([^`\n]+)`", README)
     cmds = [c.strip() for c in lines + spans if c.strip().startswith(PREFIXES)]
     # a bare subcommand name in prose ("... in `capo eval`") is a mention, not a command line
-    cmds = [c for c in cmds if not re.fullmatch(r"capo (eval|train|report|build-default)", c)]
+    cmds = [c for c in cmds if not re.fullmatch(r"capo (eval|train|report|build-default|sweep)", c)]
     return sorted(set(cmds))
 
 

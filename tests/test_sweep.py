@@ -1,6 +1,6 @@
-"""scripts/sweep.py: a sweep runs each (method, seed) once, resumes where it stopped, and refuses to mix settings."""
+"""capo sweep: a sweep runs each (method, seed) once, resumes where it stopped, and refuses to mix settings; its
+report's statistics are hand-computed here."""
 
-import importlib.util
 import json
 import pathlib
 import sys
@@ -8,11 +8,11 @@ import sys
 import pytest
 import yaml
 
+from capo.cli import main
+from capo.errors import CapoError
+from capo.sweep import analysis, plots, records, runner, spec, tables
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("sweep", ROOT / "scripts" / "sweep.py")
-sweep = importlib.util.module_from_spec(_spec)
-sys.modules["sweep"] = sweep  # dataclasses look their module up by name
-_spec.loader.exec_module(sweep)
 
 SPEC = {
     "name": "tiny",
@@ -26,14 +26,14 @@ SPEC = {
 }
 
 
-def _write(tmp_path, spec):
+def _write(tmp_path, body):
     p = tmp_path / "spec.yaml"
-    p.write_text(yaml.safe_dump(spec, sort_keys=False))
+    p.write_text(yaml.safe_dump(body, sort_keys=False))
     return p
 
 
 def _run(tmp_path, spec_path, *extra):
-    return sweep.main(["run", str(spec_path), "--jobs", "1", "--runs-root", str(tmp_path / "runs"),
+    return main(["sweep", "run", str(spec_path), "--jobs", "1", "--runs-root", str(tmp_path / "runs"),
                        "--records-root", str(tmp_path / "records"), *extra])
 
 
@@ -44,7 +44,7 @@ def test_sweep_resumes_and_records(tmp_path, capsys):
     rec_dir = tmp_path / "records" / "tiny"
     assert sorted(p.name for p in rec_dir.iterdir()) == ["grpo-seed3.json"]  # seeds outermost, methods in order
     first = (rec_dir / "grpo-seed3.json").read_text()
-    assert (tmp_path / "runs" / "tiny" / "grpo-seed3" / sweep.RUN_RECORD).read_text() == first  # kept in the run folder
+    assert (tmp_path / "runs" / "tiny" / "grpo-seed3" / runner.RUN_RECORD).read_text() == first  # kept in the run folder
 
     assert _run(tmp_path, spec_path) == 0  # continues: only the missing job runs
     assert (rec_dir / "grpo-seed3.json").read_text() == first
@@ -70,16 +70,16 @@ def test_sweep_resumes_and_records(tmp_path, capsys):
 
 
 def test_changed_settings_are_stale_not_mixed(tmp_path, capsys):
-    jobs = sweep.jobs(SPEC, tmp_path / "runs", tmp_path / "records")
+    jobs = spec.jobs(SPEC, tmp_path / "runs", tmp_path / "records")
     j = jobs[0]
     j.record.parent.mkdir(parents=True)
     j.record.write_text(json.dumps({"settings_hash": j.settings_hash}))
-    assert sweep.state(j) == "done"
-    changed = sweep.jobs({**SPEC, "eval": {**SPEC["eval"], "k": 4}}, tmp_path / "runs", tmp_path / "records")
-    assert sweep.state(changed[0]) == "stale" and sweep.state(changed[1]) == "todo"
+    assert spec.state(j) == "done"
+    changed = spec.jobs({**SPEC, "eval": {**SPEC["eval"], "k": 4}}, tmp_path / "runs", tmp_path / "records")
+    assert spec.state(changed[0]) == "stale" and spec.state(changed[1]) == "todo"
     assert changed[0].settings_hash != j.settings_hash
     # the same spec gives the same hashes (a resumed sweep recognises its records)
-    assert [x.settings_hash for x in sweep.jobs(SPEC, tmp_path, tmp_path)] == [x.settings_hash for x in jobs]
+    assert [x.settings_hash for x in spec.jobs(SPEC, tmp_path, tmp_path)] == [x.settings_hash for x in jobs]
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -92,19 +92,13 @@ def test_changed_settings_are_stale_not_mixed(tmp_path, capsys):
     ({"step": 3}, "unknown key(s) ['step']"),
 ])
 def test_bad_spec_names_the_key(tmp_path, bad, message):
-    with pytest.raises(SystemExit) as e:
-        sweep.load_spec(_write(tmp_path, {**SPEC, **bad}))
+    with pytest.raises(CapoError) as e:
+        spec.load_spec(_write(tmp_path, {**SPEC, **bad}))
     assert message in str(e.value)
 
 
-_rspec = importlib.util.spec_from_file_location("sweep_report", ROOT / "scripts" / "sweep_report.py")
-sweep_report = importlib.util.module_from_spec(_rspec)
-sys.modules["sweep_report"] = sweep_report
-_rspec.loader.exec_module(sweep_report)
-
-
 def _record(method, seed, acc, auc):
-    final = {k: 0.5 for k in sweep_report.MEASURES} | {"accuracy": acc, "auc_mean": auc}
+    final = {k: 0.5 for k in analysis.MEASURES} | {"accuracy": acc, "auc_mean": auc}
     curves = {"eval": [{"step": 20, "eval/accuracy": acc - 0.1, "eval/auc_mean": auc}, {"step": 40, "eval/accuracy": acc,
                                                                                         "eval/auc_mean": auc}]}
     return {"method": method, "seed": seed, "final": final, "curves": curves}
@@ -120,7 +114,7 @@ def test_seed_paired_statistics_hand_computed(tmp_path):
     recs.append(_record("capo", 4, 0.4, 0.9))  # a seed GRPO has not finished: not paired
     for r in recs:
         (tmp_path / f"{r['method']}-seed{r['seed']}.json").write_text(json.dumps(r))
-    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03)
+    s = analysis.summary(records.load_records(tmp_path), "grpo", 0.03)
     d = s["paired"]["capo"]["auc_mean"]
     assert d["seeds"] == [1, 2, 3]
     assert d["mean"] == pytest.approx(0.2, abs=1e-12) and d["sd"] == pytest.approx(0.1, abs=1e-12)
@@ -129,7 +123,7 @@ def test_seed_paired_statistics_hand_computed(tmp_path):
     assert d["p"] == pytest.approx(0.07418, abs=5e-5)
     assert 88 < d["seeds_needed"] < 91
     assert s["methods"]["capo"]["auc_mean"]["mean"] == pytest.approx((0.7 + 0.8 + 0.9 + 0.9) / 4)
-    assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] | 0.100 | 0.0742 | 0.0742 | 89 |" in md  # Holm over 1
@@ -158,30 +152,36 @@ def test_records_of_two_sweeps_form_one_comparison_only_with_the_same_settings(t
     for seed, auc in ((0, 0.65), (1, 0.80)):
         (b / f"rloo-seed{seed}.json").write_text(json.dumps(rec("rloo", seed, auc, run__threads=2,
                                                                optim__micro_batch_size=4)))
-    records = sweep_report.load_records(a, b)
-    d = sweep_report.summary(records, "grpo", 0.03)["paired"]["rloo"]["auc_mean"]
+    both = records.load_records(a, b)
+    d = analysis.summary(both, "grpo", 0.03)["paired"]["rloo"]["auc_mean"]
     assert d["seeds"] == [0, 1] and d["diffs"] == pytest.approx([0.05, 0.10], abs=1e-12)
     # a training setting that differs: refused, naming it
     (b / "rloo-seed1.json").write_text(json.dumps(rec("rloo", 1, 0.8, optim__lr=3e-4)))
-    with pytest.raises(SystemExit, match="differ in optim.lr"):
-        sweep_report.load_records(a, b)
+    with pytest.raises(CapoError, match="differ in optim.lr"):
+        records.load_records(a, b)
     # another evaluation: refused
     (b / "rloo-seed1.json").write_text(json.dumps({**rec("rloo", 1, 0.8), "settings": {"preset": "p", "eval": {}}}))
-    with pytest.raises(SystemExit, match="differ in eval"):
-        sweep_report.load_records(a, b)
+    with pytest.raises(CapoError, match="differ in eval"):
+        records.load_records(a, b)
     # another device (a GPU run beside CPU runs): refused
     (b / "rloo-seed1.json").write_text(json.dumps({**rec("rloo", 1, 0.8), "machine": {"device": "cuda"}}))
-    with pytest.raises(SystemExit, match="differ in device"):
-        sweep_report.load_records(a, b)
+    with pytest.raises(CapoError, match="differ in device"):
+        records.load_records(a, b)
     (b / "rloo-seed1.json").write_text(json.dumps({**rec("rloo", 1, 0.8), "machine": {"device": "cpu"}}))
-    assert sweep_report.load_records(a, b)["rloo"].keys() == {0, 1}  # a CPU record naming its machine pairs
+    assert records.load_records(a, b)["rloo"].keys() == {0, 1}  # a CPU record naming its machine pairs
     # the same method and seed in both folders: refused
     (b / "rloo-seed1.json").unlink()
     (b / "grpo-seed1.json").write_text(json.dumps(rec("grpo", 1, 0.7)))
-    with pytest.raises(SystemExit, match="grpo seed 1 twice"):
-        sweep_report.load_records(a, b)
-    with pytest.raises(SystemExit, match="none: no records"):  # a mistyped folder is no silent empty sweep
-        sweep_report.main([str(a), str(tmp_path / "none"), "--out", str(tmp_path / "o")])
+    with pytest.raises(CapoError, match="grpo seed 1 twice"):
+        records.load_records(a, b)
+    capsys.readouterr()
+    # a mistyped folder is no silent empty sweep: a clear error naming it, exit 2, nothing written
+    assert main(["sweep", "report", str(a), str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
+    assert f"capo sweep: error: {tmp_path / 'none'}: no such records folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["sweep", "report", str(a), str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 2
+    assert "empty: no records (*.json) found" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_job_held_by_a_live_process_is_skipped_and_a_dead_ones_lock_is_taken_over(tmp_path, capsys, monkeypatch):
@@ -190,7 +190,7 @@ def test_a_job_held_by_a_live_process_is_skipped_and_a_dead_ones_lock_is_taken_o
     import subprocess
 
     spec_path = _write(tmp_path, SPEC)
-    jobs = sweep.jobs(SPEC, tmp_path / "runs", tmp_path / "records")
+    jobs = spec.jobs(SPEC, tmp_path / "runs", tmp_path / "records")
     for j in jobs:
         j.run_dir.mkdir(parents=True)
     host = socket.gethostname()
@@ -200,7 +200,7 @@ def test_a_job_held_by_a_live_process_is_skipped_and_a_dead_ones_lock_is_taken_o
     dead.wait()
     (jobs[1].run_dir / "sweep.lock").write_text(f"{dead.pid}@{host}")
     ran = []
-    monkeypatch.setattr(sweep, "_train_eval_record", lambda job: ran.append(job.name) or {
+    monkeypatch.setattr(runner, "_train_eval_record", lambda job: ran.append(job.name) or {
         "final": {"accuracy": 0.5, "auc_mean": 0.5}, "wall_s": 1.0})
     assert _run(tmp_path, spec_path) == 0
     out = capsys.readouterr().out
@@ -209,16 +209,16 @@ def test_a_job_held_by_a_live_process_is_skipped_and_a_dead_ones_lock_is_taken_o
     assert (jobs[0].run_dir / "sweep.lock").read_text() == f"{os.getppid()}@{host}"  # the holder's lock is kept
     assert not (jobs[1].run_dir / "sweep.lock").exists()  # taken over, then released when the job ended
     # a free job is claimed with this process's pid; a second claim sees this (live) process as its holder
-    assert sweep.claim(jobs[1]) is None
+    assert runner.claim(jobs[1]) is None
     assert (jobs[1].run_dir / "sweep.lock").read_text() == f"{os.getpid()}@{host}"
-    assert sweep.claim(jobs[1]) == f"{os.getpid()}@{host}"
+    assert runner.claim(jobs[1]) == f"{os.getpid()}@{host}"
 
 
 def test_a_job_finished_by_another_process_after_listing_is_not_run_again(tmp_path, capsys, monkeypatch):
     """Two processes list the same jobs at their start; when one finishes a job the other has listed, the other
     skips it at its turn instead of evaluating it again and rewriting its record."""
     spec_path = _write(tmp_path, SPEC)
-    jobs = sweep.jobs(SPEC, tmp_path / "runs", tmp_path / "records")
+    jobs = spec.jobs(SPEC, tmp_path / "runs", tmp_path / "records")
     ran = []
 
     def train(job):  # the first job's run: meanwhile "another process" finishes the second job
@@ -228,7 +228,7 @@ def test_a_job_finished_by_another_process_after_listing_is_not_run_again(tmp_pa
         other.record.write_text(json.dumps({"settings_hash": other.settings_hash, "final": {}}))
         return {"final": {"accuracy": 0.5, "auc_mean": 0.5}, "wall_s": 1.0}
 
-    monkeypatch.setattr(sweep, "_train_eval_record", train)
+    monkeypatch.setattr(runner, "_train_eval_record", train)
     assert _run(tmp_path, spec_path) == 0
     assert ran == ["grpo-seed3"]
     assert "skipped capo-seed3: finished by another sweep process (done record" in capsys.readouterr().out
@@ -245,13 +245,13 @@ def test_paired_p_values_are_holm_adjusted_over_the_methods_hand_computed(tmp_pa
     recs += [_record("rloo", s, 0.4, 0.6 + d) for s, d in ((1, 0.2), (2, 0.3), (3, 0.4))]
     for r in recs:
         (tmp_path / f"{r['method']}-seed{r['seed']}.json").write_text(json.dumps(r))
-    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03)
+    s = analysis.summary(records.load_records(tmp_path), "grpo", 0.03)
     capo, rloo = s["paired"]["capo"]["auc_mean"], s["paired"]["rloo"]["auc_mean"]
     p_capo, p_rloo = 1 - (12 / 14) ** 0.5, 1 - (27 / 29) ** 0.5
     assert (capo["p"], rloo["p"]) == pytest.approx((p_capo, p_rloo), abs=1e-9)
     assert rloo["p_holm"] == pytest.approx(2 * p_rloo, abs=1e-9)
     assert capo["p_holm"] == pytest.approx(p_capo, abs=1e-9)
-    assert "| rloo | auc_mean | 3 | +0.300 [+0.052, +0.548] | 0.100 | 0.0351 | 0.0702 |" in sweep_report.markdown(s)
+    assert "| rloo | auc_mean | 3 | +0.300 [+0.052, +0.548] | 0.100 | 0.0351 | 0.0702 |" in tables.markdown(s)
 
 
 def test_change_from_base_hand_computed(tmp_path, capsys):
@@ -260,15 +260,15 @@ def test_change_from_base_hand_computed(tmp_path, capsys):
     for s_, auc in ((1, 0.70), (2, 0.75), (3, 0.65)):
         (tmp_path / f"grpo-seed{s_}.json").write_text(json.dumps(_record("grpo", s_, 0.5, auc)))
     (tmp_path / "base.json").write_text(json.dumps({**_record("base", None, 0.3, 0.80), "curves": {}}))
-    assert sorted(sweep_report.load_records(tmp_path)) == ["grpo"]  # the base is no method
-    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03, sweep_report.load_base(tmp_path))
+    assert sorted(records.load_records(tmp_path)) == ["grpo"]  # the base is no method
+    s = analysis.summary(records.load_records(tmp_path), "grpo", 0.03, records.load_base(tmp_path))
     d = s["from_base"]["grpo"]["auc_mean"]
     half = 4.302652729911275 * 0.05 / 3 ** 0.5
     assert d["seeds"] == [1, 2, 3] and d["mean"] == pytest.approx(-0.10, abs=1e-12)
     assert (d["low"], d["high"]) == pytest.approx((-0.10 - half, -0.10 + half), abs=1e-9)
     assert d["p"] == pytest.approx(0.07418, abs=5e-5)
     assert s["from_base"]["grpo"]["accuracy"]["mean"] == pytest.approx(0.2, abs=1e-12)  # 0.5 - 0.3, sd 0: no interval
-    assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert "| grpo | auc_mean | 3 | -0.100 [-0.224, +0.024] | 0.050 | 0.0742 |" in capsys.readouterr().out
 
 
@@ -285,23 +285,23 @@ def test_change_from_several_base_draws_is_welchs_interval_hand_computed(tmp_pat
         (tmp_path / f"grpo-seed{s_}.json").write_text(json.dumps(_record("grpo", s_, 0.5, auc)))
     for d, auc in enumerate((0.80, 0.82, 0.78, 0.80)):
         (tmp_path / ("base.json" if d == 0 else f"base-draw{d}.json")).write_text(json.dumps(_base_draw(d, 0.3, auc)))
-    bases = sweep_report.load_base(tmp_path)
-    assert len(bases) == 4 and sorted(sweep_report.load_records(tmp_path)) == ["grpo"]
+    bases = records.load_base(tmp_path)
+    assert len(bases) == 4 and sorted(records.load_records(tmp_path)) == ["grpo"]
     assert [b["settings"]["eval"]["seed"] for b in bases] == [0, 1, 2, 3]  # by sampling seed: base.json first
-    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03, bases)
+    s = analysis.summary(records.load_records(tmp_path), "grpo", 0.03, bases)
     d = s["from_base"]["grpo"]["auc_mean"]
     assert d["base_draws"] == 4 and s["base"]["auc_mean"] == pytest.approx(0.80, abs=1e-12)
     assert d["mean"] == pytest.approx(-0.10, abs=1e-12) and d["p"] == pytest.approx(0.064539, abs=1e-6)
     assert (d["low"], d["high"]) == pytest.approx((-0.10 - 0.113322, -0.10 + 0.113322), abs=1e-6)
     # one draw alone gives the one-sample interval of the test above, which is narrower here: the draw's noise
-    one = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03, bases[:1])["from_base"]["grpo"]
+    one = analysis.summary(records.load_records(tmp_path), "grpo", 0.03, bases[:1])["from_base"]["grpo"]
     assert one["auc_mean"]["base_draws"] == 1 and one["auc_mean"]["high"] - one["auc_mean"]["low"] == pytest.approx(
         2 * 4.302652729911275 * 0.05 / 3 ** 0.5, abs=1e-9)
-    assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "mean of 4 draws of the base evaluation" in out and "auc_mean 0.800 (sd 0.016)" in out
     assert "| grpo | auc_mean | 3 | -0.100 [-0.213, +0.013] | 0.050 | 0.0645 |" in out
-    assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out1"), "--base-draws", "1"]) == 0
+    assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "out1"), "--base-draws", "1"]) == 0
     assert "one draw of the base evaluation" in capsys.readouterr().out
 
 
@@ -309,18 +309,18 @@ def test_base_draws_must_have_their_own_evaluation_seeds(tmp_path):
     (tmp_path / "grpo-seed1.json").write_text(json.dumps(_record("grpo", 1, 0.5, 0.7)))
     (tmp_path / "base.json").write_text(json.dumps(_base_draw(0, 0.3, 0.8)))
     (tmp_path / "base-draw1.json").write_text(json.dumps(_base_draw(0, 0.3, 0.8)))
-    with pytest.raises(SystemExit, match="same evaluation seed"):
-        sweep_report.load_base(tmp_path)
+    with pytest.raises(CapoError, match="same evaluation seed"):
+        records.load_base(tmp_path)
     other = _base_draw(1, 0.3, 0.8)
     other["settings"]["eval"]["problems"] = 7  # another evaluation, not another draw
     (tmp_path / "base-draw1.json").write_text(json.dumps(other))
-    with pytest.raises(SystemExit, match="base records differ in eval"):
-        sweep_report.load_base(tmp_path)
+    with pytest.raises(CapoError, match="base records differ in eval"):
+        records.load_base(tmp_path)
 
 
 def test_base_n_draws_the_base_evaluation_n_times_with_consecutive_seeds(tmp_path):
-    one = sweep.jobs({**SPEC, "base": True}, tmp_path / "runs", tmp_path / "records")
-    three = sweep.jobs({**SPEC, "base": 3}, tmp_path / "runs", tmp_path / "records")
+    one = spec.jobs({**SPEC, "base": True}, tmp_path / "runs", tmp_path / "records")
+    three = spec.jobs({**SPEC, "base": 3}, tmp_path / "runs", tmp_path / "records")
     assert [j.name for j in three[:4]] == ["base", "base-draw1", "base-draw2", "grpo-seed3"]
     assert [j.eval["seed"] for j in three[:3]] == [0, 1, 2] and {j.draw for j in three[:3]} == {0, 1, 2}
     assert three[1].record.name == "base-draw1.json" and three[1].seed is None
@@ -330,17 +330,17 @@ def test_base_n_draws_the_base_evaluation_n_times_with_consecutive_seeds(tmp_pat
 
 
 def test_the_base_job_comes_first_once_and_evaluates_the_presets_model(tmp_path, monkeypatch):
-    spec = {**SPEC, "base": True, "seeds": [3, 4]}
-    jobs = sweep.jobs(spec, tmp_path / "runs", tmp_path / "records")
+    with_base = {**SPEC, "base": True, "seeds": [3, 4]}
+    jobs = spec.jobs(with_base, tmp_path / "runs", tmp_path / "records")
     assert [j.name for j in jobs] == ["base", "grpo-seed3", "capo-seed3", "grpo-seed4", "capo-seed4"]
     assert jobs[0].seed is None and jobs[0].record == tmp_path / "records" / "tiny" / "base.json"
     # adding the base job leaves the method jobs' settings (and so their records) as they were
-    assert [j.settings_hash for j in jobs[1:]] == [j.settings_hash for j in sweep.jobs({**SPEC, "seeds": [3, 4]},
+    assert [j.settings_hash for j in jobs[1:]] == [j.settings_hash for j in spec.jobs({**SPEC, "seeds": [3, 4]},
                                                                                       tmp_path, tmp_path)]
     calls = []
-    monkeypatch.setattr(sweep, "_capo", lambda args, log: calls.append(args))
-    monkeypatch.setattr(sweep, "build_record", lambda job, cfg, wall: {"cfg": cfg})
-    rec = sweep._train_eval_record(jobs[0])
+    monkeypatch.setattr(runner, "_capo", lambda args, log: calls.append(args))
+    monkeypatch.setattr(runner, "build_record", lambda job, cfg, wall: {"cfg": cfg})
+    rec = runner._train_eval_record(jobs[0])
     assert [c[0] for c in calls] == ["eval"]  # no training
     ev = calls[0]
     assert ev[ev.index("--model") + 1] == "default" and ev[ev.index("--limit") + 1] == "6"
@@ -354,7 +354,7 @@ def test_curve_table_averages_training_rows_since_the_previous_evaluation():
     ev = [{"step": 0, "eval/accuracy": 0.3, "eval/auc_mean": 0.8},
           {"step": 2, "eval/accuracy": 0.5, "eval/auc_mean": 0.7, "eval/auroc": 0.6, "eval/ece": 0.4,
            "eval/brier": 0.35, "eval/entropy": 0.05}]
-    out = sweep_report.curve_table({"method": "grpo", "seed": 1, "curves": {"train": train, "eval": ev}})
+    out = tables.curve_table({"method": "grpo", "seed": 1, "curves": {"train": train, "eval": ev}})
     assert "| 0 | 0.300 | 0.800 | - | - | - | - | - | - |" in out  # the step-0 point: no training rows yet
     assert "| 2 | 0.500 | 0.700 | 0.600 | 0.400 | 0.350 | 0.050 | 0.300 | 85.0 |" in out  # steps 1-2 averaged
 
@@ -371,7 +371,7 @@ def test_change_along_the_periodic_curve_hand_computed(tmp_path, capsys):
                                   "eval/auroc": 0.7 - s_ / 100}]
         (tmp_path / f"grpo-seed{s_}.json").write_text(json.dumps(rec))
     (tmp_path / "grpo-seed4.json").write_text(json.dumps(_record("grpo", 4, 0.5, 0.7)))  # curve from step 20
-    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03)
+    s = analysis.summary(records.load_records(tmp_path), "grpo", 0.03)
     d = s["along_curve"]["grpo"]["auc_mean"]
     half = 4.302652729911275 * 0.05 / 3 ** 0.5
     assert d["seeds"] == [1, 2, 3] and d["last_step"] == [40]
@@ -381,7 +381,7 @@ def test_change_along_the_periodic_curve_hand_computed(tmp_path, capsys):
     # accuracy: 0.11, 0.12, 0.13 -> mean 0.12; pooled AUROC -0.01, -0.02, -0.03 -> mean -0.02
     assert s["along_curve"]["grpo"]["accuracy"]["mean"] == pytest.approx(0.12, abs=1e-12)
     assert s["along_curve"]["grpo"]["auroc"]["mean"] == pytest.approx(-0.02, abs=1e-12)
-    assert sweep_report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert "| grpo | auc_mean | 3 | 40 | -0.050 [-0.174, +0.074] | 0.050 | 0.225 |" in capsys.readouterr().out
 
 
@@ -392,7 +392,7 @@ def test_curves_are_small_multiples_one_pair_of_panels_per_method(tmp_path, meth
     import matplotlib.image
 
     recs = {m: {s: _record(m, s, 0.4 + 0.01 * s, 0.7 + 0.02 * i) for s in (1, 2)} for i, m in enumerate(methods)}
-    sweep_report.plot_curves(recs, "grpo", tmp_path / "c.png")
+    plots.plot_curves(recs, "grpo", tmp_path / "c.png")
     h, w = matplotlib.image.imread(tmp_path / "c.png").shape[:2]
     n = max(len(methods) - 1, 1)
     assert w == (1400 if n > 1 else 700)  # two methods (four panels) per row at 7 in x 100 dpi
@@ -402,9 +402,9 @@ def test_curves_are_small_multiples_one_pair_of_panels_per_method(tmp_path, meth
 def test_forest_panels_fit_the_powered_intervals_and_cut_the_rest():
     """A 2-seed interval (t = 12.7) must not set a panel's range: the range fits the rows with >= 3 seeds."""
     powered, wide = {"seeds": [1, 2, 3], "low": -0.01, "high": 0.03}, {"seeds": [1, 2], "low": -2.0, "high": 2.0}
-    assert sweep_report._forest_limit([powered, wide]) == pytest.approx(1.15 * 0.03)
-    assert sweep_report._forest_limit([wide]) == pytest.approx(2.3)  # no powered row: fit them all
-    assert sweep_report._forest_limit([{"seeds": [1, 2, 3], "low": -1e-4, "high": 1e-4}]) == 0.02  # a floor
+    assert plots._forest_limit([powered, wide]) == pytest.approx(1.15 * 0.03)
+    assert plots._forest_limit([wide]) == pytest.approx(2.3)  # no powered row: fit them all
+    assert plots._forest_limit([{"seeds": [1, 2, 3], "low": -1e-4, "high": 1e-4}]) == 0.02  # a floor
 
 
 def test_plane_points_are_each_methods_seeds_mean_and_sd_hand_computed(tmp_path):
@@ -413,8 +413,8 @@ def test_plane_points_are_each_methods_seeds_mean_and_sd_hand_computed(tmp_path)
     recs = [_record("grpo", 1, 0.4, 0.6), _record("grpo", 2, 0.5, 0.8), _record("rloo", 1, 0.3, 0.9)]
     for r in recs:
         (tmp_path / f"{r['method']}-seed{r['seed']}.json").write_text(json.dumps(r))
-    s = sweep_report.summary(sweep_report.load_records(tmp_path), "grpo", 0.03)
-    pts = sweep_report.plane_points(s)
+    s = analysis.summary(records.load_records(tmp_path), "grpo", 0.03)
+    pts = plots.plane_points(s)
     assert pts["start"] is None
     g = pts["methods"]["grpo"]
     assert g["seeds"] == [(0.4, 0.6), (0.5, 0.8)]
@@ -423,8 +423,8 @@ def test_plane_points_are_each_methods_seeds_mean_and_sd_hand_computed(tmp_path)
     assert pts["methods"]["rloo"]["sd"] == (None, None)
     s |= {"base": {"accuracy": 0.3, "auc_mean": 0.75}, "base_sd": {"accuracy": 0.01, "auc_mean": 0.02},
           "base_draws": 8}
-    assert sweep_report.plane_points(s)["start"] == {"mean": (0.3, 0.75), "sd": (0.01, 0.02), "draws": 8}
-    sweep_report.plot_plane(s, tmp_path / "plane.png")
+    assert plots.plane_points(s)["start"] == {"mean": (0.3, 0.75), "sd": (0.01, 0.02), "draws": 8}
+    plots.plot_plane(s, tmp_path / "plane.png")
     assert (tmp_path / "plane.png").stat().st_size > 10_000
 
 
@@ -432,16 +432,16 @@ def test_a_run_finished_under_another_records_folder_is_copied_not_evaluated_aga
     """Two checkouts sharing --runs-root: the second finds the finished run's record in the run folder and copies it
     byte for byte (same wall time, same commit) instead of evaluating the run again; a record kept from other
     settings (the spec was edited) is not taken."""
-    job = sweep.jobs(SPEC, tmp_path / "runs", tmp_path / "records")[0]
+    job = spec.jobs(SPEC, tmp_path / "runs", tmp_path / "records")[0]
     job.run_dir.mkdir(parents=True)
     kept = '{"settings_hash":"%s","final":{"accuracy":0.5,"auc_mean":0.7},"wall_s":2331.1}\n' % job.settings_hash
-    (job.run_dir / sweep.RUN_RECORD).write_text(kept)
-    monkeypatch.setattr(sweep, "_capo", lambda *a: pytest.fail("a finished run was evaluated again"))
-    assert sweep.run_job(job)["wall_s"] == 2331.1
+    (job.run_dir / runner.RUN_RECORD).write_text(kept)
+    monkeypatch.setattr(runner, "_capo", lambda *a: pytest.fail("a finished run was evaluated again"))
+    assert runner.run_job(job)["wall_s"] == 2331.1
     assert job.record.read_text() == kept
     job.record.unlink()
-    (job.run_dir / sweep.RUN_RECORD).write_text(kept.replace(job.settings_hash, "0" * 16))
-    monkeypatch.setattr(sweep, "_capo", lambda *a: (_ for _ in ()).throw(RuntimeError("trains again")))
+    (job.run_dir / runner.RUN_RECORD).write_text(kept.replace(job.settings_hash, "0" * 16))
+    monkeypatch.setattr(runner, "_capo", lambda *a: (_ for _ in ()).throw(RuntimeError("trains again")))
     with pytest.raises(RuntimeError, match="trains again"):
-        sweep.run_job(job)
+        runner.run_job(job)
     assert not job.record.exists()

@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "train": "train_cmd",
     "demo": "demo_cmd",
     "build-default": "build_default_cmd",
+    "sweep": "sweep_cmd",
 }
 
 

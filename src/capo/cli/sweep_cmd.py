@@ -1,0 +1,136 @@
+"""``capo sweep run | status | report``: seed-powered comparisons of training methods (:mod:`capo.sweep`).
+
+Paths are relative to the current directory: run folders go to ``runs/sweeps/NAME`` and records to
+``sweeps/records/NAME`` (``--runs-root``, ``--records-root``), the report to ``docs/figures/sweeps/NAME``
+(``--out``); run from a repository's root, that is the repository's ``sweeps/`` and ``docs/`` folders.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from capo.cli.flags import add_settings
+from capo.errors import ConfigError
+from capo.settings import from_namespace, opt
+
+SPEC_HELP = "the sweep spec (YAML): name, preset, methods, seeds, eval, ... (the repository's are sweeps/*.yaml)"
+
+
+@dataclass
+class SweepStatusSettings:
+    """Everything ``capo sweep status`` takes (its ``--help`` is built from these fields)."""
+
+    spec: str = opt("", SPEC_HELP, flag="spec", metavar="SPEC.yaml")
+    runs_root: str = opt("runs/sweeps", "where the run folders go, relative to the current directory: "
+                         "RUNS_ROOT/NAME/METHOD-seedS")
+    records_root: str = opt("sweeps/records", "where the records go, relative to the current directory: "
+                            "RECORDS_ROOT/NAME/METHOD-seedS.json; a job whose record has its settings hash is done")
+
+
+@dataclass
+class SweepRunSettings(SweepStatusSettings):
+    """Everything ``capo sweep run`` takes (its ``--help`` is built from these fields)."""
+
+    jobs: int | None = opt(None, "jobs at a time, each a `capo train` then `capo eval` subprocess on one thread "
+                           "(default: one per CPU core)")
+    commit: bool = opt(False, "git-commit each record as it lands, in the git repository that holds the records, so "
+                       "that a fresh clone continues a cut-off sweep")
+    max_runs: int | None = opt(None, "run at most this many of the jobs not done yet, then stop")
+
+
+@dataclass
+class SweepReportSettings:
+    """Everything ``capo sweep report`` takes (its ``--help`` is built from these fields)."""
+
+    records: list = opt([], "a sweep's records folder (sweeps/records/NAME), or several whose records share preset, "
+                        "evaluation and training settings (one comparison); with --compare-summary one "
+                        "scripts/compare_table.py *-summary.json", flag="records", nargs="+", metavar="RECORDS")
+    reference: str = opt("grpo", "the method every other is paired against, by training seed")
+    effect: float = opt(0.03, "the difference the power analysis is for: the seeds a paired t-test needs to detect "
+                        "it at 80%% power and the 5%% level")  # %% : argparse formats help strings
+    out: str | None = opt(None, "output folder of summary.md, summary.json and the figures (default: "
+                          "docs/figures/sweeps/NAME relative to the current directory, the records folders' names "
+                          "joined by + for several)")
+    base_draws: int | None = opt(None, "use only the first N draws of the base evaluation, by sampling seed "
+                                 "(default: all)", metavar="N")
+    curve_tables: bool = opt(False, "also print each run's held-out curve as a table")
+    compare_summary: bool = opt(False, "read a scripts/compare_table.py summary JSON instead of records folders and "
+                                "print its seed-paired table")
+
+
+ACTIONS = {  # name -> (settings, help, description)
+    "run": (SweepRunSettings, "run a sweep's jobs not done yet (resumable; one job per core)",
+            "Train each (method, seed) job of SPEC with `capo train` (resuming from its last checkpoint), evaluate "
+            "the final checkpoint with `capo eval` on the held-out split and write one small record per run. Jobs "
+            "whose record has their settings hash are skipped, so running it again continues a cut-off sweep; a job "
+            "another live process holds (RUN_DIR/sweep.lock) is skipped too. Exit 1 when a job failed."),
+    "status": (SweepStatusSettings, "list each job of a sweep as done, todo or stale",
+               "One line per job of SPEC: done (its record has the job's settings hash), todo (no record) or stale "
+               "(a record from other settings: the spec was edited; delete it to rerun)."),
+    "report": (SweepReportSettings, "tables, power analysis and figures from a sweep's records",
+               "Pair every method with --reference by training seed: mean difference, 95% t-interval over seeds, "
+               "paired t-test p, Holm-adjusted p over the methods, the seeds needed for --effect at 80% power, the "
+               "change from the start (base records) and along the periodic curve. Prints the tables and writes "
+               "summary.md, summary.json, curves.png, plane.png and forest.png to --out."),
+}
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "sweep",
+        help="run, resume and report seed-powered comparisons of methods (sweep specs)",
+        description="A sweep spec (YAML) names a preset, the methods (config overrides each), the training seeds and "
+        "the held-out evaluation; `capo sweep run` trains and evaluates every (method, seed) resumably, `capo sweep "
+        "status` lists what is done, `capo sweep report` pairs the methods with a reference by seed. Paths are "
+        "relative to the current directory.",
+    )
+    actions = p.add_subparsers(dest="sweep_command", metavar="ACTION", required=True)
+    for name, (cls, help_, description) in ACTIONS.items():
+        a = actions.add_parser(name, help=help_, description=description, allow_abbrev=False)
+        add_settings(a, cls)
+        a.set_defaults(_parser=a)
+    return p
+
+
+def run(ns) -> int:
+    cls = ACTIONS[ns.sweep_command][0]
+    args = from_namespace(cls, ns)
+    if ns.sweep_command == "report":
+        return _report(args)
+    from capo.sweep.spec import jobs, load_spec, state
+
+    spec = load_spec(Path(args.spec))
+    all_jobs = jobs(spec, Path(args.runs_root), Path(args.records_root))
+    if ns.sweep_command == "status":
+        for j in all_jobs:
+            print(f"{state(j):6} {j.name}")
+        return 0
+    return _run(spec, all_jobs, args)
+
+
+def _run(spec: dict, all_jobs: list, args: SweepRunSettings) -> int:
+    import os
+
+    from capo.sweep.runner import run_sweep
+
+    n_jobs = args.jobs if args.jobs is not None else os.cpu_count() or 1
+    if n_jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {n_jobs}")
+    if args.max_runs is not None and args.max_runs < 0:
+        raise ConfigError(f"--max-runs must be >= 0, got {args.max_runs}")
+    return run_sweep(spec["name"], all_jobs, n_jobs, args.commit, args.max_runs)
+
+
+def _report(args: SweepReportSettings) -> int:
+    from capo.sweep.report import compare_summary_report, write_report
+
+    if args.compare_summary:
+        if len(args.records) != 1:
+            raise ConfigError(f"--compare-summary reads one summary JSON, got {len(args.records)} paths")
+        print(compare_summary_report(Path(args.records[0]), args.reference, args.effect))
+        return 0
+    write_report([Path(r) for r in args.records], args.reference, args.effect,
+                 None if args.out is None else Path(args.out), args.base_draws, args.curve_tables)
+    return 0

@@ -1,0 +1,135 @@
+"""Seed-level statistics of a sweep, with the training seed as the unit: per-method means and sds, each method minus
+the reference paired by seed (95% t-interval, paired t-test p, Holm-adjusted p over the methods, the seeds a paired
+t-test needs for a given difference at 80% power), the change from the start (the base model's draws) and along the
+periodic held-out curve. The intervals come from :mod:`capo.evaluation.stats` (scipy), power analysis and Holm's
+adjustment from statsmodels."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "aurc", "verbal_ece", "majority_vote",
+            "perplexity_consistency")
+
+
+def from_base(records: dict, bases: list[dict], effect: float) -> dict:
+    """Per method and measure: final - base. With one base draw, a one-sample t-interval over the method's seeds of
+    final - that draw (the draw's own sampling noise is then not in the interval: it shifts every seed's change
+    alike); with several, the difference of the method's seed mean and the base draws' mean, Welch's t-interval
+    (:func:`capo.evaluation.stats.two_sample_interval`: the seeds' and the draws' variances both count)."""
+    from capo.evaluation.stats import two_sample_interval
+
+    out = {}
+    for m, by_seed in records.items():
+        out[m] = {}
+        for k in MEASURES:
+            b = [r["final"].get(k) for r in bases]
+            a = [by_seed[s]["final"].get(k) for s in sorted(by_seed)]
+            if None in a or None in b:
+                continue
+            if len(b) == 1:
+                out[m][k] = {"seeds": sorted(by_seed), "base_draws": 1, **seed_paired([x - b[0] for x in a], effect)}
+                continue
+            w = two_sample_interval(a, b)
+            out[m][k] = {"seeds": sorted(by_seed), "base_draws": len(b), "n_seeds": len(a),
+                         "mean": float(np.mean(a) - np.mean(b)),
+                         **({"sd": sd_or_none(a), "low": w["low"], "high": w["high"], "p": w["p"]} if w else {})}
+    return out
+
+
+CURVE_MEASURES = ("accuracy", "auc_mean", "auroc")
+
+
+def along_curve(records: dict, effect: float) -> dict:
+    """Per method and measure: the last periodic evaluation minus the step-0 one, over the seeds whose curve has a
+    step-0 row (a one-sample t-interval). The periodic evaluation (the held-out split's first ``data.n_eval`` problems,
+    ``run.eval_samples`` each, seeded by the training seed) draws other samples than the final one, so this is a
+    second held-out reading of "how far training moved it", not the same one."""
+    out = {}
+    for m, by_seed in records.items():
+        rows = {s: r["curves"].get("eval") or [] for s, r in by_seed.items()}
+        ends = {s: (ev[0], ev[-1]) for s, ev in rows.items() if ev and ev[0]["step"] == 0 and len(ev) > 1}
+        out[m] = {k: {"seeds": sorted(ends), "last_step": sorted({e[1]["step"] for e in ends.values()}),
+                      **seed_paired([ends[s][1]["eval/" + k] - ends[s][0]["eval/" + k] for s in sorted(ends)], effect)}
+                  for k in CURVE_MEASURES
+                  if ends and all(e[i].get("eval/" + k) is not None for e in ends.values() for i in (0, 1))}
+    return out
+
+
+def paired(records: dict, method: str, reference: str, measure: str, effect: float) -> dict:
+    """Seed-paired difference method - reference over the seeds both finished."""
+    seeds = sorted(set(records[method]) & set(records[reference]))
+    d = [records[method][s]["final"][measure] - records[reference][s]["final"][measure] for s in seeds]
+    return {"seeds": seeds, **seed_paired(d, effect)}
+
+
+def seed_paired(diffs, effect: float) -> dict:
+    """Per-seed differences -> mean, sd, 95% t-interval and p (capo.evaluation.stats.seed_paired_interval, the one
+    implementation the report uses too) and the seeds a paired t-test needs for ``effect`` at 80% power."""
+    from statsmodels.stats.power import TTestPower
+
+    from capo.evaluation.stats import seed_paired_interval
+
+    d = [float(x) for x in diffs]
+    out = {"n_seeds": len(d), "diffs": d, "mean": float(np.mean(d)) if d else None}
+    r = seed_paired_interval(d)
+    if r is not None:
+        need = None
+        if r["sd"] > 0:
+            # the solver warns (and returns NaN) when 2 seeds already suffice; record=True keeps it silent even when
+            # statsmodels' first import of its warning class adds an "always" filter inside this block
+            with warnings.catch_warnings(record=True):
+                need = float(TTestPower().solve_power(effect_size=effect / r["sd"], alpha=0.05, power=0.8))
+            need = None if math.isnan(need) else need
+        out |= {"sd": r["sd"], "low": r["low"], "high": r["high"], "p": r["p"], "seeds_needed": need}
+    return out
+
+
+
+def summary(records: dict, reference: str, effect: float, base: list[dict] | None = None) -> dict:
+    per_method = {}
+    for m, by_seed in records.items():
+        vals = {k: [by_seed[s]["final"].get(k) for s in sorted(by_seed)] for k in MEASURES}
+        per_method[m] = {"seeds": sorted(by_seed),
+                         **{k: {"per_seed": v, "mean": mean_or_none(v), "sd": sd_or_none(v)} for k, v in vals.items()}}
+    diffs = {m: {k: paired(records, m, reference, k, effect) for k in MEASURES if _has(records, m, reference, k)}
+             for m in records if m != reference}
+    _holm(diffs)
+    out = {"reference": reference, "effect": effect, "methods": per_method, "paired": diffs,
+           "along_curve": along_curve(records, effect)}
+    if base:
+        out |= {"base": {k: mean_or_none([b["final"].get(k) for b in base]) for k in MEASURES},
+                "base_sd": {k: sd_or_none([b["final"].get(k) for b in base]) for k in MEASURES},
+                "base_draws": len(base), "from_base": from_base(records, base, effect)}
+    return out
+
+
+def _holm(diffs: dict) -> None:
+    """Add ``p_holm`` to each paired difference: its p-value Holm-adjusted over the methods that have one for the
+    same measure (the family: every method against the one reference on one measure)."""
+    from statsmodels.stats.multitest import multipletests
+
+    for k in MEASURES:
+        family = [d[k] for d in diffs.values() if k in d and d[k].get("p") is not None]
+        if family:
+            adjusted = multipletests([d["p"] for d in family], method="holm")[1]
+            for d, p in zip(family, adjusted):
+                d["p_holm"] = float(p)
+
+
+def _has(records, m, ref, k) -> bool:
+    return all(r["final"].get(k) is not None for x in (m, ref) for r in records[x].values())
+
+
+def mean_or_none(v):
+    v = [x for x in v if x is not None]
+    return float(np.mean(v)) if v else None
+
+
+def sd_or_none(v):
+    v = [x for x in v if x is not None]
+    return float(np.std(v, ddof=1)) if len(v) > 1 else None
+

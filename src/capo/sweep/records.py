@@ -1,0 +1,108 @@
+"""Read a sweep's records back: one folder or several forming one comparison, the base model's draws, and the check
+that every record of a comparison shares the preset, the final evaluation, the device and every training setting
+outside the method, the seed and the bookkeeping knobs (:data:`FREE`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from capo.errors import DataError
+from capo.sweep.spec import BASE
+
+# Settings that may differ between the records of one comparison: the method itself (every `algo.*` key), the seed,
+# and knobs that change neither the method nor the sampling distribution (where a run writes, how often it saves,
+# threads, the KV-cache layout, gradient-accumulation micro-batches, the extra step-0 evaluation, which leaves the
+# training untouched: tests/trainer). Everything else must be equal.
+FREE = ("algo", "run.seed", "run.out_dir", "run.save_every", "run.keep_checkpoints", "run.resume", "run.progress",
+        "run.threads", "run.eval_at_start", "rollout.kv_cache", "optim.micro_batch_size")
+
+
+def comparable(rec: dict, sections: tuple[str, ...] | None = None) -> dict:
+    """What must agree for records to enter one comparison: the preset, the final evaluation and every training
+    setting of the record's config outside :data:`FREE` (only ``sections`` of the config when given), and the device
+    it ran on (a GPU's sampling stream and float summation differ from a CPU's)."""
+    cfg = {f"{sec}.{k}": v for sec, body in (rec.get("config") or {}).items()
+           if isinstance(body, dict) and (sections is None or sec in sections) for k, v in body.items()}
+    cfg = {k: v for k, v in sorted(cfg.items()) if k not in FREE and k.split(".")[0] not in FREE}
+    settings = rec.get("settings") or {}
+    device = (rec.get("machine") or {}).get("device", "cpu")  # records before 2026-11-25 name none: all ran on a CPU
+    return {"preset": settings.get("preset"), "eval": settings.get("eval"), "device": device, "config": cfg}
+
+
+def _check_same(recs: list[tuple[Path, dict]], what: str, sections: tuple[str, ...] | None = None) -> None:
+    """Raise :class:`DataError` naming the first two records whose settings differ outside :data:`FREE`."""
+    (p0, r0), *rest = recs
+    c0 = comparable(r0, sections)
+    for p, r in rest:
+        c = comparable(r, sections)
+        if c != c0:
+            diff = [k for k in ("preset", "eval", "device") if c[k] != c0[k]] + sorted(
+                k for k in set(c["config"]) | set(c0["config"]) if c["config"].get(k) != c0["config"].get(k))
+            raise DataError(f"{p} and {p0}: {what} differ in {', '.join(diff)}; one comparison needs the same "
+                            f"preset, evaluation and training settings except the method and {', '.join(FREE[1:])}")
+
+
+def load_records(*folders: Path) -> dict[str, dict[int, dict]]:
+    """method -> seed -> record, from one sweep's folder or several (e.g. more methods run by a second spec against
+    the first one's reference): every record must share the preset, the evaluation and the training settings outside
+    :data:`FREE`, and a (method, seed) may come from one folder only. The base records are read by
+    :func:`load_base`."""
+    out: dict[str, dict[int, dict]] = {}
+    paths: dict[tuple[str, int], Path] = {}
+    for folder in folders:
+        if not Path(folder).is_dir():
+            raise DataError(f"{folder}: no such records folder")
+        files = sorted(Path(folder).glob("*.json"))
+        if not files:
+            raise DataError(f"{folder}: no records (*.json) found")
+        for p in files:
+            rec = read_record(p)
+            if rec["method"] == BASE:
+                continue
+            key = (rec["method"], rec["seed"])
+            if key in paths:
+                raise DataError(f"{p} and {paths[key]}: {key[0]} seed {key[1]} twice (one record per method and "
+                                "seed)")
+            paths[key] = p
+            out.setdefault(rec["method"], {})[rec["seed"]] = rec
+    if not out:
+        raise DataError(f"{', '.join(map(str, folders))}: only base records, no method's")
+    _check_same([(paths[m, s], out[m][s]) for m, s in paths], "training records")
+    return out
+
+
+def load_base(*folders: Path) -> list[dict]:
+    """The base records (the preset's initial model under the same held-out evaluation: `base.json` and, with spec
+    `base: N`, the further draws `base-drawD.json`) of the first folder that has any; [] when none has. Every draw
+    must agree in preset, evaluation (its seed aside), model and data with the others and with other folders'."""
+    found = []
+    for f in folders:
+        found += [(p, read_record(p)) for p in sorted(Path(f).glob(f"{BASE}*.json"))
+                  if p.stem == BASE or p.stem.startswith(f"{BASE}-draw")]
+    if not found:
+        return []
+    _check_same([(p, _without_eval_seed(r)) for p, r in found], "base records", sections=("model", "data"))
+    first = Path(found[0][0]).parent
+    draws = [((r.get("settings") or {}).get("eval", {}).get("seed", 0), r) for p, r in found if Path(p).parent == first]
+    seeds = [seed for seed, _ in draws]
+    if len(set(seeds)) != len(seeds):
+        raise DataError(f"{first}: two base records with the same evaluation seed ({seeds}); each draw needs its own")
+    return [r for _, r in sorted(draws, key=lambda d: d[0])]
+
+
+def _without_eval_seed(rec: dict) -> dict:
+    settings = rec.get("settings") or {}
+    return {**rec, "settings": {**settings, "eval": {k: v for k, v in (settings.get("eval") or {}).items()
+                                                     if k != "seed"}}}
+
+
+def read_record(path: Path) -> dict:
+    """One record file; :class:`DataError` naming the file when it is not a record (torn JSON, no method or seed)."""
+    try:
+        rec = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not a sweep record (invalid JSON: {e})") from None
+    if not isinstance(rec, dict) or "method" not in rec or "seed" not in rec:
+        raise DataError(f"{path}: not a sweep record (no 'method' and 'seed')")
+    return rec

@@ -1,0 +1,124 @@
+"""A sweep spec and its jobs: which (method, seed) runs a spec asks for, their settings hash and where their files go.
+
+A spec (YAML) names a preset, the methods (each a dict of config overrides), the training seeds, common overrides
+and the held-out evaluation. Each job's settings (preset, resolved overrides, evaluation) hash to the key a record
+is recognised by: a record with the job's hash is done, one with another hash is stale (the spec was edited) and is
+never silently mixed. With ``base: true`` the sweep also evaluates the preset's initial model under the same
+held-out evaluation; ``base: N`` draws that evaluation N times with evaluation seeds ``eval.seed``,
+``eval.seed + 1``, ... (``base.json``, ``base-draw1.json``, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from capo.errors import ConfigError
+
+EVAL_DEFAULTS = {"problems": 100, "k": 8, "batch_size": 64, "seed": 0}
+BASE = "base"  # the job that evaluates the preset's initial model (spec `base: true`); no training, no seed
+SPEC_KEYS = ("name", "preset", "steps", "overrides", "methods", "seeds", "eval", "save_every", "description", "base")
+REQUIRED_KEYS = ("name", "preset", "methods", "seeds")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (method, seed) training run of a sweep and where its files go."""
+
+    sweep: str
+    method: str
+    seed: int | None  # None: a base job
+    preset: str
+    overrides: dict
+    eval: dict
+    run_dir: Path
+    record: Path
+    settings_hash: str = field(default="")
+    draw: int = 0  # a base job: which draw of the base evaluation (evaluation seed eval.seed + draw)
+
+    @property
+    def name(self) -> str:
+        if self.method == BASE:
+            return f"{BASE}-draw{self.draw}" if self.draw else BASE
+        return f"{self.method}-seed{self.seed}"
+
+
+def load_spec(path: Path) -> dict:
+    """Read and validate a sweep spec; raises :class:`ConfigError` naming the file and the bad key."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such sweep spec (a YAML file; the repository's are in sweeps/*.yaml)")
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{path}: a sweep spec is a mapping of {', '.join(SPEC_KEYS)}")
+    _check_spec(path, spec)
+    return spec
+
+
+def _check_spec(path: Path, spec: dict) -> None:
+    unknown = set(spec) - set(SPEC_KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(SPEC_KEYS)}")
+    for key in REQUIRED_KEYS:
+        if not spec.get(key):
+            raise ConfigError(f"{path}: '{key}' is required")
+    if BASE in (spec.get("methods") or {}):
+        raise ConfigError(f"{path}: '{BASE}' is the initial model's evaluation (`base: true`), not a method name")
+    b = spec.get("base", False)
+    if not (isinstance(b, bool) or (isinstance(b, int) and b >= 1)):
+        raise ConfigError(f"{path}: 'base' must be true, false or a number of draws >= 1, got {b!r}")
+    if not isinstance(spec["methods"], dict) or not all(isinstance(v, dict) for v in spec["methods"].values()):
+        raise ConfigError(f"{path}: 'methods' maps each method name to a dict of config overrides")
+    if not isinstance(spec["seeds"], list) or not all(isinstance(s, int) for s in spec["seeds"]):
+        raise ConfigError(f"{path}: 'seeds' must be a list of integers")
+    if not isinstance(spec.get("eval") or {}, dict):
+        raise ConfigError(f"{path}: 'eval' maps {', '.join(EVAL_DEFAULTS)} to values")
+    bad_eval = set(spec.get("eval") or {}) - set(EVAL_DEFAULTS)
+    if bad_eval:
+        raise ConfigError(f"{path}: unknown eval key(s) {sorted(bad_eval)}; allowed: {sorted(EVAL_DEFAULTS)}")
+
+
+def jobs(spec: dict, runs_root: Path, records_root: Path) -> list[Job]:
+    """Every (method, seed) job of the spec, seeds outermost so that a partial sweep has whole seeds; first, with
+    `base: true` or `base: N`, the base jobs: the preset's initial model under the same held-out evaluation, drawn N
+    times (1 for true) with evaluation seeds eval.seed + 0, 1, ...: the start that "change from the start" is measured
+    against, estimated like any other sampled evaluation."""
+    ev = {**EVAL_DEFAULTS, **(spec.get("eval") or {})}
+
+    def job(method: str, seed: int | None, ov: dict, evs: dict = ev, draw: int = 0, **extra) -> Job:
+        settings = {"preset": spec["preset"], "overrides": ov, "eval": evs, **extra}
+        h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        j = Job(spec["name"], method, seed, spec["preset"], ov, evs, Path(), Path(), h, draw)
+        return dataclasses.replace(j, run_dir=Path(runs_root) / spec["name"] / j.name,
+                                   record=Path(records_root) / spec["name"] / f"{j.name}.json")
+
+    n_base = int(spec.get("base") or 0)  # true -> 1
+    out = [job(BASE, None, dict(spec.get("overrides") or {}), {**ev, "seed": ev["seed"] + d}, d, base=True)
+           for d in range(n_base)]
+    for seed in spec["seeds"]:
+        for method, m_over in spec["methods"].items():
+            ov = {**(spec.get("overrides") or {}), **m_over, "run.seed": seed}
+            if spec.get("steps"):
+                ov["run.steps"] = spec["steps"]
+            ov["run.save_every"] = spec.get("save_every", 10)
+            out.append(job(method, seed, ov))
+    return out
+
+
+def state(job: Job) -> str:
+    """'done' (record with this settings hash), 'stale' (record from other settings) or 'todo'."""
+    if not job.record.exists():
+        return "todo"
+    try:
+        rec = json.loads(job.record.read_text())
+    except json.JSONDecodeError:
+        return "todo"
+    return "done" if rec.get("settings_hash") == job.settings_hash else "stale"

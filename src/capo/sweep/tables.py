@@ -1,0 +1,152 @@
+"""A sweep's statistics (:mod:`capo.sweep.analysis`) as Markdown tables: the reading at a glance, per seed, mean
+(sd), the paired differences, the change from the start and along the curve; one run's curve; and the seed-paired
+table of a ``scripts/compare_table.py`` summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from capo.sweep.analysis import MEASURES, mean_or_none, seed_paired
+
+
+def from_compare_summary(path: Path, reference: str, effect: float) -> str:
+    """Seed-paired table from a `scripts/compare_table.py` summary JSON (model -> measure -> per-seed list, the same
+    seeds in the same order for every trained model)."""
+    data = json.loads(Path(path).read_text())
+    lines = [f"| model | measure | seeds | difference vs {reference} [95% t-interval over seeds] | sd | p |",
+             "|---|---|---|---|---|---|"]
+    for m in sorted(data):
+        if m in (reference, "base"):
+            continue
+        for k in ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece"):
+            a, b = data[m].get(k), data[reference].get(k)
+            if not a or not b or len(a) != len(b) or None in a or None in b:
+                continue
+            d = seed_paired([x - y for x, y in zip(a, b)], effect)
+            if "sd" in d:
+                lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
+                             f"{d['sd']:.3f} | {d['p']:.3g} |")
+    return "\n".join(lines) + "\n"
+
+
+
+def markdown(s: dict) -> str:
+    ref, lines = s["reference"], []
+    seeds = sorted({x for m in s["methods"].values() for x in m["seeds"]})
+    lines += ["Per seed (final held-out accuracy / AUC-mean)", "",
+              "| method | " + " | ".join(str(x) for x in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for m, v in s["methods"].items():
+        cells = {sd: f"{a:.3f} / {u:.3f}" for sd, a, u in zip(v["seeds"], v["accuracy"]["per_seed"],
+                                                                 v["auc_mean"]["per_seed"])}
+        lines.append(f"| {m} | " + " | ".join(cells.get(x, "-") for x in seeds) + " |")
+    lines += ["", "Mean (sd over seeds)", "", "| method | seeds | " + " | ".join(MEASURES) + " |",
+              "|---|---|" + "---|" * len(MEASURES)]
+    for m, v in s["methods"].items():
+        lines.append(f"| {m} | {len(v['seeds'])} | " + " | ".join(_ms(v[k]["mean"], v[k]["sd"]) for k in MEASURES)
+                     + " |")
+    n = len(s["paired"])
+    lines += ["", f"Paired by training seed, method - {ref}: mean [95% t-interval over seeds], p (paired t-test); "
+              f"p Holm-adjusted over the {n} method{'s' * (n != 1)} per measure; seeds needed for {s['effect']} at "
+              "80% power", "",
+              "| method | measure | seeds | difference [95% CI] | sd of difference | p | p (Holm) | seeds needed |",
+              "|---|---|---|---|---|---|---|---|"]
+    for m, by_k in s["paired"].items():
+        for k, d in by_k.items():
+            if "sd" in d:
+                lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
+                             f"| {d['sd']:.3f} | {d['p']:.3g} | {d['p_holm']:.3g} | {_n(d['seeds_needed'])} |")
+    return "\n".join(_glance_lines(s) + lines + _from_base_lines(s) + _along_curve_lines(s.get("along_curve") or {})) \
+        + "\n"
+
+
+def _glance_lines(s: dict) -> list[str]:
+    """The reading at a glance, one row per method: accuracy and AUC-mean minus the reference (paired by seed), and
+    the AUC-mean's change from the start and along the periodic curve, each mean [95% interval] (over the method's
+    seeds; "-" where there is none)."""
+    ref = s["reference"]
+    cols = [("paired", "accuracy", f"accuracy - {ref}"), ("paired", "auc_mean", f"AUC-mean - {ref}"),
+            ("from_base", "auc_mean", "AUC-mean change from the start"),
+            ("along_curve", "auc_mean", "AUC-mean along the periodic curve")]
+    cols = [c for c in cols if c[0] in s]
+    lines = ["At a glance: mean [95% interval over training seeds] (details in the tables below; each reading uses the "
+             "seeds it can: paired ones, or those whose curve starts at step 0)", "",
+             "| method | seeds | " + " | ".join(c[2] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for m, v in s["methods"].items():
+        cells = []
+        for section, k, _ in cols:
+            d = (s[section].get(m) or {}).get(k)
+            cells.append("-" if not d or d["mean"] is None else
+                         f"{d['mean']:+.3f}" + (f" [{d['low']:+.3f}, {d['high']:+.3f}]" if "low" in d else ""))
+        lines.append(f"| {m} | {len(v['seeds'])} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _ci_cells(d: dict) -> str:
+    """``change [95% CI] | sd | p`` table cells of one interval (mean only where there is none)."""
+    if "low" in d:
+        return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | {d['sd']:.3f} | {d['p']:.3g}"
+    return f"{d['mean']:+.3f} (no interval) | - | -"
+
+
+def _from_base_lines(s: dict) -> list[str]:
+    if "from_base" not in s:
+        return []
+    n = s["base_draws"]
+    start = ", ".join(f"{k} {v:.3f}" + (f" (sd {s['base_sd'][k]:.3f})" if n > 1 else "")
+                      for k, v in s["base"].items() if k in ("accuracy", "auc_mean", "auroc") and v is not None)
+    how = ("one draw of the base evaluation, so its own sampling noise is not in the interval; mean [95% t-interval "
+           "over seeds], p (one-sample t-test)" if n == 1 else
+           f"mean of {n} draws of the base evaluation; method's seed mean - base mean [95% Welch t-interval: the "
+           "seeds' and the draws' variances], p (Welch's t-test)")
+    lines = ["", f"Change from the start, method - base (the initial model on the same evaluation: {start}; {how})",
+             "", "| method | measure | seeds | change [95% CI] | sd over seeds | p |", "|---|---|---|---|---|---|"]
+    for m, by_k in s["from_base"].items():
+        for k, d in by_k.items():
+            if k in ("accuracy", "auc_mean", "auroc", "ece", "brier") and d["mean"] is not None:
+                lines.append(f"| {m} | {k} | {d['n_seeds']} | {_ci_cells(d)} |")
+    return lines
+
+
+def _along_curve_lines(along: dict) -> list[str]:
+    rows = [(m, k, d) for m, by_k in along.items() for k, d in by_k.items()]
+    if not rows:
+        return []
+    lines = ["", "Change along the periodic held-out curve, last evaluation - step 0 (the trainer's periodic "
+             "evaluation, not the final one; seeds whose curve starts at step 0): mean [95% t-interval over seeds], p",
+             "",
+             "| method | measure | seeds | last step | change [95% CI] | sd | p |", "|---|---|---|---|---|---|---|"]
+    for m, k, d in rows:
+        lines.append(f"| {m} | {k} | {d['n_seeds']} | {'/'.join(str(x) for x in d['last_step'])} | {_ci_cells(d)} |")
+    return lines
+
+
+def curve_table(rec: dict) -> str:
+    """One run's held-out curve as a markdown table: every periodic evaluation row (accuracy, AUC-mean, pooled AUROC,
+    ECE, Brier, mean token entropy) with the training accuracy and response length averaged over the steps since the
+    previous evaluation."""
+    train = rec["curves"]["train"]
+    lines = [f"{rec['method']} seed {rec['seed']}", "",
+             "| step | accuracy | AUC-mean | pooled AUROC | ECE | Brier | entropy | train accuracy (mean since last) | "
+             "response tokens (mean since last) |", "|---|---|---|---|---|---|---|---|---|"]
+    prev = 0
+    for ev in rec["curves"]["eval"]:
+        step = ev["step"]
+        window = [r for r in train if prev < r["step"] <= step]
+        ta = mean_or_none([r.get("train/accuracy") for r in window])
+        tl = mean_or_none([r.get("train/response_len") for r in window])
+        cells = [f"{ev.get('eval/' + k):.3f}" if ev.get("eval/" + k) is not None else "-"
+                 for k in ("accuracy", "auc_mean", "auroc", "ece", "brier", "entropy")]
+        lines.append(f"| {step} | " + " | ".join(cells) + f" | {'-' if ta is None else f'{ta:.3f}'} | "
+                     f"{'-' if tl is None else f'{tl:.1f}'} |")
+        prev = step
+    return "\n".join(lines) + "\n"
+
+
+def _n(x) -> str:
+    return "<= 2" if x is None else f"{x:.0f}"
+
+
+def _ms(m, sd) -> str:
+    return "-" if m is None else f"{m:.3f}" + (f" ({sd:.3f})" if sd is not None else "")
+

@@ -1,0 +1,167 @@
+"""`capo sweep` on the repository's own specs and records: the report of committed records is byte for byte the
+committed one (docs/figures/sweeps), the committed records count as done, bad input is a clear error, and paths
+(runs, records, report, git commits) are the current directory's, not the package's."""
+
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+from capo.cli import main
+from capo.sweep import analysis, records, runner, spec, tables
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "sweeps" / "records"
+FIGURES = ROOT / "docs" / "figures" / "sweeps"
+# every committed report: its folder under docs/figures/sweeps -> the records folders it reads (--reference grpo)
+COMMITTED = {"default_grpo_capo": ["default_grpo_capo"], "collapse_grpo_capo": ["collapse_grpo_capo"],
+             "word_grpo_capo": ["word_grpo_capo"], "word_grpo_capo+word_methods": ["word_grpo_capo", "word_methods"]}
+
+
+def test_the_report_of_committed_records_is_the_committed_report_byte_for_byte(tmp_path, capsys):
+    """`capo sweep report` rewrites docs/figures/sweeps/word_grpo_capo exactly: summary.md, summary.json, the printed
+    tables and, when this matplotlib is the one that drew them (PNGs name their writer), the three figures."""
+    import matplotlib
+    from PIL import Image
+
+    assert main(["sweep", "report", str(RECORDS / "word_grpo_capo"), "--reference", "grpo", "--out",
+                 str(tmp_path)]) == 0
+    committed = FIGURES / "word_grpo_capo"
+    for name in ("summary.md", "summary.json"):
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name
+    out = capsys.readouterr().out
+    assert out.startswith((committed / "summary.md").read_text() + "\n")
+    assert out.endswith(f"figures: {tmp_path / 'curves.png'}, {tmp_path / 'plane.png'}, {tmp_path / 'forest.png'}\n")
+    for name in ("curves.png", "plane.png", "forest.png"):
+        drawn_by = Image.open(committed / name).info.get("Software", "")
+        if f"version{matplotlib.__version__}," not in drawn_by:
+            continue  # another matplotlib draws other bytes; the numbers above are what must not change
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("report", sorted(COMMITTED))
+def test_every_committed_summary_is_reproduced(report):
+    """The tables and numbers of every committed sweep report (the code path of `capo sweep report` without the
+    figures), against docs/figures/sweeps/REPORT/summary.{md,json}."""
+    folders = [RECORDS / f for f in COMMITTED[report]]
+    s = analysis.summary(records.load_records(*folders), "grpo", 0.03, records.load_base(*folders))
+    assert tables.markdown(s) == (FIGURES / report / "summary.md").read_text()
+    assert json.dumps(s, indent=1) == (FIGURES / report / "summary.json").read_text()
+
+
+@pytest.mark.parametrize("name, n_jobs", [("word_methods", 27), ("word_grpo_capo", 30), ("default_grpo_capo", 48),
+                                          ("collapse_grpo_capo", 32)])
+def test_committed_records_are_done_under_status_from_the_repository_root(name, n_jobs, monkeypatch, capsys):
+    """The settings hash is unchanged by the move into the package: every job of a finished spec is done."""
+    monkeypatch.chdir(ROOT)  # the default --records-root, sweeps/records, is the current directory's
+    assert main(["sweep", "status", f"sweeps/{name}.yaml"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == n_jobs and all(ln.startswith("done ") for ln in lines), lines
+
+
+def test_status_elsewhere_reads_that_directorys_records(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no sweeps/records here: every job is still to run
+    assert main(["sweep", "status", str(ROOT / "sweeps" / "word_methods.yaml")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 27 and all(ln.startswith("todo ") for ln in lines)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "status", "no_such_spec.yaml"], "no_such_spec.yaml: no such sweep spec"),
+    (["sweep", "run", "no_such_spec.yaml"], "no_such_spec.yaml: no such sweep spec"),
+    (["sweep", "status", "BAD"], "unknown key(s) ['step']"),
+    (["sweep", "run", str(ROOT / "sweeps" / "word_methods.yaml"), "--jobs", "0"], "--jobs must be >= 1"),
+    (["sweep", "report", "EMPTY"], "EMPTY: no records (*.json) found"),
+    (["sweep", "report", str(RECORDS / "word_rloo"), "--reference", "ppo"], "--reference 'ppo' has no records"),
+    (["sweep", "report", str(RECORDS / "word_rloo"), "--base-draws", "0"], "--base-draws must be >= 1"),
+    (["sweep", "report", "a.json", "b.json", "--compare-summary"], "--compare-summary reads one summary JSON"),
+    (["sweep", "report", "none.json", "--compare-summary"], "none.json: no such summary file"),
+])
+def test_bad_input_is_a_clear_error_and_exit_2(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "BAD").write_text("name: x\npreset: default\nmethods: {grpo: {}}\nseeds: [0]\nstep: 3\n")
+    (tmp_path / "EMPTY").mkdir()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("capo sweep: error: ") and message in err, err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "docs").exists()  # nothing started or written
+
+
+def test_sweep_without_an_action_or_with_an_unknown_flag_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["sweep"])
+    assert e.value.code == 2 and "ACTION" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", "report", "x", "--refrence", "grpo"])
+    assert e.value.code == 2 and "did you mean '--reference'?" in capsys.readouterr().err
+
+
+def test_every_flag_has_help(capsys):
+    from capo.cli import build_parser
+    from capo.cli.sweep_cmd import ACTIONS
+
+    sweep = next(a for a in build_parser()._actions if a.dest == "command").choices["sweep"]
+    actions = next(a for a in sweep._actions if a.dest == "sweep_command").choices
+    assert set(actions) == set(ACTIONS) == {"run", "status", "report"}
+    for name, p in actions.items():
+        assert p.description and all(a.help for a in p._actions), name
+    for action in ("run", "status", "report"):
+        with pytest.raises(SystemExit):
+            main(["sweep", action, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        flags = {"run": ["--jobs", "--commit", "--max-runs", "--runs-root", "--records-root"],
+                 "status": ["--runs-root", "--records-root"],
+                 "report": ["--reference", "--effect", "--out", "--base-draws", "--curve-tables",
+                            "--compare-summary"]}[action]
+        for flag in flags:
+            assert flag in out, (action, flag)
+        assert "relative to the current directory" in out
+
+
+def _git(cwd, *args):
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_commit_lands_in_the_repository_that_holds_the_records(tmp_path, monkeypatch):
+    """--commit commits the record in the git repository of the records folder, not in capo's own checkout."""
+    for k, v in {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                 "GIT_COMMITTER_EMAIL": "t@t"}.items():
+        monkeypatch.setenv(k, v)
+    repo = tmp_path / "experiments"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "start")
+    monkeypatch.chdir(repo)
+    body = {"name": "tiny", "preset": "default", "methods": {"grpo": {"algo.name": "grpo"}}, "seeds": [1]}
+    job = spec.jobs(body, pathlib.Path("runs/sweeps"), pathlib.Path("sweeps/records"))[0]
+    job.record.parent.mkdir(parents=True)
+    job.record.write_text(json.dumps({"settings_hash": job.settings_hash}) + "\n")
+    runner.commit_record(job)
+    assert _git(repo, "log", "-1", "--format=%s") == "sweep tiny: record grpo-seed1"
+    assert _git(repo, "ls-files") == "sweeps/records/tiny/grpo-seed1.json"
+
+
+def test_the_record_names_the_code_that_ran():
+    """The commit of the checkout capo is imported from (this one, when the tests run on its src/)."""
+    import capo
+
+    if pathlib.Path(capo.__file__).resolve().parents[2] != ROOT:
+        pytest.skip("capo is not imported from this checkout")
+    assert runner.code_commit() == _git(ROOT, "rev-parse", "HEAD")
+
+
+def test_each_action_is_built_from_its_settings():
+    """Every flag of `capo sweep run | status | report` is a field of its settings dataclass, with the field's help."""
+    from capo.cli import build_parser
+    from capo.cli.sweep_cmd import ACTIONS
+    from capo.settings import cli_fields
+
+    sweep = next(a for a in build_parser()._actions if a.dest == "command").choices["sweep"]
+    parsers = next(a for a in sweep._actions if a.dest == "sweep_command").choices
+    for name, (settings, _, _) in ACTIONS.items():
+        sub = parsers[name]
+        assert {a.dest for a in sub._actions} - {"help"} == {f.name for f in cli_fields(settings)}, name
+        for f in cli_fields(settings):
+            action = next(a for a in sub._actions if a.dest == f.name)
+            assert f.metadata["help"].replace("%%", "%") in (action.help or "").replace("%%", "%"), f.name
