@@ -92,6 +92,17 @@ def test_a_task_that_raises_is_an_error_with_its_traceback(one):
     assert one.verify("2", "2.0") is Verdict.CORRECT  # the worker lives on
 
 
+def test_an_error_mid_batch_leaves_no_item_of_it_in_flight():
+    with Verifier(workers=2, timeout_s=3.0) as v:
+        v.verify_batch(["1/2", "1/3"], ["0.5", "0.5"])  # both workers warm
+        with pytest.raises(WorkerError):  # one worker fails at once while the other is still judging its item
+            v._run_tasks([(_worker.stall_task, 1.0), (_worker.verify_task, "1")], "timeout")
+        # a late reply of the abandoned item must not become a verdict of the next batch
+        time.sleep(1.2)
+        assert v._run_tasks([(_worker.imported_task, "torch"), (_worker.imported_task, "sympy")], "timeout") == \
+            ["no", "yes"]
+
+
 def test_memory_bound_is_relative_to_the_workers_own_baseline():
     import resource
 

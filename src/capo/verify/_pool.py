@@ -156,10 +156,16 @@ class Pool:
         wall time from dispatch to a warm worker until its result (or its worker's kill)."""
         b = _Batch(tasks, on_timeout)
         self._fill()
-        while b.pending or any(w.item is not None for w in self.workers):
-            self._dispatch(b)
-            self._collect(b, self._wait())
-            self._enforce_deadlines(b)
+        try:
+            while b.pending or any(w.item is not None for w in self.workers):
+                self._dispatch(b)
+                self._collect(b, self._wait())
+                self._enforce_deadlines(b)
+        except BaseException:  # an error, or Ctrl-C: no worker may carry this batch's item into the next call
+            for w in [w for w in self.workers if w.item is not None or not w.ready]:
+                w.kill()
+                self.workers.remove(w)
+            raise
         return b.results, b.elapsed
 
     # ------------------------------------------------------------------ workers
