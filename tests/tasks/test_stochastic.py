@@ -79,3 +79,15 @@ def test_table_training_is_seeded_and_moves_toward_the_rate():
     assert abs(a["stated_by_category"][0] - rate) < abs(0.5 - rate) / 2  # halfway to the rate at least
     c = train_table(TableSettings(**{**s.__dict__, "seed": 4}))
     assert c["rate"] != a["rate"]  # the seed draws the data too
+
+
+def test_step_questions_all_or_a_uniform_batch():
+    from capo.trainer.table_model import _step_questions
+
+    data = stochastic_data(n_questions=50, n_categories=3, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    assert torch.equal(_step_questions(data, TableSettings(), gen), torch.arange(50))  # the paper: every question
+    q = _step_questions(data, TableSettings(batch_questions=16), gen)
+    assert q.numel() == 16 and q.unique().numel() == 16 and int(q.max()) < 50
+    seen = torch.cat([_step_questions(data, TableSettings(batch_questions=16), gen) for _ in range(200)])
+    assert torch.bincount(seen, minlength=50).min() > 20  # every question drawn (expected 64 times each)

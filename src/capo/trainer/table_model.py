@@ -41,6 +41,7 @@ class TableSettings:
     seed: int = 0  # training seed: the sampling RNG and, with data_seed None, the data draw
     data_seed: int | None = None  # None: the training seed (each seed an independent replicate)
     n_questions: int = 10_000
+    batch_questions: int | None = None  # questions per step, drawn uniformly without replacement; None: all (paper)
     n_categories: int = 20
     group_size: int = 10  # G answers per question per step
     steps: int = 50_000
@@ -75,6 +76,14 @@ def evaluate(logits: torch.Tensor, data: StochasticData, s: TableSettings, gen: 
             "mean_stated": float(mean.mean())}
 
 
+def _step_questions(data: StochasticData, s: TableSettings, gen: torch.Generator) -> torch.Tensor:
+    """The questions of one step: all of them (the paper), or ``batch_questions`` drawn without replacement."""
+    n = data.category.numel()
+    if s.batch_questions is None or s.batch_questions >= n:
+        return torch.arange(n)
+    return torch.randperm(n, generator=gen)[:s.batch_questions]
+
+
 def train_table(s: TableSettings) -> dict:
     """Train one table model; returns the settings, the final measures and the curves."""
     data = stochastic_data(s.n_questions, s.n_categories, s.seed if s.data_seed is None else s.data_seed)
@@ -83,16 +92,15 @@ def train_table(s: TableSettings) -> dict:
     logits = torch.zeros(s.n_categories, s.n_answers, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.AdamW([logits], lr=s.lr)
     values, g = answer_values(s.n_answers), s.group_size
-    cat_rows = data.category.repeat_interleave(g)  # [N] category of each response, N = Q * G, grouped by question
-    outcome = data.outcome.repeat_interleave(g)  # [N]
     curves, t0 = [], time.perf_counter()
     for step in range(s.steps):
         if step % s.log_every == 0:
             curves.append({"step": step, **evaluate(logits, data, s, gen)})
-        answers = sample_answers(logits, data.category, g, gen).reshape(-1)  # [N]
-        rewards = score(values[answers], outcome, s.rule)  # [N]
+        q = _step_questions(data, s, gen)  # [B] question indices of this step
+        answers = sample_answers(logits, data.category[q], g, gen).reshape(-1)  # [N], N = B * G, grouped by question
+        rewards = score(values[answers], data.outcome[q].repeat_interleave(g), s.rule)  # [N]
         adv = compute_advantages(s.method, rewards, g, **s.estimator_kwargs)  # [N]
-        logp = torch.log_softmax(logits, -1)[cat_rows, answers]  # [N]
+        logp = torch.log_softmax(logits, -1)[data.category[q].repeat_interleave(g), answers]  # [N]
         loss = -(adv * logp).mean()
         opt.zero_grad()
         loss.backward()
@@ -112,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rule", choices=SCORING_RULES, default="log", help="scoring rule of the reward")
     ap.add_argument("--group-size", type=int, default=TableSettings.group_size, help="answers per question per step")
     ap.add_argument("--questions", type=int, default=TableSettings.n_questions, help="questions (all used every step)")
+    ap.add_argument("--batch-questions", type=int, default=None,
+                    help="questions per step, drawn uniformly (default: all, as the paper)")
     ap.add_argument("--curve-points", type=int, default=50, help="evaluations along the run (the curves)")
     ap.add_argument("--eps", type=float, default=1e-5, help="GRPO's std epsilon (the notebook's 1e-5)")
     ap.add_argument("--out", type=Path, required=True, help="folder for one JSON record per (method, seed)")
@@ -125,6 +135,7 @@ def main(argv=None) -> int:
             kw = {"eps": a.eps} if m == "grpo" else {}
             rec = train_table(TableSettings(method=m, estimator_kwargs=kw, seed=seed, steps=a.steps, rule=a.rule,
                                             group_size=a.group_size, n_questions=a.questions,
+                                            batch_questions=a.batch_questions,
                                             log_every=max(1, a.steps // a.curve_points)))
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(rec, indent=1))
