@@ -5,6 +5,7 @@ user's training script that means torch (and CUDA) in every worker -- 3.8 GB of 
 before math-verify loads, against the worker's memory bound -- and, without an ``if __name__ == '__main__':``
 guard, the whole script running again inside the worker. Here a worker is a new interpreter that imports only
 capo's worker module (JSON lines over pipes; protocol in ``_worker``), so nothing of the parent's enters it.
+The parent waits on the pipes with ``select``: POSIX systems only (Linux, macOS; on Windows, use WSL).
 
 Failures, each with its own rule:
 
