@@ -1,0 +1,180 @@
+"""Mutation testing of capo's core, verifier, metrics and step with mutmut 3, one module at a time (`make mutate`).
+
+Each module in ``MODULES`` is mutated in its own scratch copy of the repository (``src/`` and ``tests/`` copied to
+``<workdir>/<module>``, a ``[tool.mutmut]`` section appended to the copied pyproject.toml), against only the test
+files that exercise it, so one module takes minutes rather than the whole suite per mutant. mutmut then runs, for
+each mutant, only the tests that call the mutated function. The script prints a table of scores and writes each
+module's surviving mutants (with their diffs) to ``<out>/<module>.survivors.txt``.
+
+    python scripts/mutate.py                       # every module (see MODULES; ~N min, docs/results.md)
+    python scripts/mutate.py --module verify --module metrics
+    python scripts/mutate.py --list                # the module -> files / tests map
+
+Score = detected / (detected + survived + no tests), where detected = killed + timeout (a mutant that makes a
+test hang is caught). Lines that only build an error message (``raise ...Error(...)``) and ``__all__`` are not
+mutated: their text is not computation, and tests match messages only loosely.
+
+Not in CI and not in ``make test`` (it takes long). Needs the ``mutate`` extra (``pip install -e '.[mutate]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# module -> (files to mutate, as globs relative to the repository root; the test files that exercise them)
+MODULES: dict[str, tuple[list[str], list[str]]] = {
+    "core.advantages": (
+        ["src/capo/core/advantages.py", "src/capo/core/advantage_variants.py", "src/capo/core/masks.py",
+         "src/capo/core/dapo.py", "src/capo/core/rewards.py", "src/capo/core/scores.py"],
+        ["tests/core/test_advantages.py", "tests/core/test_advantage_variants.py",
+         "tests/core/test_masks_dapo_rewards.py", "tests/core/test_reward_variants.py"],
+    ),
+    "core.losses": (
+        ["src/capo/core/losses.py", "src/capo/core/loss_variants.py", "src/capo/core/rollout_correction.py"],
+        ["tests/core/test_losses.py", "tests/core/test_loss_variants.py", "tests/core/test_rollout_correction.py"],
+    ),
+    "core.step": (
+        ["src/capo/core/step.py", "src/capo/core/registry.py", "src/capo/core/presets.py"],
+        ["tests/core/test_advantage_step.py"],
+    ),
+    "core.calibration": (
+        ["src/capo/core/calibration.py"],
+        ["tests/core/test_calibration.py", "tests/core/test_calibration_extended.py"],
+    ),
+    "core.voting": (
+        ["src/capo/core/voting.py", "src/capo/core/confidence.py"],
+        ["tests/core/test_voting.py", "tests/core/test_voting_confidence.py", "tests/core/test_confidence.py"],
+    ),
+    "rollout.step": (
+        ["src/capo/rollout/step.py"],
+        ["tests/adapters/test_method_inputs.py", "tests/adapters/test_calib_paths.py"],
+    ),
+    "evaluation.metrics": (
+        ["src/capo/evaluation/metrics.py"],
+        ["tests/evaluation/test_metrics_generations.py"],
+    ),
+    "evaluation.stats": (
+        ["src/capo/evaluation/stats.py"],
+        ["tests/evaluation/test_stats.py"],
+    ),
+    # verifier.py's parent side (the worker module runs in child processes, where mutmut cannot see which test
+    # reached a function, so it is not mutated here)
+    "verify": (
+        ["src/capo/verify/verifier.py", "src/capo/verify/extract.py"],
+        ["tests/verify/test_verifier.py", "tests/verify/test_extract.py", "tests/verify/test_integer_shortcut.py"],
+    ),
+}
+
+# lines (and the statements that start on them) never mutated: error messages and export lists
+DO_NOT_MUTATE_PATTERNS = [r"^\s*raise \w+(Error|Exception)\(", r"^__all__\b"]
+
+DETECTED = {"killed", "timeout", "caught by type check"}
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
+          37: "caught by type check", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}
+
+
+def mutmut_section(files: list[str], tests: list[str]) -> str:
+    """The ``[tool.mutmut]`` TOML section of one module's scratch copy."""
+    q = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["src"]\n'
+        f"only_mutate = {q(files)}\n"
+        f"do_not_mutate_patterns = {q(DO_NOT_MUTATE_PATTERNS)}\n"
+        f"pytest_add_cli_args_test_selection = {q(tests)}\n"
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow"]\n'
+        'process_isolation = "forkserver"\n'  # torch is not fork-safe after the stats run
+        "use_git_change_detection = false\n"
+    )
+
+
+def prepare(module: str, work: Path) -> Path:
+    """A scratch copy of src/ and tests/ with the module's mutmut configuration; returns its directory."""
+    files, tests = MODULES[module]
+    d = work / module
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "src", d / "src", ignore=ignore)
+    shutil.copytree(ROOT / "tests", d / "tests", ignore=ignore)
+    text = (ROOT / "pyproject.toml").read_text()
+    (d / "pyproject.toml").write_text(text + mutmut_section(files, tests))
+    return d
+
+
+def tally(d: Path) -> dict:
+    """Per-status counts and the surviving mutant names, from mutmut's ``.meta`` files."""
+    counts: dict[str, int] = {}
+    survivors: list[str] = []
+    for meta in sorted((d / "mutants").rglob("*.py.meta")):
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            status = STATUS.get(code, "suspicious")
+            counts[status] = counts.get(status, 0) + 1
+            if status in ("survived", "no tests"):
+                survivors.append(name)
+    return {"counts": counts, "survivors": survivors}
+
+
+def score(counts: dict) -> float:
+    detected = sum(counts.get(s, 0) for s in DETECTED)
+    judged = detected + counts.get("survived", 0) + counts.get("no tests", 0)
+    return detected / judged if judged else float("nan")
+
+
+def run_module(module: str, work: Path, out: Path, max_children: int) -> dict:
+    d = prepare(module, work)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    mutmut = [sys.executable, "-m", "mutmut"]
+    t0 = time.monotonic()
+    log = (out / f"{module}.log").open("w")
+    rc = subprocess.call(mutmut + ["run", "--max-children", str(max_children)], cwd=d, env=env, stdout=log,
+                         stderr=subprocess.STDOUT)
+    minutes = (time.monotonic() - t0) / 60
+    res = tally(d)
+    with (out / f"{module}.survivors.txt").open("w") as f:
+        for name in res["survivors"]:
+            diff = subprocess.run(mutmut + ["show", name], cwd=d, env=env, capture_output=True, text=True).stdout
+            f.write(diff + "\n")
+    return {"module": module, "rc": rc, "minutes": minutes, **res}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--module", action="append", choices=sorted(MODULES), help="module(s) to run (default: all)")
+    ap.add_argument("--max-children", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "capo-mutate")
+    ap.add_argument("--out", type=Path, default=ROOT / "mutation-report")
+    ap.add_argument("--list", action="store_true", help="print the module -> files / tests map and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        for m, (files, tests) in MODULES.items():
+            print(f"{m}\n  mutate: {' '.join(files)}\n  tests:  {' '.join(tests)}")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for m in args.module or list(MODULES):
+        r = run_module(m, args.workdir, args.out, args.max_children)
+        rows.append(r)
+        print(f"{m}: {score(r['counts']):.1%} {r['counts']} ({r['minutes']:.1f} min, rc {r['rc']})", flush=True)
+    (args.out / "scores.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n{'module':<20} {'mutants':>8} {'killed':>7} {'survived':>9} {'no tests':>9} {'score':>7} {'min':>6}")
+    for r in rows:
+        c = r["counts"]
+        print(f"{r['module']:<20} {sum(c.values()):>8} {sum(c.get(s, 0) for s in DETECTED):>7} "
+              f"{c.get('survived', 0):>9} {c.get('no tests', 0):>9} {score(c):>7.1%} {r['minutes']:>6.1f}")
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
