@@ -67,8 +67,86 @@ def test_compute_metrics_verbal_and_empty_response():
     assert m["empty_responses"] == 1
     assert m["verbal_brier"] == pytest.approx(
         sum((r["confidence"] - (r["verdict"] == "correct")) ** 2 for r in rows) / 12)
-    assert m["confidence_weighted_vote"] is not None and m["max_confidence_verbal"] is not None
     assert math.isfinite(m["brier"])
+    # verbal votes by hand (confidences 0.9, 0.8, 0.3, 0.1 per prompt). Weighted vote: a: class 0 (0.9 + 0.8) beats
+    # class 1 (0.3 + 0.1), correct; b: class 0 (0.9 + 0.1) beats class 1 (0.8), wrong; c: wrong -> 1/3.
+    # Max verbal confidence: the 0.9 row of each prompt: a correct, b wrong, c wrong -> 1/3.
+    assert m["confidence_weighted_vote"] == pytest.approx(1 / 3, abs=1e-12)
+    assert m["max_confidence_verbal"] == pytest.approx(1 / 3, abs=1e-12)
+    # the empty response (row 3: prompt a, class 1, wrong) ranks below every other one: max lpm picks a's -0.1
+    # (correct), b's -0.4 (class 1, correct), c's -0.1 (wrong) -> 2/3; ranked first it would pick row 3 (wrong)
+    assert m["max_confidence_lpm"] == pytest.approx(2 / 3, abs=1e-12)
+    # perplexity consistency: a: class 0 e^-0.1 + e^-0.3 = 1.646 > class 1 e^-0.2 + 0 = 0.819 (correct);
+    # b: class 0 e^-0.5 + e^-0.6 = 1.155 > class 1 e^-0.4 = 0.670 (wrong); c: wrong -> 1/3
+    assert m["perplexity_consistency"] == pytest.approx(1 / 3, abs=1e-12)
+
+
+def test_compute_metrics_verbal_votes_disagree():
+    # one confidence changed so that the two verbal rules choose differently in prompt b: weighted vote keeps
+    # class 0 (0.9 + 0.1 = 1.0 > 0.95, wrong), max confidence takes the 0.95 row (class 1, correct)
+    rows = rows_fixture()
+    for i, r in enumerate(rows):
+        r["confidence"] = [0.9, 0.8, 0.3, 0.1][i % 4]
+    rows[5]["confidence"] = 0.95
+    m = compute_metrics(rows, n_boot=0)["metrics"]
+    assert m["confidence_weighted_vote"] == pytest.approx(1 / 3, abs=1e-12)
+    assert m["max_confidence_verbal"] == pytest.approx(2 / 3, abs=1e-12)
+
+
+def test_timeout_verdicts_count_as_wrong_in_accuracy():
+    # 2 prompts x 3 samples with two TIMEOUT verdicts: they stay in every denominator and never count as correct
+    spec = [("p", "correct", -0.1, 0), ("p", "timeout", -0.2, -1), ("p", "incorrect", -0.3, 1),
+            ("q", "timeout", -0.4, -1), ("q", "correct", -0.5, 0), ("q", "unparsable", -0.6, -1)]
+    rows = [{"prompt_id": pid, "text": f"t{j}", "answer": None, "verdict": v, "mean_logprob": lp,
+             "n_tokens": [4, 0, 6, 8, 2, 4][j], "answer_id": aid, "confidence": None,
+             "finish_reason": ["stop", "length", "stop", "length", "stop", "stop"][j]}
+            for j, (pid, v, lp, aid) in enumerate(spec)]
+    rows[1]["mean_logprob"] = None  # the 0-token response
+    m = compute_metrics(rows, n_boot=0)["metrics"]
+    assert m["accuracy"] == pytest.approx(2 / 6, abs=1e-12)
+    assert m["mean_at_k"] == pytest.approx(1 / 3, abs=1e-12) and m["pass_at_3"] == pytest.approx(1.0)
+    assert (m["verdict_correct"], m["verdict_incorrect"], m["verdict_unparsable"], m["verdict_timeout"]) == (2, 1, 1, 2)
+    assert m["finish_length_frac"] == pytest.approx(2 / 6, abs=1e-12)
+    assert m["mean_tokens"] == pytest.approx(24 / 6, abs=1e-12) and m["empty_responses"] == 1
+    # AUC-mean: p: correct -0.1 vs wrong {-inf, -0.3} -> 1; q: correct -0.5 vs wrong {-0.4, -0.6} -> 1/2
+    assert m["auc_mean"] == pytest.approx(0.75, abs=1e-12) and m["auc_mean_groups"] == 2
+    # majority: each prompt's only answer class 0 wins (class 1 of p ties it, first occurrence) -> both correct
+    assert m["majority_vote"] == pytest.approx(1.0)
+
+
+def test_empty_response_ranks_last_in_the_precision_coverage_curve():
+    # one prompt: wrong at lpm -0.2, correct at -0.5, an empty response (no answer); by descending confidence the
+    # curve is (1/3, 0), (2/3, 1/2), (1, 1/3); ranked first the empty response would make it (1/3, 0), (2/3, 0), ...
+    rows = [{"prompt_id": "p", "text": t, "answer": a, "verdict": v, "mean_logprob": lp, "n_tokens": n,
+             "answer_id": aid, "confidence": None}
+            for t, a, v, lp, n, aid in [("x", "2", "incorrect", -0.2, 3, 0), ("y", "1", "correct", -0.5, 3, 1),
+                                        ("", None, "unparsable", None, 0, -1)]]
+    res = compute_metrics(rows, n_boot=0)
+    sel = res["curves"]["selective"]
+    assert sel["x"] == pytest.approx([1 / 3, 2 / 3, 1.0], abs=1e-12)
+    assert sel["y"] == pytest.approx([0.0, 0.5, 1 / 3], abs=1e-12)
+    hist = res["curves"]["hist"]
+    assert hist["correct"] == pytest.approx([math.exp(-0.5)]) and hist["incorrect"] == pytest.approx([math.exp(-0.2), 0.0])
+    m = res["metrics"]
+    assert m["max_confidence_lpm"] == 0.0 and m["perplexity_consistency"] == 0.0  # the wrong -0.2 answer wins
+    assert m["mean_confidence"] == pytest.approx((math.exp(-0.2) + math.exp(-0.5)) / 3, abs=1e-12)
+
+
+def test_bootstrap_interval_ends_in_order_and_match_the_core():
+    rows = rows_fixture()
+    m = compute_metrics(rows, n_boot=200, seed=3)["metrics"]
+    assert m["accuracy_ci_low"] < m["accuracy"] < m["accuracy_ci_high"]
+    assert m["auc_mean_ci_low"] <= m["auc_mean"] <= m["auc_mean_ci_high"]
+    lpm = torch.tensor([r["mean_logprob"] for r in rows], dtype=torch.float64)
+    c = torch.tensor([r["verdict"] == "correct" for r in rows])
+    g = torch.tensor([0] * 4 + [1] * 4 + [2] * 4)
+    lo, hi = cal.bootstrap_ci(lambda cc: float(cc.to(torch.float64).mean()), c, group_ids=g, n_boot=200, seed=3)
+    assert (m["accuracy_ci_low"], m["accuracy_ci_high"]) == (lo, hi)
+    lo, hi = cal.bootstrap_ci(lambda s, cc, gg: cal.auc_mean(s, cc, gg).value, lpm, c, group_ids=g, n_boot=200, seed=3,
+                              pass_group_ids=True)
+    assert (m["auc_mean_ci_low"], m["auc_mean_ci_high"]) == (lo, hi)
+    one = compute_metrics(rows[:4], n_boot=200)["metrics"]  # one question: no interval over questions
+    assert "accuracy_ci_low" not in one and "auc_mean_ci_low" not in one
 
 
 def test_pass_ks():
