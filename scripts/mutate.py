@@ -31,47 +31,63 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# module -> (files to mutate, as globs relative to the repository root; the test files that exercise them)
-MODULES: dict[str, tuple[list[str], list[str]]] = {
+# module -> (files to mutate, relative to the repository root; the test files that exercise them; extra pytest
+# arguments, e.g. a -k expression that leaves out a slow end-to-end test another subset covers)
+MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "core.advantages": (
         ["src/capo/core/advantages.py", "src/capo/core/advantage_variants.py", "src/capo/core/masks.py",
          "src/capo/core/dapo.py", "src/capo/core/rewards.py", "src/capo/core/scores.py"],
         ["tests/core/test_advantages.py", "tests/core/test_advantage_variants.py",
          "tests/core/test_masks_dapo_rewards.py", "tests/core/test_reward_variants.py"],
+        [],
     ),
     "core.losses": (
         ["src/capo/core/losses.py", "src/capo/core/loss_variants.py", "src/capo/core/rollout_correction.py"],
         ["tests/core/test_losses.py", "tests/core/test_loss_variants.py", "tests/core/test_rollout_correction.py"],
+        [],
     ),
     "core.step": (
         ["src/capo/core/step.py", "src/capo/core/registry.py", "src/capo/core/presets.py"],
         ["tests/core/test_advantage_step.py"],
+        [],
     ),
     "core.calibration": (
         ["src/capo/core/calibration.py"],
         ["tests/core/test_calibration.py", "tests/core/test_calibration_extended.py"],
+        [],
     ),
     "core.voting": (
         ["src/capo/core/voting.py", "src/capo/core/confidence.py"],
         ["tests/core/test_voting.py", "tests/core/test_voting_confidence.py", "tests/core/test_confidence.py"],
+        [],
     ),
     "rollout.step": (
         ["src/capo/rollout/step.py"],
         ["tests/adapters/test_method_inputs.py", "tests/adapters/test_calib_paths.py"],
+        [],
     ),
     "evaluation.metrics": (
         ["src/capo/evaluation/metrics.py"],
         ["tests/evaluation/test_metrics_generations.py"],
+        ["-k", "not end_to_end"],  # the `capo eval --generations` run starts verifier workers (~10 s a mutant)
     ),
     "evaluation.stats": (
         ["src/capo/evaluation/stats.py"],
         ["tests/evaluation/test_stats.py"],
+        [],
+    ),
+    "verify.extract": (
+        ["src/capo/verify/extract.py"],
+        ["tests/verify/test_extract.py"],
+        [],
     ),
     # verifier.py's parent side (the worker module runs in child processes, where mutmut cannot see which test
-    # reached a function, so it is not mutated here)
-    "verify": (
-        ["src/capo/verify/verifier.py", "src/capo/verify/extract.py"],
-        ["tests/verify/test_verifier.py", "tests/verify/test_extract.py", "tests/verify/test_integer_shortcut.py"],
+    # reached a function, so it is not mutated here); each mutant starts fresh worker processes (seconds)
+    "verify.verifier": (
+        ["src/capo/verify/verifier.py"],
+        ["tests/verify/test_verifier.py", "tests/verify/test_verifier_verdicts.py",
+         "tests/verify/test_integer_shortcut.py"],
+        ["-k", "not canary and not sympy_guard"],  # security canaries: they judge nothing the other tests miss
     ),
 }
 
@@ -83,7 +99,7 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
           37: "caught by type check", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}
 
 
-def mutmut_section(files: list[str], tests: list[str]) -> str:
+def mutmut_section(files: list[str], tests: list[str], pytest_args: list[str]) -> str:
     """The ``[tool.mutmut]`` TOML section of one module's scratch copy."""
     q = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
     return (
@@ -92,7 +108,7 @@ def mutmut_section(files: list[str], tests: list[str]) -> str:
         f"only_mutate = {q(files)}\n"
         f"do_not_mutate_patterns = {q(DO_NOT_MUTATE_PATTERNS)}\n"
         f"pytest_add_cli_args_test_selection = {q(tests)}\n"
-        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow"]\n'
+        f"pytest_add_cli_args = {q(['-p', 'no:cacheprovider', '-m', 'not slow', *pytest_args])}\n"
         'process_isolation = "forkserver"\n'  # torch is not fork-safe after the stats run
         "use_git_change_detection = false\n"
     )
@@ -100,7 +116,7 @@ def mutmut_section(files: list[str], tests: list[str]) -> str:
 
 def prepare(module: str, work: Path) -> Path:
     """A scratch copy of src/ and tests/ with the module's mutmut configuration; returns its directory."""
-    files, tests = MODULES[module]
+    files, tests, pytest_args = MODULES[module]
     d = work / module
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
@@ -108,21 +124,24 @@ def prepare(module: str, work: Path) -> Path:
     shutil.copytree(ROOT / "src", d / "src", ignore=ignore)
     shutil.copytree(ROOT / "tests", d / "tests", ignore=ignore)
     text = (ROOT / "pyproject.toml").read_text()
-    (d / "pyproject.toml").write_text(text + mutmut_section(files, tests))
+    (d / "pyproject.toml").write_text(text + mutmut_section(files, tests, pytest_args))
     return d
 
 
-def tally(d: Path) -> dict:
-    """Per-status counts and the surviving mutant names, from mutmut's ``.meta`` files."""
-    counts: dict[str, int] = {}
-    survivors: list[str] = []
+def statuses(d: Path) -> dict[str, str]:
+    """Each mutant's status (killed, survived, no tests, timeout, not checked, ...), from mutmut's ``.meta`` files."""
+    out: dict[str, str] = {}
     for meta in sorted((d / "mutants").rglob("*.py.meta")):
         for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
-            status = STATUS.get(code, "suspicious")
-            counts[status] = counts.get(status, 0) + 1
-            if status in ("survived", "no tests"):
-                survivors.append(name)
-    return {"counts": counts, "survivors": survivors}
+            out[name] = STATUS.get(code, "suspicious")
+    return out
+
+
+def counts_of(status: dict[str, str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for st in status.values():
+        counts[st] = counts.get(st, 0) + 1
+    return counts
 
 
 def score(counts: dict) -> float:
@@ -131,22 +150,33 @@ def score(counts: dict) -> float:
     return detected / judged if judged else float("nan")
 
 
-def run_module(module: str, work: Path, out: Path, max_children: int) -> dict:
+def run_module(module: str, work: Path, out: Path, max_children: int, rerun: bool) -> dict:
+    """Run mutmut on one module; with ``rerun``, only on the survivors recorded in ``<out>/<module>.json`` by an
+    earlier run on the same source (new tests can only kill more; the others keep their recorded status)."""
+    before = json.loads((out / f"{module}.json").read_text())["status"] if rerun else {}
+    names = [n for n, st in before.items() if st in ("survived", "no tests")]
     d = prepare(module, work)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     mutmut = [sys.executable, "-m", "mutmut"]
     t0 = time.monotonic()
-    log = (out / f"{module}.log").open("w")
-    rc = subprocess.call(mutmut + ["run", "--max-children", str(max_children)], cwd=d, env=env, stdout=log,
-                         stderr=subprocess.STDOUT)
+    rc = 0
+    if names or not rerun:
+        with (out / f"{module}.log").open("w") as log:
+            rc = subprocess.call(mutmut + ["run", "--max-children", str(max_children), *names], cwd=d, env=env,
+                                 stdout=log, stderr=subprocess.STDOUT)
     minutes = (time.monotonic() - t0) / 60
-    res = tally(d)
+    new = statuses(d)
+    status = {**before, **{n: new.get(n, "not checked") for n in names}} if rerun else new
+    survivors = [n for n, st in status.items() if st in ("survived", "no tests")]
     with (out / f"{module}.survivors.txt").open("w") as f:
-        for name in res["survivors"]:
-            diff = subprocess.run(mutmut + ["show", name], cwd=d, env=env, capture_output=True, text=True).stdout
-            f.write(diff + "\n")
-    return {"module": module, "rc": rc, "minutes": minutes, **res}
+        for name in survivors:
+            f.write(subprocess.run(mutmut + ["show", name], cwd=d, env=env, capture_output=True, text=True).stdout)
+            f.write("\n")
+    res = {"module": module, "rc": rc, "minutes": minutes, "rerun": rerun, "counts": counts_of(status),
+           "status": status}
+    (out / f"{module}.json").write_text(json.dumps(res, indent=1))
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,19 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-children", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "capo-mutate")
     ap.add_argument("--out", type=Path, default=ROOT / "mutation-report")
+    ap.add_argument("--rerun-survivors", action="store_true",
+                    help="only re-test the survivors that an earlier run recorded in --out (same source, new tests)")
     ap.add_argument("--list", action="store_true", help="print the module -> files / tests map and exit")
     args = ap.parse_args(argv)
     if args.list:
-        for m, (files, tests) in MODULES.items():
+        for m, (files, tests, _) in MODULES.items():
             print(f"{m}\n  mutate: {' '.join(files)}\n  tests:  {' '.join(tests)}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for m in args.module or list(MODULES):
-        r = run_module(m, args.workdir, args.out, args.max_children)
+        r = run_module(m, args.workdir, args.out, args.max_children, args.rerun_survivors)
         rows.append(r)
         print(f"{m}: {score(r['counts']):.1%} {r['counts']} ({r['minutes']:.1f} min, rc {r['rc']})", flush=True)
-    (args.out / "scores.json").write_text(json.dumps(rows, indent=1))
     print(f"\n{'module':<20} {'mutants':>8} {'killed':>7} {'survived':>9} {'no tests':>9} {'score':>7} {'min':>6}")
     for r in rows:
         c = r["counts"]
