@@ -214,3 +214,73 @@ def test_generations_malformed_and_missing(tmp_path, capsys):
     assert "g.jsonl line 2: malformed JSON" in capsys.readouterr().err
     assert main(["eval", "--generations", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "r")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def curve_rows():
+    # prompt p: confidences exp(lpm) 0.15 (right), 0.35 (wrong), 0.85 (right), an empty response; prompt q: 0.55 and
+    # 0.05, both wrong. Verbal confidences on three rows only.
+    spec = [("p", "correct", 0.15, 0.9), ("p", "incorrect", 0.35, 0.6), ("p", "correct", 0.85, None),
+            ("p", "unparsable", None, None), ("q", "incorrect", 0.55, None), ("q", "incorrect", 0.05, 0.3)]
+    return [{"prompt_id": pid, "text": f"r{j}", "answer": None, "verdict": v,
+             "mean_logprob": None if q is None else math.log(q), "n_tokens": 0 if q is None else 5,
+             "answer_id": -1 if v == "unparsable" else j, "confidence": vq}
+            for j, (pid, v, q, vq) in enumerate(spec)]
+
+
+def test_curves_hand_computed():
+    res = compute_metrics(curve_rows(), n_bins=2, n_boot=0)
+    cv, m = res["curves"], res["metrics"]
+    # bins [0, .5), [.5, 1), [1, 1]: {.15 R, .35 W, 0 W, .05 W}, {.85 R, .55 W}, {}
+    rel = cv["reliability"]
+    assert rel["bin_edges"] == [0.0, 0.5, 1.0, 1.0] and rel["count"] == [4, 2, 0]
+    assert rel["confidence"][:2] == pytest.approx([0.55 / 4, 0.7], abs=1e-12) and rel["confidence"][2] is None
+    assert rel["accuracy"][:2] == pytest.approx([0.25, 0.5], abs=1e-12) and rel["accuracy"][2] is None
+    assert cv["hist"]["correct"] == pytest.approx([0.15, 0.85], abs=1e-12)
+    assert cv["hist"]["incorrect"] == pytest.approx([0.35, 0.0, 0.55, 0.05], abs=1e-12)
+    # precision-coverage by descending lpm: .85 R, .55 W, .35 W, .15 R, .05 W, empty
+    assert cv["selective"]["x"] == pytest.approx([k / 6 for k in range(1, 7)], abs=1e-12)
+    assert cv["selective"]["y"] == pytest.approx([1, 1 / 2, 1 / 3, 2 / 4, 2 / 5, 2 / 6], abs=1e-12)
+    # verbal: only the three rows that have one (.9 R, .6 W, .3 W)
+    rv = cv["reliability_verbal"]
+    assert rv["count"] == [1, 2, 0] and rv["confidence"][:2] == pytest.approx([0.3, 0.75], abs=1e-12)
+    assert rv["accuracy"][:2] == pytest.approx([0.0, 0.5], abs=1e-12) and rv["accuracy"][2] is None
+    assert cv["selective_verbal"]["x"] == pytest.approx([1 / 3, 2 / 3, 1.0], abs=1e-12)
+    assert cv["selective_verbal"]["y"] == pytest.approx([1.0, 0.5, 1 / 3], abs=1e-12)
+    assert cv["per_prompt_accuracy"] == {"p": 0.5, "q": 0.0}
+    # prompts of 4 and 2 samples: k_min = 2; mean@k is the mean of per-prompt accuracies, not the pooled 2/6
+    assert m["k_min"] == 2 and m["mean_at_k"] == pytest.approx(0.25, abs=1e-12)
+    assert m["pass_at_2"] == pytest.approx((1 - 1 / 6) / 2, abs=1e-12) and "pass_at_4" not in m
+    assert m["verbal_missing"] == 3 and m["empty_responses"] == 1 and m["mean_tokens"] == pytest.approx(25 / 6)
+    # AUC-mean: p only (q has no right answer): right {.15, .85} vs wrong {.35, empty}: 3 of 4 pairs
+    assert m["auc_mean"] == pytest.approx(0.75, abs=1e-12) and m["auc_mean_groups"] == 1
+
+
+def test_non_finite_metrics_are_none_and_missing_lengths_are_skipped():
+    rows = curve_rows()[4:]  # prompt q alone: no right answer -> AUC-mean has no question
+    for r in rows:
+        r["n_tokens"] = None
+    m = compute_metrics(rows, n_boot=0)["metrics"]
+    assert m["auc_mean"] is None and m["auc_mean_groups"] == 0 and m["accuracy"] == 0.0
+    assert m["mean_tokens"] is None and m["empty_responses"] == 0
+
+
+def test_long_curves_are_thinned_to_200_points():
+    n = 250  # one prompt, distinct confidences: 250 selective points, thinned to 200 (rounded linspace indices)
+    rows = [{"prompt_id": "p", "text": f"t{i}", "answer": None, "verdict": "correct" if i % 2 else "incorrect",
+             "mean_logprob": -0.001 * (i + 1), "n_tokens": 3, "answer_id": -1, "confidence": None} for i in range(n)]
+    sel = compute_metrics(rows, n_boot=0)["curves"]["selective"]
+    assert len(sel["x"]) == len(sel["y"]) == 200
+    assert sel["x"][0] == pytest.approx(1 / n) and sel["x"][-1] == 1.0
+    assert sel["x"][100] == pytest.approx(126 / n)  # index round(249 * 100 / 199) = 125 -> coverage 126 / 250
+    assert sel["y"][0] == 0.0 and sel["y"][-1] == 0.5
+
+
+def test_assign_answer_ids_groups_by_prompt():
+    from capo.evaluation.metrics import assign_answer_ids
+    from capo.verify import Verifier
+
+    rows = [{"prompt_id": pid, "answer": a} for pid, a in
+            [("a", "3"), ("b", "4"), ("a", "03"), ("a", None), ("b", "4"), ("a", "4"), (7, "5")]]
+    with Verifier(workers=1) as v:  # integer literals only: judged without starting a worker
+        assign_answer_ids(rows, v)
+    assert [r["answer_id"] for r in rows] == [0, 0, 0, -1, 0, 1, 0]
