@@ -61,6 +61,12 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["tests/core/test_voting.py", "tests/core/test_voting_confidence.py", "tests/core/test_confidence.py"],
         [],
     ),
+    "core.checks": (
+        ["src/capo/core/checks.py"],
+        ["tests/core/test_calibration.py", "tests/core/test_advantages.py", "tests/core/test_losses.py",
+         "tests/core/test_voting.py"],
+        [],
+    ),
     "rollout.step": (
         ["src/capo/rollout/step.py"],
         ["tests/adapters/test_method_inputs.py", "tests/adapters/test_calib_paths.py"],
