@@ -175,10 +175,10 @@ def run_module(module: str, work: Path, out: Path, max_children: int, rerun: boo
     new = statuses(d)
     status = {**before, **{n: new.get(n, "not checked") for n in names}} if rerun else new
     survivors = [n for n, st in status.items() if st in ("survived", "no tests")]
-    with (out / f"{module}.survivors.txt").open("w") as f:
-        for name in survivors:
-            f.write(subprocess.run(mutmut + ["show", name], cwd=d, env=env, capture_output=True, text=True).stdout)
-            f.write("\n")
+    show = ("import sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
+            "for n in sys.argv[1:]:\n    print(f'# {n}'); print(get_diff_for_mutant(n)); print()\n")
+    with (out / f"{module}.survivors.txt").open("w") as f:  # one process for all diffs (`mutmut show` is slow)
+        subprocess.run([sys.executable, "-c", show, *survivors], cwd=d, env=env, stdout=f, stderr=subprocess.STDOUT)
     res = {"module": module, "rc": rc, "minutes": minutes, "rerun": rerun, "counts": counts_of(status),
            "status": status}
     (out / f"{module}.json").write_text(json.dumps(res, indent=1))

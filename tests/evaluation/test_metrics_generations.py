@@ -284,3 +284,16 @@ def test_assign_answer_ids_groups_by_prompt():
     with Verifier(workers=1) as v:  # integer literals only: judged without starting a worker
         assign_answer_ids(rows, v)
     assert [r["answer_id"] for r in rows] == [0, 0, 0, -1, 0, 1, 0]
+
+
+def test_perplexity_consistency_counts_identical_texts_once():
+    # prompt p: the text "A" (class 0, wrong) three times at lpm -0.1, and two distinct texts of class 1 (right) at
+    # -0.2 and -0.3. Unique paths: class 0 weighs e^-0.1 = 0.905 < class 1 e^-0.2 + e^-0.3 = 1.560 -> right. Counting
+    # every copy (3 e^-0.1 = 2.71) would pick class 0. Prompt q reuses the text "A" (right): a path of its own prompt.
+    spec = [("p", "A", 0, "incorrect", -0.1)] * 3 + [("p", "B", 1, "correct", -0.2), ("p", "C", 1, "correct", -0.3),
+                                                    ("q", "A", 0, "correct", -0.5), ("q", "D", 1, "incorrect", -0.6)]
+    rows = [{"prompt_id": pid, "text": text, "answer": None, "verdict": v, "mean_logprob": lp, "n_tokens": 2,
+             "answer_id": aid, "confidence": None} for pid, text, aid, v, lp in spec]
+    m = compute_metrics(rows, n_boot=0)["metrics"]
+    assert m["perplexity_consistency"] == 1.0
+    assert m["majority_vote"] == 0.5  # p: class 0 has 3 of 5 votes (wrong); q: 1-1 tie, first occurrence (right)
