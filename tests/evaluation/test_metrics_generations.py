@@ -253,6 +253,25 @@ def test_curves_hand_computed():
     assert m["verbal_missing"] == 3 and m["empty_responses"] == 1 and m["mean_tokens"] == pytest.approx(25 / 6)
     # AUC-mean: p only (q has no right answer): right {.15, .85} vs wrong {.35, empty}: 3 of 4 pairs
     assert m["auc_mean"] == pytest.approx(0.75, abs=1e-12) and m["auc_mean_groups"] == 1
+    # ECE over the n_bins = 2 bins above: 4/6 |0.25 - 0.1375| + 2/6 |0.5 - 0.7|
+    assert m["ece"] == pytest.approx(4 / 6 * 0.1125 + 2 / 6 * 0.2, abs=1e-12)
+
+
+def test_estimator_table_glue():
+    from capo.evaluation.estimators import estimator_table, unavailable_estimators
+
+    rows = rows_fixture()
+    res = compute_metrics(rows, n_bins=5, n_boot=0, keep_fraction=0.5)
+    m = res["metrics"]
+    assert not any(k.startswith("verbal_") for k in m)  # no verbal confidence: no verbal metric at all
+    g = torch.tensor([0] * 4 + [1] * 4 + [2] * 4)
+    c = torch.tensor([r["verdict"] == "correct" for r in rows])
+    a = torch.tensor([r["answer_id"] for r in rows])
+    want = estimator_table(rows, group_ids=g, correct=c, answer_ids=a, verbal=None, keep_fraction=0.5, n_bins=5,
+                           n_boot=0, seed=0)
+    assert res["curves"]["estimators"] == want and want
+    assert res["curves"]["estimators_unavailable"] == unavailable_estimators(rows, False)
+    assert "verbal" in res["curves"]["estimators_unavailable"]
 
 
 def test_non_finite_metrics_are_none_and_missing_lengths_are_skipped():
