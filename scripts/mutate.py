@@ -69,7 +69,8 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     "rollout.step": (
         ["src/capo/rollout/step.py"],
-        ["tests/adapters/test_method_inputs.py", "tests/adapters/test_calib_paths.py"],
+        ["tests/rollout/test_step_metrics.py", "tests/adapters/test_method_inputs.py",
+         "tests/adapters/test_calib_paths.py"],
         [],
     ),
     "evaluation.metrics": (
