@@ -132,19 +132,33 @@ def test_empty_response_ranks_last_in_the_precision_coverage_curve():
     assert m["mean_confidence"] == pytest.approx((math.exp(-0.2) + math.exp(-0.5)) / 3, abs=1e-12)
 
 
+def bootstrap_rows():
+    # 10 questions x 4 samples with varied per-question AUCs, so that interval ends move with the seed and n_boot
+    gen = torch.Generator().manual_seed(11)
+    lp = -torch.rand(40, generator=gen, dtype=torch.float64)
+    ok = torch.rand(40, generator=gen) < 0.5
+    return [{"prompt_id": f"q{i // 4}", "text": f"t{i}", "answer": None, "verdict": "correct" if bool(ok[i]) else
+             "incorrect", "mean_logprob": float(lp[i]), "n_tokens": 3, "answer_id": -1, "confidence": None}
+            for i in range(40)]
+
+
 def test_bootstrap_interval_ends_in_order_and_match_the_core():
-    rows = rows_fixture()
+    rows = bootstrap_rows()
     m = compute_metrics(rows, n_boot=200, seed=3)["metrics"]
     assert m["accuracy_ci_low"] < m["accuracy"] < m["accuracy_ci_high"]
     assert m["auc_mean_ci_low"] <= m["auc_mean"] <= m["auc_mean_ci_high"]
     lpm = torch.tensor([r["mean_logprob"] for r in rows], dtype=torch.float64)
     c = torch.tensor([r["verdict"] == "correct" for r in rows])
-    g = torch.tensor([0] * 4 + [1] * 4 + [2] * 4)
+    g = torch.arange(40) // 4
     lo, hi = cal.bootstrap_ci(lambda cc: float(cc.to(torch.float64).mean()), c, group_ids=g, n_boot=200, seed=3)
     assert (m["accuracy_ci_low"], m["accuracy_ci_high"]) == (lo, hi)
     lo, hi = cal.bootstrap_ci(lambda s, cc, gg: cal.auc_mean(s, cc, gg).value, lpm, c, group_ids=g, n_boot=200, seed=3,
                               pass_group_ids=True)
     assert (m["auc_mean_ci_low"], m["auc_mean_ci_high"]) == (lo, hi)
+    for other in [dict(n_boot=200, seed=4), dict(n_boot=100, seed=3)]:  # the seed and n_boot reach both intervals
+        o = compute_metrics(rows, **other)["metrics"]
+        assert (o["auc_mean_ci_low"], o["auc_mean_ci_high"]) != (lo, hi), other
+        assert (o["accuracy_ci_low"], o["accuracy_ci_high"]) != (m["accuracy_ci_low"], m["accuracy_ci_high"]), other
     one = compute_metrics(rows[:4], n_boot=200)["metrics"]  # one question: no interval over questions
     assert "accuracy_ci_low" not in one and "auc_mean_ci_low" not in one
 
@@ -257,21 +271,68 @@ def test_curves_hand_computed():
     assert m["ece"] == pytest.approx(4 / 6 * 0.1125 + 2 / 6 * 0.2, abs=1e-12)
 
 
-def test_estimator_table_glue():
+def glue_rows():
+    # rows_fixture with verbal confidences on some rows and three tokens' log-probs and top-k confidences each
+    rows = rows_fixture()
+    for i, r in enumerate(rows):
+        r["confidence"] = None if i % 3 == 0 else [0.9, 0.8, 0.3, 0.1][i % 4]
+        r["token_logprobs"] = [-0.05 * (i % 5), -0.3 * ((i * 7) % 4), -0.1 * (i % 3)]
+        r["token_topk_conf"] = [1.0 + 0.5 * ((i * 5) % 7), 2.0 + (i % 4), 0.5 + 0.25 * ((i * 3) % 5)]
+    return rows
+
+
+@pytest.mark.parametrize("verbal", [False, True])
+def test_estimator_table_glue(verbal):
+    """compute_metrics hands its rows and every setting to the estimator table (each one changes the table here)."""
     from capo.evaluation.estimators import estimator_table, unavailable_estimators
 
-    rows = rows_fixture()
-    res = compute_metrics(rows, n_bins=5, n_boot=0, keep_fraction=0.5)
+    rows = glue_rows()
+    if not verbal:
+        for r in rows:
+            r["confidence"] = None
+    knobs = {"conf_window": 2, "conf_tail": 2}
+    res = compute_metrics(rows, n_bins=5, n_boot=20, seed=4, keep_fraction=0.5, conf_knobs=knobs)
     m = res["metrics"]
-    assert not any(k.startswith("verbal_") for k in m)  # no verbal confidence: no verbal metric at all
+    assert any(k.startswith("verbal_") for k in m) is verbal  # no verbal confidence: no verbal metric at all
     g = torch.tensor([0] * 4 + [1] * 4 + [2] * 4)
     c = torch.tensor([r["verdict"] == "correct" for r in rows])
     a = torch.tensor([r["answer_id"] for r in rows])
-    want = estimator_table(rows, group_ids=g, correct=c, answer_ids=a, verbal=None, keep_fraction=0.5, n_bins=5,
-                           n_boot=0, seed=0)
-    assert res["curves"]["estimators"] == want and want
-    assert res["curves"]["estimators_unavailable"] == unavailable_estimators(rows, False)
-    assert "verbal" in res["curves"]["estimators_unavailable"]
+    v = torch.tensor([math.nan if r["confidence"] is None else r["confidence"] for r in rows], dtype=torch.float64)
+    kw = dict(group_ids=g, correct=c, answer_ids=a, verbal=v if verbal else None)
+    want = estimator_table(rows, **kw, knobs=knobs, keep_fraction=0.5, n_bins=5, n_boot=20, seed=4)
+    assert res["curves"]["estimators"] == want and ("verbal" in want) is verbal
+    for other in [dict(knobs=None, keep_fraction=0.5, n_bins=5, n_boot=20, seed=4),
+                  dict(knobs=knobs, keep_fraction=0.25, n_bins=5, n_boot=20, seed=4),
+                  dict(knobs=knobs, keep_fraction=0.5, n_bins=10, n_boot=20, seed=4),
+                  dict(knobs=knobs, keep_fraction=0.5, n_bins=5, n_boot=20, seed=5),
+                  dict(knobs=knobs, keep_fraction=0.5, n_bins=5, n_boot=0, seed=4)]:
+        assert estimator_table(rows, **kw, **other) != want, other
+    assert res["curves"]["estimators_unavailable"] == unavailable_estimators(rows, verbal)
+    assert ("verbal" in res["curves"]["estimators_unavailable"]) is not verbal
+
+
+def test_defaults_and_absent_counts():
+    rows = rows_fixture()
+    got = compute_metrics(rows)
+    assert got == compute_metrics(rows, n_bins=10, n_boot=1000, seed=0)
+    assert len(got["curves"]["reliability"]["bin_edges"]) == 12  # 10 bins and the [1, 1] bin
+    m = got["metrics"]
+    assert m["verdict_timeout"] == 0 and m["finish_length_frac"] == 0.0  # absent values count 0
+
+
+def test_bootstrap_needs_one_draw_and_two_questions():
+    two = compute_metrics(rows_fixture()[:8], n_boot=1)["metrics"]  # two questions, a single draw
+    assert two["accuracy_ci_low"] == two["accuracy_ci_high"] and "auc_mean_ci_low" in two
+
+
+def test_missing_verbal_confidence_votes_as_zero():
+    # one prompt: class 0 (right, verbal 0.9) against class 1 (two wrong rows without a verbal confidence): missing
+    # counts 0 in the weighted vote and ranks last for max confidence -> both right
+    rows = [{"prompt_id": "p", "text": f"t{i}", "answer": None, "verdict": v, "mean_logprob": -0.5, "n_tokens": 2,
+             "answer_id": aid, "confidence": q} for i, (v, aid, q) in
+            enumerate([("correct", 0, 0.9), ("incorrect", 1, None), ("incorrect", 1, None)])]
+    m = compute_metrics(rows, n_boot=0)["metrics"]
+    assert m["confidence_weighted_vote"] == 1.0 and m["max_confidence_verbal"] == 1.0
 
 
 def test_non_finite_metrics_are_none_and_missing_lengths_are_skipped():
