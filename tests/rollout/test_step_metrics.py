@@ -117,3 +117,19 @@ def test_step_without_log_probs():
     assert out.result.scores.dtype == f64 and out.result.scores.tolist() == [0.0] * 4
     assert out.result.advantages.tolist() == pytest.approx([2 ** -0.5, -(2 ** -0.5)] * 2, abs=1e-12)
     assert out.metrics == {}
+
+
+def test_quantile_mask_reads_the_existing_rows_reference_perplexities():
+    # existing rows 0-2 have reference perplexities 1, 2, 3 -> quantiles 0.25 / 0.75 = 1.5 / 2.5 (row 3's 1.5 would
+    # move them to 1.375 / 2.25)
+    spec = StepSpec("capo", mask=MaskThresholds("quantile", q_low=0.25, q_high=0.75, engine="t"))
+    out = step_advantages(batch(valid=torch.tensor([True, True, True, False])), spec)
+    assert out.thresholds == pytest.approx((1.5, 2.5), abs=1e-12)
+
+
+def test_loss_inputs_get_the_guarded_rewards():
+    # C2GSPG's loss reads the rewards: a non-finite reward is 0 there, as for the estimator
+    rewards = torch.tensor([1.0, 0.0, 1.0, math.nan], dtype=f64)
+    out = step_advantages(batch(rewards=rewards), StepSpec("grpo", loss="c2gspg"))
+    assert out.loss_inputs["rewards"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert step_advantages(batch(), StepSpec("grpo", loss="ppo_clip")).loss_inputs == {}
