@@ -312,11 +312,12 @@ def test_estimator_table_glue(verbal):
 
 
 def test_defaults_and_absent_counts():
-    rows = rows_fixture()
+    rows = bootstrap_rows()  # 10 questions: the bootstrap interval ends move with n_boot and the seed
     got = compute_metrics(rows)
     assert got == compute_metrics(rows, n_bins=10, n_boot=1000, seed=0)
+    assert compute_metrics(rows, seed=1)["metrics"] != got["metrics"]  # the default seed is 0
     assert len(got["curves"]["reliability"]["bin_edges"]) == 12  # 10 bins and the [1, 1] bin
-    m = got["metrics"]
+    m = compute_metrics(rows_fixture(), n_boot=0)["metrics"]
     assert m["verdict_timeout"] == 0 and m["finish_length_frac"] == 0.0  # absent values count 0
 
 
