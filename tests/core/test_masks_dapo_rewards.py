@@ -161,3 +161,12 @@ def test_overlong_penalty_edges():
         overlong_penalty(torch.tensor([1]), max_len=4, cache_len=0)
     with pytest.raises(ValueError, match="lengths must have 1 dimension"):
         overlong_penalty(torch.tensor([[1]]), max_len=4, cache_len=2)
+
+
+def test_rlcr_components_respect_the_format_flag():
+    from capo.core.rewards import rlcr_components
+
+    got = rlcr_components(torch.tensor([True, False, True]), confidence=torch.tensor([0.8, 0.3, 0.6]),
+                          format_ok=torch.tensor([True, True, False]), format_failure_reward=-2.0)
+    want = torch.tensor([[1.0, -0.04], [0.0, -0.09], [1.0, -2.0]])  # the malformed row gets the failure reward
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
