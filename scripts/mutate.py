@@ -40,7 +40,8 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
          "src/capo/core/dapo.py", "src/capo/core/rewards.py", "src/capo/core/scores.py"],
         ["tests/core/test_advantages.py", "tests/core/test_advantage_variants.py",
          "tests/core/test_masks_dapo_rewards.py", "tests/core/test_reward_variants.py",
-         "tests/core/test_advantage_step.py"],  # masks.mask_applies & co. are tested with the step
+         "tests/core/test_advantage_step.py",  # masks.mask_applies & co. are tested with the step
+         "tests/core/test_input_errors.py"],
         [],
     ),
     "core.losses": (
