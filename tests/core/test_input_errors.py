@@ -68,3 +68,12 @@ def test_masked_partners_are_intersected_with_existing_rows():
     # with every row existing, prompt 1's pair (rows 2, 3) is back
     adv = capo_advantage(R, 2, scores=S, keep=keep, partners=torch.ones(4, dtype=torch.bool), masked_partners="drop")
     assert adv[2] > 0 > adv[3] and adv[:2].tolist() == [0.0, 0.0]
+
+
+def test_knob_boundaries_are_allowed():
+    from capo.core import capo_noise_mask, mask_knob_problem
+
+    assert mask_knob_problem(1.0, 1.0, 0.0, 1.0) is None  # low == high, q_low = 0, q_high = 1
+    ppl = torch.tensor([1.5, 2.0, 2.5], **f64)
+    keep = capo_noise_mask(ppl, torch.tensor([True, False, False]), low=2.0, high=2.0)
+    assert keep.tolist() == [True, True, True]  # right and PPL <= 2; wrong and PPL >= 2
