@@ -61,3 +61,10 @@ def test_no_shortcut_verifier_judges_integers_in_a_worker():
     with Verifier(workers=1, timeout_s=3.0, exact_match_shortcut=False) as v:
         assert v.verify_batch(["007", "-3", r"\text{}"], ["7", "3", "1"]) == [C, I, U]
         assert v.equivalence_classes(["3", "03", "4", None]) == [0, 0, 1, -1]
+
+
+def test_equivalence_classes_integer_literals(verifier):
+    # distinct strings that are equal integers ("3", "03"; "4", "+4") share a class without a worker; a pair of
+    # unequal integers ("3", "4") does not stop the search for "3"'s other partners ("3.0", compared by math-verify)
+    assert verifier.equivalence_classes(["3", "4", "03", "3.0", "+4", "x"]) == [0, 1, 0, 0, 1, 2]
+    assert verifier.equivalence_classes_batch([["7", "07"], ["5", "6", "5.0"]]) == [[0, 0], [0, 1, 0]]
