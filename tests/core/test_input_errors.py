@@ -77,3 +77,14 @@ def test_knob_boundaries_are_allowed():
     ppl = torch.tensor([1.5, 2.0, 2.5], **f64)
     keep = capo_noise_mask(ppl, torch.tensor([True, False, False]), low=2.0, high=2.0)
     assert keep.tolist() == [True, True, True]  # right and PPL <= 2; wrong and PPL >= 2
+
+
+def test_cluster_ids_must_be_integers_and_rlcr_is_float32():
+    from capo.core.advantage_variants import seed_grpo_advantage
+
+    for bad in (C, torch.tensor([0.0, 1.0, 0.0, 1.0])):  # bool and floating ids are refused
+        with pytest.raises(TypeError, match="cluster_ids must have an integer dtype"):
+            seed_grpo_advantage(R, 2, cluster_ids=bad)
+    # RLCR's reward and components are float32 whatever the confidence's precision
+    assert rlcr_reward(C, confidence=Q.double()).dtype == torch.float32
+    assert rlcr_components(C, confidence=Q.double()).dtype == torch.float32
