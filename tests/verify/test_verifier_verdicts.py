@@ -68,3 +68,18 @@ def test_equivalence_classes_integer_literals(verifier):
     # unequal integers ("3", "4") does not stop the search for "3"'s other partners ("3.0", compared by math-verify)
     assert verifier.equivalence_classes(["3", "4", "03", "3.0", "+4", "x"]) == [0, 1, 0, 0, 1, 2]
     assert verifier.equivalence_classes_batch([["7", "07"], ["5", "6", "5.0"]]) == [[0, 0], [0, 1, 0]]
+
+
+def test_documented_defaults_and_knobs():
+    import os
+
+    v = Verifier()  # workers start lazily: nothing is started here
+    assert (v.timeout_s, v.max_answer_chars, v.memory_limit_mb, v.float_rounding, v.startup_timeout_s) == (
+        5.0, 1000, 4096, 6, 120.0)
+    assert v.exact_match_shortcut is True and v.workers == max(1, min(4, os.cpu_count() or 1))
+    assert v.n_killed == 0 and v.last_elapsed == []
+    # the in-worker (soft) limit is a grace period before the hard one: a quarter of it, at most 1 s
+    assert Verifier(timeout_s=2.0).grace_s == 0.5 and Verifier(timeout_s=8.0).grace_s == 1.0
+    w = Verifier(workers=3, timeout_s=0.5, max_answer_chars=10, memory_limit_mb=None, float_rounding=2)
+    assert (w.workers, w.timeout_s, w.max_answer_chars, w.memory_limit_mb, w.float_rounding) == (3, 0.5, 10, None, 2)
+    assert w.verify_batch(["1" * 11, "12"], ["1", "12"]) == [U, C]  # the length limit, judged without a worker
