@@ -11,7 +11,7 @@ VERL_VENV := .venv-verl
 VLLM_VENV := .venv-vllm
 TRL_VLLM_VENV := .venv-trl-vllm
 
-.PHONY: install demo test test-verl test-vllm test-trl-vllm bench clean
+.PHONY: install demo test test-verl test-vllm test-trl-vllm bench mutate clean
 
 # `make demo` needs only capo itself (the demo's model and data are embedded); `make test` adds the test and TRL
 # extras and the offline assets of the README's SmolLM2/GSM8K examples.
@@ -80,6 +80,14 @@ bench: install
 	$(BIN)/python benchmarks/trl_vs_capo.py --quick --variants capo trl capo_vllm
 	$(BIN)/python benchmarks/eval_engines.py --quick --out $(BENCH_OUT)/eval_engines
 	$(VLLM_VENV)/bin/python benchmarks/vllm_vs_hf.py --quick
+
+# Mutation testing (mutmut 3) of the core, the verifier, the evaluation metrics and the step, one module at a time
+# against its own test subset (scripts/mutate.py; MODULE=verify.verifier for one). Not in `make test` or CI: a full
+# run takes hours on 2 cores (docs/results.md, "Mutation testing", gives each module's time and score).
+MUTATE_ARGS ?= $(if $(MODULE),--module $(MODULE))
+mutate: install
+	$(BIN)/pip install --quiet -e '.[mutate]'
+	$(BIN)/python scripts/mutate.py $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(TRL_VLLM_VENV) build *.egg-info src/*.egg-info

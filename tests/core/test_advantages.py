@@ -38,6 +38,28 @@ def test_grpo_batch_and_none_scaling():
     torch.testing.assert_close(grpo_advantage(r, 2, scale="none"), torch.tensor([0.5, -0.5, 0.0, 0.0], **f64))
 
 
+def test_grpo_batch_scaling_uses_all_rewards_ddof_and_eps():
+    # two groups of 2: [1, 0], [0, 0]; group-centred advantages [0.5, -0.5, 0, 0]. The batch std is over all four
+    # rewards (mean 1/4, squared deviations 9/16 + 3/16 = 3/4): ddof 0 -> sqrt(3/16), ddof 1 -> sqrt(1/4) = 1/2.
+    # The group std would be sqrt(1/4) (ddof 0) or sqrt(1/2) (ddof 1) for the first group, 0 for the second.
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0], **f64)
+    centred = torch.tensor([0.5, -0.5, 0.0, 0.0], **f64)
+    a0 = grpo_advantage(r, 2, scale="batch", std_ddof=0, eps=0.1)
+    torch.testing.assert_close(a0, centred / (math.sqrt(3 / 16) + 0.1), rtol=0, atol=1e-12)
+    a1 = grpo_advantage(r, 2, scale="batch", std_ddof=1, eps=0.1)
+    torch.testing.assert_close(a1, centred / (0.5 + 0.1), rtol=0, atol=1e-12)
+    assert grpo_advantage(r, 2, scale="batch", eps=0.1).tolist() == a1.tolist()  # ddof 1 is the default
+    # group scaling with ddof 0: the first group's std 1/2, the second group's 0 -> 0 / (0 + eps) = 0
+    g0 = grpo_advantage(r, 2, scale="group", std_ddof=0, eps=0.1)
+    torch.testing.assert_close(g0, centred / (0.5 + 0.1), rtol=0, atol=1e-12)
+    g1 = grpo_advantage(r, 2, std_ddof=1, eps=0.1)
+    torch.testing.assert_close(g1, centred / (math.sqrt(0.5) + 0.1), rtol=0, atol=1e-12)
+    # the keep mask zeroes dropped responses after the batch scaling
+    keep = torch.tensor([True, False, True, True])
+    torch.testing.assert_close(grpo_advantage(r, 2, scale="batch", std_ddof=0, eps=0.1, keep=keep),
+                               a0 * keep.to(torch.float64), rtol=0, atol=1e-12)
+
+
 def test_dr_grpo_and_rloo_hand_computed():
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.0], **f64)  # G = 3
     torch.testing.assert_close(

@@ -160,6 +160,16 @@ def test_auc_mean_hand_case():
     assert r.per_group[0] == 0.0 and r.per_group[1] == 1.0 and math.isnan(r.per_group[2])
 
 
+def test_auc_mean_skips_one_class_questions():
+    # question 0: [0.9 c, 0.2 w, 0.5 w] -> AUC 1; question 1: [0.3 c, 0.3 c] (one class) -> not used. The right rule
+    # gives 1.0; counting the one-class question as 0.5 would give 0.75, as 0 would give 0.5.
+    r = auc_mean(t([0.9, 0.2, 0.5, 0.3, 0.3]), t([1, 0, 0, 1, 1]), torch.tensor([0, 0, 0, 1, 1]))
+    assert r.value == 1.0 and r.n_groups_used == 1 and r.n_groups == 2
+    # question 1 all wrong instead, and question 0 half-right with a tie: (0.5 c, 0.5 w, 0.1 w) -> (1/2 + 1) / 2
+    r = auc_mean(t([0.5, 0.5, 0.1, 0.3, 0.3]), t([1, 0, 0, 0, 0]), torch.tensor([0, 0, 0, 1, 1]))
+    assert r.value == 0.75 and r.n_groups_used == 1
+
+
 def test_auc_mean_no_usable_group_is_nan():
     r = auc_mean(t([0.1, 0.2, 0.3]), t([1, 1, 0]), torch.tensor([0, 0, 1]))
     assert math.isnan(r.value) and r.n_groups_used == 0 and r.n_groups == 2

@@ -124,3 +124,49 @@ def test_registry_says_which_estimators_read_scores():
     assert {n for n in ADVANTAGES.names() if "scores" in ADVANTAGES.reads(n)} == {"capo", "unlikeliness"}
     with pytest.raises(ValueError, match="unknown advantage estimator"):
         ADVANTAGES.reads("nope")
+
+
+# ---------------------------------------------------------------- input errors name the argument (issue 41)
+def test_noise_mask_and_quantile_errors_name_the_argument():
+    from capo.core import capo_noise_mask, ppl_quantile_thresholds
+
+    ppl, c = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([True, False])
+    cases = [
+        (lambda: capo_noise_mask(ppl[None], c, low=1.0, high=2.0), ValueError, r"ref_ppl must have 1 dimension"),
+        (lambda: capo_noise_mask(torch.tensor([1, 2]), c, low=1.0, high=2.0), TypeError, r"ref_ppl must have a floating"),
+        (lambda: capo_noise_mask(ppl, c[None], low=1.0, high=2.0), ValueError, r"correct must have 1 dimension"),
+        (lambda: capo_noise_mask(ppl, c[:1], low=1.0, high=2.0), ValueError,
+         r"correct has shape \(1,\) but ref_ppl has shape \(2,\)"),
+        (lambda: capo_noise_mask(ppl, c, low=0.0, high=2.0), ValueError, r"^low must be > 0"),
+        (lambda: capo_noise_mask(ppl, c, low=1.0, high=-1.0), ValueError, r"^high must be > 0"),
+        (lambda: ppl_quantile_thresholds(ppl[None]), ValueError, r"base_ppl must have 1 dimension"),
+        (lambda: ppl_quantile_thresholds(torch.tensor([1, 2])), TypeError, r"base_ppl must have a floating"),
+        (lambda: ppl_quantile_thresholds(ppl, 0.2, 1.5), ValueError, r"q_high"),
+    ]
+    for fn, err, match in cases:
+        with pytest.raises(err, match=match):
+            fn()
+    # q_low == q_high is allowed: both thresholds are that quantile (median of 1, 2 = 1.5)
+    assert ppl_quantile_thresholds(ppl, 0.5, 0.5) == (1.5, 1.5)
+
+
+def test_overlong_penalty_edges():
+    from capo.core.dapo import overlong_penalty
+
+    # cache_len = 1 and cache_len = max_len are allowed; the result is float32 even for integer lengths
+    out = overlong_penalty(torch.tensor([3, 4, 5]), max_len=4, cache_len=1)
+    assert out.dtype == torch.float32 and out.tolist() == [0.0, -1.0, -1.0]
+    assert overlong_penalty(torch.tensor([0, 2, 4]), max_len=4, cache_len=4).tolist() == [0.0, -0.5, -1.0]
+    with pytest.raises(ValueError, match="0 < cache_len <= max_len"):
+        overlong_penalty(torch.tensor([1]), max_len=4, cache_len=0)
+    with pytest.raises(ValueError, match="lengths must have 1 dimension"):
+        overlong_penalty(torch.tensor([[1]]), max_len=4, cache_len=2)
+
+
+def test_rlcr_components_respect_the_format_flag():
+    from capo.core.rewards import rlcr_components
+
+    got = rlcr_components(torch.tensor([True, False, True]), confidence=torch.tensor([0.8, 0.3, 0.6]),
+                          format_ok=torch.tensor([True, True, False]), format_failure_reward=-2.0)
+    want = torch.tensor([[1.0, -0.04], [0.0, -0.09], [1.0, -2.0]])  # the malformed row gets the failure reward
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -135,3 +135,61 @@ def test_one_resampling_scheme_same_draws_as_before():
     v = torch.tensor([3.0, 1.0, 2.0, float("nan"), 4.0], dtype=torch.float64)
     lo, hi = cal.percentile_interval(v, 0.5)  # quartiles of 1, 2, 3, 4 (linear): 1.75, 3.25
     assert (lo, hi) == pytest.approx((1.75, 3.25), abs=1e-12)
+
+
+# ---------------------------------------------------------------- edges found by mutation testing (issue 41)
+def test_wilson_at_another_alpha_hand_computed():
+    # 90% Wilson, k = 3, n = 10: z = Phi^-1(0.95) = 1.6448536269514722 (alpha reaches statsmodels)
+    z = 1.6448536269514722
+    den = 1 + z * z / 10
+    mid, half = (0.3 + z * z / 20) / den, z * math.sqrt(0.3 * 0.7 / 10 + z * z / 400) / den
+    assert proportion_interval(3, 10, alpha=0.1) == pytest.approx((mid - half, mid + half), abs=1e-12)
+
+
+def test_k_at_the_rounding_tolerance_is_accepted():
+    assert proportion_interval(1 + 1e-9, 1) == (pytest.approx(proportion_interval(1, 1)[0], abs=0), 1.0)
+
+
+@pytest.mark.parametrize("raw, want", [((math.nan, math.nan), (0.0, 1.0)), ((-0.1, 1.2), (0.0, 1.0)),
+                                       ((0.35, 0.2), (0.3, 0.3))])
+def test_library_bounds_are_repaired(monkeypatch, raw, want):
+    # older statsmodels returned NaN at k = 0 / k = n, and a bound can fall an ulp outside [0, 1] or on the wrong side
+    # of p: the interval is repaired to 0 <= low <= p <= high <= 1 (p = 3/10 here)
+    import statsmodels.stats.proportion as smp
+
+    monkeypatch.setattr(smp, "proportion_confint", lambda *a, **k: raw)
+    assert proportion_interval(3, 10) == pytest.approx(want, abs=1e-15)
+
+
+def test_seed_paired_interval_two_seeds_and_zero_spread_p_values():
+    from capo.evaluation.stats import seed_paired_interval
+
+    # two seeds are enough: differences 0.1, 0.3 -> mean 0.2, sd sqrt(0.02), t(0.975, 1) = 12.706204736174707
+    r = seed_paired_interval([0.1, 0.3])
+    half = 12.706204736174707 * math.sqrt(0.02) / math.sqrt(2)
+    assert r["n"] == 2 and (r["low"], r["high"]) == pytest.approx((0.2 - half, 0.2 + half), abs=1e-10)
+    # equal differences: no t-test exists; p = 0 when they are not 0 (a sure difference), 1 when they are all 0
+    r = seed_paired_interval([0.25, 0.25, 0.25])
+    assert (r["mean"], r["sd"], r["p"]) == (0.25, 0.0, 0.0)
+    r = seed_paired_interval([0.0, 0.0])
+    assert (r["mean"], r["sd"], r["p"]) == (0.0, 0.0, 1.0)
+
+
+def test_two_sample_interval_edges():
+    from capo.evaluation.stats import two_sample_interval
+
+    # a constant sample is fine when the other varies: Welch df = n - 1 of the varying one, se from it alone
+    for a, b in [([0.1, 0.2], [0.5, 0.5]), ([0.5, 0.5, 0.5], [0.1, 0.2])]:
+        r = two_sample_interval(a, b)
+        varying = a if len(set(a)) > 1 else b
+        n = len(varying)
+        m = sum(varying) / n
+        se = math.sqrt(sum((x - m) ** 2 for x in varying) / (n - 1) / n)
+        diff = sum(a) / len(a) - sum(b) / len(b)
+        half = float(sps.t.ppf(0.975, n - 1)) * se
+        assert r["df"] == pytest.approx(n - 1, abs=1e-9)
+        assert (r["mean"], r["low"], r["high"]) == pytest.approx((diff, diff - half, diff + half), abs=1e-9)
+    # None and non-finite values are dropped before counting
+    r = two_sample_interval([0.1, None, 0.2, math.nan], [0.5, math.inf, 0.5, 0.6])
+    assert (r["n_a"], r["n_b"]) == (2, 3)
+    assert two_sample_interval([0.1, None], [0.5, 0.6]) is None and two_sample_interval([0.1, 0.2], [None, 0.6]) is None

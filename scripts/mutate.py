@@ -1,0 +1,225 @@
+"""Mutation testing of capo's core, verifier, metrics and step with mutmut 3, one module at a time (`make mutate`).
+
+Each module in ``MODULES`` is mutated in its own scratch copy of the repository (``src/`` and ``tests/`` copied to
+``<workdir>/<module>``, a ``[tool.mutmut]`` section appended to the copied pyproject.toml), against only the test
+files that exercise it, so one module takes minutes rather than the whole suite per mutant. mutmut then runs, for
+each mutant, only the tests that call the mutated function. The script prints a table of scores and writes each
+module's surviving mutants (with their diffs) to ``<out>/<module>.survivors.txt``.
+
+    python scripts/mutate.py                       # every module (hours on 2 cores: docs/results.md,
+                                                   # "Mutation testing", gives each module's time)
+    python scripts/mutate.py --module verify --module metrics
+    python scripts/mutate.py --list                # the module -> files / tests map
+
+Score = detected / (detected + survived + no tests), where detected = killed + timeout (a mutant that makes a
+test hang is caught). Lines that only build an error message (``raise ...Error(...)``) and ``__all__`` are not
+mutated: their text is not computation, and tests match messages only loosely.
+
+Not in CI and not in ``make test`` (it takes long). Needs the ``mutate`` extra (``pip install -e '.[mutate]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# module -> (files to mutate, relative to the repository root; the test files that exercise them; extra pytest
+# arguments, e.g. a -k expression that leaves out a slow end-to-end test another subset covers)
+MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
+    "core.advantages": (
+        ["src/capo/core/advantages.py", "src/capo/core/advantage_variants.py", "src/capo/core/masks.py",
+         "src/capo/core/dapo.py", "src/capo/core/rewards.py", "src/capo/core/scores.py"],
+        ["tests/core/test_advantages.py", "tests/core/test_advantage_variants.py",
+         "tests/core/test_masks_dapo_rewards.py", "tests/core/test_reward_variants.py",
+         "tests/core/test_advantage_step.py",  # masks.mask_applies & co. are tested with the step
+         "tests/core/test_input_errors.py"],
+        [],
+    ),
+    "core.losses": (
+        ["src/capo/core/losses.py", "src/capo/core/loss_variants.py", "src/capo/core/rollout_correction.py"],
+        ["tests/core/test_losses.py", "tests/core/test_loss_variants.py", "tests/core/test_rollout_correction.py"],
+        [],
+    ),
+    "core.step": (
+        ["src/capo/core/step.py", "src/capo/core/registry.py", "src/capo/core/presets.py"],
+        ["tests/core/test_advantage_step.py"],
+        [],
+    ),
+    "core.calibration": (
+        ["src/capo/core/calibration.py"],
+        ["tests/core/test_calibration.py", "tests/core/test_calibration_extended.py"],
+        [],
+    ),
+    "core.voting": (
+        ["src/capo/core/voting.py", "src/capo/core/confidence.py"],
+        ["tests/core/test_voting.py", "tests/core/test_voting_confidence.py", "tests/core/test_confidence.py"],
+        [],
+    ),
+    "core.checks": (
+        ["src/capo/core/checks.py"],
+        ["tests/core/test_calibration.py", "tests/core/test_advantages.py", "tests/core/test_losses.py",
+         "tests/core/test_voting.py"],
+        [],
+    ),
+    "rollout.step": (
+        ["src/capo/rollout/step.py"],
+        ["tests/rollout/test_step_metrics.py", "tests/adapters/test_method_inputs.py",
+         "tests/adapters/test_calib_paths.py"],
+        [],
+    ),
+    "evaluation.metrics": (
+        ["src/capo/evaluation/metrics.py"],
+        ["tests/evaluation/test_metrics_generations.py"],
+        ["-k", "not end_to_end"],  # the `capo eval --generations` run starts verifier workers (~10 s a mutant)
+    ),
+    "evaluation.stats": (
+        ["src/capo/evaluation/stats.py"],
+        ["tests/evaluation/test_stats.py"],
+        [],
+    ),
+    "verify.extract": (
+        ["src/capo/verify/extract.py"],
+        ["tests/verify/test_extract.py"],
+        [],
+    ),
+    # the verifier's parent side, verifier.py and the worker pool _pool.py (the worker module runs in child processes, where mutmut cannot see which test
+    # reached a function, so it is not mutated here); each mutant starts fresh worker processes (seconds)
+    "verify.verifier": (
+        ["src/capo/verify/verifier.py", "src/capo/verify/_pool.py"],
+        ["tests/verify/test_verifier.py", "tests/verify/test_verifier_verdicts.py",
+         "tests/verify/test_integer_shortcut.py", "tests/verify/test_worker_failures.py"],
+        ["-k", "not canary and not sympy_guard"],  # security canaries: they judge nothing the other tests miss
+    ),
+}
+
+# lines (and the statements that start on them) never mutated: error messages and export lists
+DO_NOT_MUTATE_PATTERNS = [r"^\s*raise \w+(Error|Exception)\(", r"^__all__\b"]
+
+DETECTED = {"killed", "timeout", "caught by type check"}
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
+          37: "caught by type check", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}
+
+
+def mutmut_section(files: list[str], tests: list[str], pytest_args: list[str]) -> str:
+    """The ``[tool.mutmut]`` TOML section of one module's scratch copy."""
+    q = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["src"]\n'
+        f"only_mutate = {q(files)}\n"
+        f"do_not_mutate_patterns = {q(DO_NOT_MUTATE_PATTERNS)}\n"
+        f"pytest_add_cli_args_test_selection = {q(tests)}\n"
+        f"pytest_add_cli_args = {q(['-p', 'no:cacheprovider', '-m', 'not slow', *pytest_args])}\n"
+        'process_isolation = "forkserver"\n'  # torch is not fork-safe after the stats run
+        "use_git_change_detection = false\n"
+    )
+
+
+def prepare(module: str, work: Path) -> Path:
+    """A scratch copy of src/ and tests/ with the module's mutmut configuration; returns its directory."""
+    files, tests, pytest_args = MODULES[module]
+    missing = [t for t in tests if not (ROOT / t).is_file()]
+    if missing:  # an older checkout (a "before" measurement): its own tests only
+        print(f"{module}: test files not in this checkout, left out: {' '.join(missing)}", flush=True)
+        tests = [t for t in tests if t not in missing]
+    d = work / module
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "src", d / "src", ignore=ignore)
+    shutil.copytree(ROOT / "tests", d / "tests", ignore=ignore)
+    text = (ROOT / "pyproject.toml").read_text()
+    (d / "pyproject.toml").write_text(text + mutmut_section(files, tests, pytest_args))
+    return d
+
+
+def statuses(d: Path) -> dict[str, str]:
+    """Each mutant's status (killed, survived, no tests, timeout, not checked, ...), from mutmut's ``.meta`` files."""
+    out: dict[str, str] = {}
+    for meta in sorted((d / "mutants").rglob("*.py.meta")):
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            out[name] = STATUS.get(code, "suspicious")
+    return out
+
+
+def counts_of(status: dict[str, str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for st in status.values():
+        counts[st] = counts.get(st, 0) + 1
+    return counts
+
+
+def score(counts: dict) -> float:
+    detected = sum(counts.get(s, 0) for s in DETECTED)
+    judged = detected + counts.get("survived", 0) + counts.get("no tests", 0)
+    return detected / judged if judged else float("nan")
+
+
+def run_module(module: str, work: Path, out: Path, max_children: int, rerun: bool) -> dict:
+    """Run mutmut on one module; with ``rerun``, only on the survivors recorded in ``<out>/<module>.json`` by an
+    earlier run on the same source (new tests can only kill more; the others keep their recorded status)."""
+    before = json.loads((out / f"{module}.json").read_text())["status"] if rerun else {}
+    names = [n for n, st in before.items() if st in ("survived", "no tests")]
+    d = prepare(module, work)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    mutmut = [sys.executable, "-m", "mutmut"]
+    t0 = time.monotonic()
+    rc = 0
+    if names or not rerun:
+        with (out / f"{module}.log").open("w") as log:
+            rc = subprocess.call(mutmut + ["run", "--max-children", str(max_children), *names], cwd=d, env=env,
+                                 stdout=log, stderr=subprocess.STDOUT)
+    minutes = (time.monotonic() - t0) / 60
+    new = statuses(d)
+    status = {**before, **{n: new.get(n, "not checked") for n in names}} if rerun else new
+    survivors = [n for n, st in status.items() if st in ("survived", "no tests")]
+    show = ("import sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
+            "for n in sys.argv[1:]:\n    print(f'# {n}'); print(get_diff_for_mutant(n)); print()\n")
+    with (out / f"{module}.survivors.txt").open("w") as f:  # one process for all diffs (`mutmut show` is slow)
+        subprocess.run([sys.executable, "-c", show, *survivors], cwd=d, env=env, stdout=f, stderr=subprocess.STDOUT)
+    res = {"module": module, "rc": rc, "minutes": minutes, "rerun": rerun, "counts": counts_of(status),
+           "status": status}
+    (out / f"{module}.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--module", action="append", choices=sorted(MODULES), help="module(s) to run (default: all)")
+    ap.add_argument("--max-children", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "capo-mutate")
+    ap.add_argument("--out", type=Path, default=ROOT / "mutation-report")
+    ap.add_argument("--rerun-survivors", action="store_true",
+                    help="only re-test the survivors that an earlier run recorded in --out (same source, new tests)")
+    ap.add_argument("--list", action="store_true", help="print the module -> files / tests map and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        for m, (files, tests, _) in MODULES.items():
+            print(f"{m}\n  mutate: {' '.join(files)}\n  tests:  {' '.join(tests)}")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for m in args.module or list(MODULES):
+        r = run_module(m, args.workdir, args.out, args.max_children, args.rerun_survivors)
+        rows.append(r)
+        print(f"{m}: {score(r['counts']):.1%} {r['counts']} ({r['minutes']:.1f} min, rc {r['rc']})", flush=True)
+    print(f"\n{'module':<20} {'mutants':>8} {'killed':>7} {'survived':>9} {'no tests':>9} {'score':>7} {'min':>6}")
+    for r in rows:
+        c = r["counts"]
+        print(f"{r['module']:<20} {sum(c.values()):>8} {sum(c.get(s, 0) for s in DETECTED):>7} "
+              f"{c.get('survived', 0):>9} {c.get('no tests', 0):>9} {score(c):>7.1%} {r['minutes']:>6.1f}")
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""capo.rollout.step by hand: the noise-mask thresholds (fixed and quantile rules), the batch metrics
+(``train/masked_frac``, ``train/filtered_frac``, ``calib/*`` from the right log-probs over the right rows) and the
+step without log-probs. Found missing by mutation testing (issue 41): these numbers reach every engine's logs."""
+
+import math
+
+import pytest
+import torch
+
+from capo.core import MASK_HIGH, MASK_LOW
+from capo.errors import ConfigError
+from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
+
+f64 = torch.float64
+
+
+def per_row(values, t=2):
+    """[N, T] log-probs whose mean over T tokens is ``values`` (every token the same)."""
+    return torch.tensor(values, dtype=f64)[:, None].repeat(1, t)
+
+
+def batch(**kw):
+    # G = 2, two prompts; row lpm -0.1, -0.5, -0.2, -0.3; reference perplexities 1, 2, 3, 1.5
+    base = dict(rewards=torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=f64), group_size=2,
+                mask=torch.ones(4, 2, dtype=torch.bool), correct=torch.tensor([True, False, True, False]),
+                token_logp=per_row([-0.1, -0.5, -0.2, -0.3]),
+                ref_token_logp=per_row([-math.log(v) for v in (1.0, 2.0, 3.0, 1.5)]))
+    return StepBatch(**(base | kw))
+
+
+def test_fixed_thresholds_and_masked_fraction():
+    # keep = (right and PPL <= 2.5) or (wrong and PPL >= 1.8): rows 0 (right, 1) and 1 (wrong, 2) kept; row 2 (right,
+    # 3 > 2.5) and row 3 (wrong, 1.5 < 1.8) masked -> 1/2
+    spec = StepSpec("capo", mask=MaskThresholds("fixed", low=1.8, high=2.5, engine="t"))
+    out = step_advantages(batch(), spec)
+    assert out.thresholds == (1.8, 2.5)
+    assert out.result.keep.tolist() == [True, True, False, False]
+    assert out.metrics["train/masked_frac"] == 0.5
+    # over existing rows only: row 3 does not exist -> rows 0, 1 kept, row 2 masked: 1/3
+    out = step_advantages(batch(valid=torch.tensor([True, True, True, False])), spec)
+    assert out.metrics["train/masked_frac"] == pytest.approx(1 / 3, abs=1e-7)  # a float32 mean
+    # no mask: no masked fraction at all
+    assert "train/masked_frac" not in step_advantages(batch(), StepSpec("capo")).metrics
+
+
+def test_quantile_thresholds_are_read_once_from_two_or_more_finite_perplexities():
+    m = MaskThresholds("quantile", q_low=0.2, q_high=0.6, engine="t")
+    assert m.value is None
+    assert m.resolve(torch.tensor([1.0, math.nan])) is None and m.value is None  # one finite value: not yet
+    # exactly two finite values: 2 and 4 -> linear quantiles 2 + 0.2 * 2 = 2.4 and 2 + 0.6 * 2 = 3.2
+    assert m.resolve(torch.tensor([4.0, math.inf, 2.0])) == pytest.approx((2.4, 3.2), abs=1e-12)
+    assert m.resolve(torch.tensor([10.0, 20.0, 30.0])) == pytest.approx((2.4, 3.2), abs=1e-12)  # frozen
+
+
+def test_default_thresholds_and_knob_errors():
+    assert MaskThresholds(engine="t").value == (MASK_LOW, MASK_HIGH)
+    assert MaskThresholds(engine="t", low=1.2, high=1.9).value == (1.2, 1.9)
+    with pytest.raises(ConfigError, match="t: mask_rule='median'"):
+        MaskThresholds("median", engine="t")
+    with pytest.raises(ConfigError, match="t: need 0 < mask_low <= mask_high"):
+        MaskThresholds(low=3.0, high=2.0, engine="t")
+    with pytest.raises(ConfigError, match="t: need 0 <= mask_q_low <= mask_q_high <= 1"):
+        MaskThresholds("quantile", q_low=0.9, q_high=0.1, engine="t")
+    with pytest.raises(ConfigError, match="t: need 0 <= mask_q_low <= mask_q_high <= 1"):
+        MaskThresholds("quantile", q_low=0.1, q_high=1.5, engine="t")
+    with pytest.raises(ConfigError, match="t: CAPO's noise mask needs reference-model log-probs"):
+        step_advantages(batch(ref_token_logp=None), StepSpec("capo", mask=MaskThresholds(engine="t"), engine="t"))
+
+
+def test_filtered_fraction_counts_rows_of_all_equal_groups():
+    out = step_advantages(batch(rewards=torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=f64)),
+                          StepSpec("grpo", group_filter=True))
+    assert out.metrics["train/filtered_frac"] == 0.5  # the first group's rewards are all equal
+    out = step_advantages(batch(rewards=torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=f64)),
+                          StepSpec("grpo", group_filter=True))
+    assert out.metrics["train/filtered_frac"] == 1.0
+    assert "train/filtered_frac" not in step_advantages(batch(), StepSpec("grpo")).metrics
+
+
+def calib_batch(**kw):
+    # three prompts: the confidence log-probs rank prompt 1 the other way round from the token log-probs; prompt 2's
+    # right answer has a non-finite confidence lpm (left out of calib/*)
+    return batch(**(dict(rewards=torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0], dtype=f64),
+                         mask=torch.ones(6, 2, dtype=torch.bool), correct=torch.tensor([True, False, True, False, True, False]),
+                         token_logp=per_row([-0.1, -0.5, -0.2, -0.3, -0.6, -0.7]), ref_token_logp=None) | kw))
+
+
+def test_calibration_metrics_read_the_confidence_log_probs_over_finite_rows():
+    conf = per_row([-0.1, -0.5, -0.4, -0.3, -math.inf, -0.2])
+    out = step_advantages(calib_batch(confidence_logp=conf), StepSpec("grpo"))
+    m = out.metrics
+    # rows 0-3 and 5: right 0, 2; AUC prompt 0 = 1 (-0.1 > -0.5), prompt 1 = 0 (-0.4 < -0.3), prompt 2 one class
+    assert m["calib/accuracy"] == pytest.approx(2 / 5, abs=1e-12)
+    assert m["calib/auc_mean"] == 0.5 and m["calib/auc_mean_groups"] == 1 * 2
+    lpm, c = torch.tensor([-0.1, -0.5, -0.4, -0.3, -0.2], dtype=f64), torch.tensor([1.0, 0, 1, 0, 0], dtype=f64)
+    assert m["calib/brier"] == pytest.approx(float(((lpm.exp() - c) ** 2).mean()), abs=1e-12)
+    # without confidence_logp the token log-probs are the confidence: prompt 1 ranks right, prompt 2 too -> 1.0
+    m = step_advantages(calib_batch(), StepSpec("grpo")).metrics
+    assert m["calib/accuracy"] == 0.5 and m["calib/auc_mean"] == 1.0 and m["calib/auc_mean_groups"] == 3
+
+
+def test_calibration_metrics_with_verbal_confidence_and_when_off():
+    verbal = torch.tensor([0.9, 0.2, math.nan, 0.4, 0.7, 0.1], dtype=f64)
+    m = step_advantages(calib_batch(confidence=verbal), StepSpec("grpo")).metrics
+    assert m["calib/verbal_missing"] == 1
+    assert m["calib/verbal_brier"] == pytest.approx((0.1**2 + 0.2**2 + 0.4**2 + 0.3**2 + 0.1**2) / 5, abs=1e-12)
+    assert not any(k.startswith("calib/") for k in step_advantages(calib_batch(), StepSpec("grpo", calibration=False)).metrics)
+    assert not any(k.startswith("calib/") for k in step_advantages(calib_batch(correct=None), StepSpec("grpo")).metrics)
+    # every lpm non-finite: nothing to summarise
+    none = step_advantages(calib_batch(confidence_logp=per_row([-math.inf] * 6)), StepSpec("grpo")).metrics
+    assert not any(k.startswith("calib/") for k in none)
+
+
+def test_step_without_log_probs():
+    # no token log-probs: lpm is 0 for every row (float64), GRPO still runs, no calib/*
+    out = step_advantages(batch(token_logp=None, ref_token_logp=None), StepSpec("grpo", hparams={"eps": 0.0}))
+    assert out.result.scores.dtype == f64 and out.result.scores.tolist() == [0.0] * 4
+    assert out.result.advantages.tolist() == pytest.approx([2 ** -0.5, -(2 ** -0.5)] * 2, abs=1e-12)
+    assert out.metrics == {}
+
+
+def test_quantile_mask_reads_the_existing_rows_reference_perplexities():
+    # existing rows 0-2 have reference perplexities 1, 2, 3 -> quantiles 0.25 / 0.75 = 1.5 / 2.5 (row 3's 1.5 would
+    # move them to 1.375 / 2.25)
+    spec = StepSpec("capo", mask=MaskThresholds("quantile", q_low=0.25, q_high=0.75, engine="t"))
+    out = step_advantages(batch(valid=torch.tensor([True, True, True, False])), spec)
+    assert out.thresholds == pytest.approx((1.5, 2.5), abs=1e-12)
+
+
+def test_loss_inputs_get_the_guarded_rewards():
+    # C2GSPG's loss reads the rewards: a non-finite reward is 0 there, as for the estimator
+    rewards = torch.tensor([1.0, 0.0, 1.0, math.nan], dtype=f64)
+    out = step_advantages(batch(rewards=rewards), StepSpec("grpo", loss="c2gspg"))
+    assert out.loss_inputs["rewards"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert step_advantages(batch(), StepSpec("grpo", loss="ppo_clip")).loss_inputs == {}
