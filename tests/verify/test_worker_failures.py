@@ -76,16 +76,28 @@ def test_worker_killed_while_idle_is_replaced_before_the_next_batch(one):
     assert one.n_killed == 1 and "died while idle" in one.worker_failures[0]
 
 
-def test_worker_that_cannot_start_is_reported_with_its_own_exception():
-    # 1 MB above a bare interpreter cannot hold math-verify's imports: every start fails the same way
-    with Verifier(workers=1, memory_limit_mb=1, startup_timeout_s=60) as v:
+def test_worker_that_cannot_start_is_reported_with_its_own_exception(tmp_path, monkeypatch):
+    # a math_verify that fails to import, first on the workers' path: every start fails the same way
+    (tmp_path / "math_verify.py").write_text("raise ImportError('broken on purpose')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    with Verifier(workers=1, startup_timeout_s=60) as v:
         with pytest.raises(WorkerError) as e:
             v.verify_batch(["1/2"], ["0.5"])
         assert v._pool.n_started == 3
     msg = str(e.value)
-    # the worker's own exception (MemoryError, or SystemError when the allocation fails inside C code) and traceback
-    assert re.search(r"could not start: (MemoryError|SystemError)", msg), msg
-    assert "3 verifier worker starts failed in a row" in msg and "Traceback" in msg
+    assert "a verifier worker could not start: ImportError: broken on purpose" in msg
+    assert "3 verifier worker starts failed in a row" in msg
+    assert "Traceback" in msg and "math_verify.py" in msg  # the worker's own traceback tail
+
+
+def test_memory_bound_applies_before_math_verify_loads():
+    # 1 MB above a bare interpreter cannot hold math-verify's imports. Where the allocation fails decides how the
+    # worker reports it (MemoryError or SystemError from Python, or a fatal error on stderr): every start fails.
+    with Verifier(workers=1, memory_limit_mb=1, startup_timeout_s=60) as v:
+        with pytest.raises(WorkerError, match="3 verifier worker starts failed in a row") as e:
+            v.verify_batch(["1/2"], ["0.5"])
+        assert v._pool.n_started == 3
+    assert re.search(r"could not start: (MemoryError|SystemError)|died while starting", str(e.value))
 
 
 def test_a_task_that_raises_is_an_error_with_its_traceback(one):
