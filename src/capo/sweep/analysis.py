@@ -97,7 +97,7 @@ def summary(records: dict, reference: str, effect: float, base: list[dict] | Non
                          **{k: {"per_seed": v, "mean": mean_or_none(v), "sd": sd_or_none(v)} for k, v in vals.items()}}
     diffs = {m: {k: paired(records, m, reference, k, effect) for k in MEASURES if _has(records, m, reference, k)}
              for m in records if m != reference}
-    _holm(diffs)
+    holm(diffs)
     out = {"reference": reference, "effect": effect, "methods": per_method, "paired": diffs,
            "along_curve": along_curve(records, effect)}
     if base:
@@ -107,12 +107,13 @@ def summary(records: dict, reference: str, effect: float, base: list[dict] | Non
     return out
 
 
-def _holm(diffs: dict) -> None:
+def holm(diffs: dict, measures=MEASURES) -> None:
     """Add ``p_holm`` to each paired difference: its p-value Holm-adjusted over the methods that have one for the
-    same measure (the family: every method against the one reference on one measure)."""
+    same measure (the family: every method against the one reference on one measure). ``diffs``:
+    {method: {measure: paired difference}}."""
     from statsmodels.stats.multitest import multipletests
 
-    for k in MEASURES:
+    for k in measures:
         family = [d[k] for d in diffs.values() if k in d and d[k].get("p") is not None]
         if family:
             adjusted = multipletests([d["p"] for d in family], method="holm")[1]

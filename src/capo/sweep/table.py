@@ -17,7 +17,7 @@ import numpy as np
 
 from capo.errors import CapoError
 from capo.rundir import atomic_write_text
-from capo.sweep.analysis import seed_paired
+from capo.sweep.analysis import holm, seed_paired
 
 MEASURES = ("ece", "abs_err_rate", "auroc", "accuracy")
 LABELS = {"ece": "ECE", "abs_err_rate": "mean abs(q - p_c)", "auroc": "AUROC", "accuracy": "accuracy"}
@@ -37,8 +37,6 @@ def load(folder: Path) -> dict:
 def summarize(recs: dict, reference: str, effect: float = 0.05) -> dict:
     """Per method and measure the per-seed values; per other method the seed-paired difference to ``reference``
     (mean, sd, 95% t-interval, p, Holm-adjusted p over the compared methods, seeds needed for ``effect``)."""
-    from statsmodels.stats.multitest import multipletests
-
     if reference not in recs:
         raise CapoError(f"no records of the reference {reference!r}; methods: {', '.join(sorted(recs))}")
     out = {"reference": reference, "methods": {}, "paired": {}}
@@ -51,10 +49,7 @@ def summarize(recs: dict, reference: str, effect: float = 0.05) -> dict:
         seeds = sorted(set(recs[m]) & set(recs[reference]))
         out["paired"][m] = {k: {"seeds": seeds, **seed_paired(
             [recs[reference][s]["final"][k] - recs[m][s]["final"][k] for s in seeds], effect)} for k in MEASURES}
-    for k in MEASURES:
-        fam = [d[k] for d in out["paired"].values() if d[k].get("p") is not None]
-        for d, p in zip(fam, multipletests([d["p"] for d in fam], method="holm")[1] if fam else []):
-            d["p_holm"] = float(p)
+    holm(out["paired"], MEASURES)
     return out
 
 
