@@ -114,7 +114,7 @@ def test_registry_duplicate_and_unknown():
         reg.register("a")(lambda: 2)
     with pytest.raises(UnknownNameError, match="unknown widget 'b'; allowed values: a"):
         reg.get("b")
-    assert REWARDS.names() == ["correctness", "ppo_c", "rlcr"]
+    assert REWARDS.names() == ["brier_score", "correctness", "log_score", "ppo_c", "rlcr"]
 
 
 def test_registry_says_which_estimators_read_scores():

@@ -20,7 +20,8 @@ class BuildSettings:
     task: str = opt("default", "which task model: 'default' (chain_sum, from scratch), 'coin_sum' (the default "
                     "fine-tuned on chain sums with a hidden coin; the calibration-collapse testbed) or "
                     "'word_problems' (a 5M Qwen2-shaped model pre-trained from scratch on multi-step word-problem "
-                    "traces; the reasoning testbed)", choices=BUILD_TASKS)
+                    "traces; the reasoning testbed) or 'stochastic' (an 89k-parameter model stating every probability 01-99 "
+                    "with equal probability; the positive control)", choices=BUILD_TASKS)
     out: str | None = opt(None, "output folder (created; existing model files are overwritten)", required=True)
     seed: int = opt(0, "seed for initialisation, data order and confidences")
     steps: int | None = opt(None, "warm-up steps (default: the shipped model's)")
@@ -87,19 +88,20 @@ def build_and_measure(out: str, seed: int, eval_prompts: int, task: str = "defau
     from pathlib import Path
 
     from capo.evaluation.default_task import evaluate_default
-    from capo.tasks import coin_sum, word_problems
+    from capo.tasks import coin_sum, stochastic, word_problems
     from capo.tasks.default import build_default_model, load_default
     from capo.tasks.generated import generated_task
 
     t0 = time.perf_counter()
-    build = {"coin_sum": coin_sum.build_coin_model, "word_problems": word_problems.build_word_model}.get(
-        task, build_default_model)
+    build = {"coin_sum": coin_sum.build_coin_model, "word_problems": word_problems.build_word_model,
+             "stochastic": stochastic.build_stochastic_model}.get(task, build_default_model)
     stats = build(out, seed=seed, log=lambda s: print(s, file=sys.stderr, flush=True), **kwargs)
     if eval_prompts > 0:
         model, tok = load_default(model_dir=out)
         spec = generated_task(task)
         ev = evaluate_default(model, tok, spec.problems("eval", eval_prompts, seed=0), group_size=8, seed=seed,
-                              max_new_tokens=spec.max_new_tokens, dataset=task)
+                              max_new_tokens=spec.max_new_tokens, dataset=task,
+                              answer_format=spec.answer_format or "rlcr")
         stats["eval"] = {k: v for k, v in ev.items() if k != "samples"}
         stats["total_seconds"] = round(time.perf_counter() - t0, 1)
         (Path(out) / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")

@@ -57,6 +57,9 @@ def run(args) -> int:
     print(f"capo eval: {int(m['n'])} responses on {int(m['n_groups'])} prompts in {el:.1f} s -> {out}")
     print(f"  accuracy {f('accuracy')}  AUC-mean {f('auc_mean')} ({int(m['auc_mean_groups'] or 0)} prompts)  "
           f"AUROC {f('auroc')}  ECE {f('ece')}  Brier {f('brier')}  AURC {f('aurc')}")
+    if "stochastic_ece" in m:
+        print(f"  stated probabilities, per question ({int(m['stochastic_questions'] or 0)}): ECE "
+              f"{f('stochastic_ece')}  mean |p - p_c| {f('stochastic_rate_error')}  AUROC {f('stochastic_auroc')}")
     print(f"  report: {out / 'report.html'}")
     return 0
 
@@ -86,7 +89,16 @@ def _extraction_settings(args) -> None:
             print(f"capo eval: {flag} taken from {cfg_path} ({recorded[key]!r}); pass {flag} to override",
                   flush=True)
         else:
-            setattr(args, key, default)
+            setattr(args, key, _task_default(args, key, default))
+
+
+def _task_default(args, key: str, default):
+    """The default of an extraction setting for ``--dataset``: a generated task's own answer format when it needs
+    one (``stochastic``: percent), else ``default``."""
+    from capo.tasks.generated import GENERATED_TASKS
+
+    task = GENERATED_TASKS.get(args.dataset) if not args.generations else None
+    return task.answer_format if key == "answer_format" and task and task.answer_format else default
 
 
 def _default_out(args) -> Path:

@@ -13,6 +13,8 @@ Uniform signature::
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from capo.core import checks
@@ -121,3 +123,69 @@ def ppo_c_reward(
     sign = torch.where(c > threshold, torch.ones_like(c), -torch.ones_like(c))
     r = c + sign * weight * (q - 0.5)
     return torch.where(ok, r, torch.full_like(r, float(format_failure_reward)))
+
+
+SCORING_RULES = ("log", "brier")
+# The worst score a two-digit stated probability (0.01 ... 0.99) can get: what a malformed answer gets by default.
+WORST_STATED = 0.01
+
+
+def scoring_rule(stated: torch.Tensor, outcome: torch.Tensor, rule: str = "log") -> torch.Tensor:
+    """A proper scoring rule of a stated probability q for a binary outcome a, maximised in expectation by the true
+    rate P(a = 1) (Bereket & Leskovec, arXiv 2508.11800, Sec. 3: the log score is their reward):
+
+        "log":    a log q + (1 - a) log(1 - q)
+        "brier":  -(q - a)^2
+
+    ``stated``: floating q (for "log", in (0, 1)); ``outcome``: 0/1 (bool or numeric). Shapes broadcast; the result
+    has ``stated``'s dtype."""
+    checks.choice("rule", rule, SCORING_RULES)
+    a = outcome.to(stated.dtype)
+    if rule == "log":
+        return a * torch.log(stated) + (1 - a) * torch.log1p(-stated)
+    return -(stated - a) ** 2
+
+
+def _stated_reward(correct, confidence, format_ok, rule: str, failure: float | None) -> torch.Tensor:
+    """The scoring rule on the verdicts' outcome, or ``failure`` where the stated probability is invalid (missing,
+    outside (0, 1) for the log score, outside [0, 1] for Brier's, or ``format_ok`` False)."""
+    a = _correct(correct).to(torch.float32)
+    q, ok = _confidence(correct, confidence, format_ok, f"{rule}_score")
+    if rule == "log":
+        ok = ok & (q > 0) & (q < 1)
+    q = torch.where(ok, q, torch.full_like(q, 0.5))  # keeps log() finite where the value is replaced anyway
+    worst = (math.log(WORST_STATED) if rule == "log" else -(1 - WORST_STATED) ** 2) if failure is None else failure
+    return torch.where(ok, scoring_rule(q, a, rule), torch.full_like(q, float(worst)))
+
+
+@REWARDS.register("log_score")
+def log_score_reward(
+    correct: torch.Tensor,
+    *,
+    confidence: torch.Tensor | None = None,
+    format_ok: torch.Tensor | None = None,
+    format_failure_reward: float | None = None,
+) -> torch.Tensor:
+    """Log score of a stated probability against a stochastic outcome (arXiv 2508.11800, Sec. 3, the reward of its
+    synthetic experiment): R_i = a_i log q_i + (1 - a_i) log(1 - q_i), with a_i = ``correct`` (the question's fixed
+    outcome: the grader sets it from the gold "1"/"0" for the ``percent`` answer format) and q_i = ``confidence``
+    (the stated probability). An invalid q (NaN, outside (0, 1), or ``format_ok`` False) gets
+    ``format_failure_reward``; None (default) = log(0.01), the worst score of a two-digit answer 01-99 (the paper's
+    answers are always valid, so the value is capo's). Shapes: [N] -> [N] float32."""
+    return _stated_reward(correct, confidence, format_ok, "log", format_failure_reward)
+
+
+@REWARDS.register("brier_score")
+def brier_score_reward(
+    correct: torch.Tensor,
+    *,
+    confidence: torch.Tensor | None = None,
+    format_ok: torch.Tensor | None = None,
+    format_failure_reward: float | None = None,
+) -> torch.Tensor:
+    """Negative Brier score of a stated probability against a stochastic outcome (arXiv 2508.11800 names it as the
+    alternative proper scoring rule): R_i = -(q_i - a_i)^2, a_i = ``correct``, q_i = ``confidence``. Unlike RLCR's
+    reward (:func:`rlcr_reward`) there is no correctness term: the outcome is not the model's to get right. An
+    invalid q gets ``format_failure_reward``; None (default) = -(0.99)^2, the worst score of a two-digit answer.
+    Shapes: [N] -> [N] float32."""
+    return _stated_reward(correct, confidence, format_ok, "brier", format_failure_reward)

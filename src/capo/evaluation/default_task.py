@@ -22,10 +22,12 @@ __all__ = ["evaluate_default"]
 @torch.no_grad()
 def evaluate_default(model, tokenizer, problems: list[Problem], *, group_size: int = 8, temperature: float = 1.0,
                      max_new_tokens: int = 64, seed: int = 0, batch_prompts: int = 64,
-                     dataset: str = "default") -> dict:
+                     dataset: str = "default", answer_format: str = "rlcr") -> dict:
     """Sample ``group_size`` responses per problem and measure accuracy, format rate, the fraction of prompts with
     mixed outcomes, and the AUROC of lpm (pooled, and per prompt averaged: AUC-mean). Returns a dict of numbers
-    (``n_prompts`` ... ``mean_confidence``) and ``samples`` (one record per response)."""
+    (``n_prompts`` ... ``mean_confidence``) and ``samples`` (one record per response). ``answer_format``: the
+    grader's (``percent`` for the stochastic task: "accuracy" is then the rate of outcome 1, ``format_rate`` the
+    rate of valid stated probabilities and ``mean_confidence`` their mean)."""
     engine = HFEngine(model.eval(), tokenizer, autocast="off")
     torch.manual_seed(seed)
     recs = []
@@ -34,7 +36,8 @@ def evaluate_default(model, tokenizer, problems: list[Problem], *, group_size: i
             chunk = problems[b : b + batch_prompts]
             prompts = [render_problem(tokenizer, p, dataset=dataset) for p in chunk]
             ro = engine.sample(prompts, k=group_size, max_new_tokens=max_new_tokens, temperature=temperature)
-            g = grade(ro.texts, [p.answer for p in chunk for _ in range(group_size)], verifier, answer_format="rlcr")
+            g = grade(ro.texts, [p.answer for p in chunk for _ in range(group_size)], verifier,
+                      answer_format=answer_format)
             lpm = sequence_logprob_mean(ro.gen_logp, ro.response_mask).tolist()
             for i, text in enumerate(ro.texts):
                 recs.append({"id": chunk[i // group_size].id, "text": text, "format_ok": bool(g.format_ok[i]),

@@ -172,6 +172,16 @@ def _curves(rows: list[dict], cols: _Columns, lpm_finite: torch.Tensor, n_bins: 
     return curves
 
 
+def _stochastic_metrics(rows: list[dict], cols: _Columns, n_bins: int) -> dict:
+    """Stochastic outcomes (rows carrying ``rate``, the true rate p_c of the question's category; verdict "correct"
+    = the fixed outcome a = 1, ``confidence`` = the stated probability): the per-question measures of
+    :func:`capo.core.calibration.stated_probability_summary`. None without ``rate``."""
+    if not any(r.get("rate") is not None for r in rows):
+        return {}
+    rate = torch.tensor([math.nan if r.get("rate") is None else float(r["rate"]) for r in rows], dtype=torch.float64)
+    return cal.stated_probability_summary(cols.verbal, cols.c, cols.g, rate, n_bins=n_bins)
+
+
 def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, seed: int = 0,
                     keep_fraction: float = voting.KEEP_FRACTION, conf_knobs: dict | None = None) -> dict:
     """Metrics of a complete set of generation rows.
@@ -194,6 +204,7 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
     lpm_finite = torch.where(torch.isinf(cols.lpm), torch.full_like(cols.lpm, -1e4), cols.lpm)
     m.update(_scaling_metrics(rows, cols, lpm_finite))
     m.update(_count_metrics(rows))
+    m.update(_stochastic_metrics(rows, cols, n_bins))
     curves = _curves(rows, cols, lpm_finite, n_bins)
     curves["estimators"] = estimator_table(
         rows, group_ids=cols.g, correct=cols.c, answer_ids=cols.aids, verbal=cols.verbal if cols.has_verbal else None,

@@ -81,7 +81,7 @@ class EvalSettings:
     checks the values."""
 
     model: str | None = opt(None, "HF model folder, DIR/FILE.gguf, 'default' (or another model shipped for a task "
-                            "generated in code: coin_sum, word_problems), or a Hub id", group="input")
+                            "generated in code: coin_sum, word_problems, stochastic), or a Hub id", group="input")
     engine: str = opt("hf", ENGINE_HELP, choices=ENGINES, group="input")
     generations: str | None = opt(None, "compute everything from responses + log-probs produced elsewhere (schema: "
                                   "docs/generations-schema.md); no model is loaded", group="input",
@@ -160,6 +160,10 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--batch-size", f"must be an integer >= 1, got {s.batch_size!r}")
     if s.answer_format not in ANSWER_FORMATS:
         bad("--answer-format", f"{s.answer_format!r} is not allowed{did_you_mean(s.answer_format, ANSWER_FORMATS)}; allowed values: {', '.join(ANSWER_FORMATS)}")
+    needed = GENERATED_TASKS[s.dataset].answer_format if s.dataset in GENERATED_TASKS else None
+    if s.generations is None and needed is not None and s.answer_format != needed:
+        bad("--answer-format", f"the {s.dataset!r} task's responses are graded with {needed!r} (its default); got "
+            f"{s.answer_format!r}")
     if s.dataset_answer_format not in FILE_ANSWER_FORMATS:
         bad("--dataset-answer-format", f"{s.dataset_answer_format!r} is not allowed; allowed values: "
             f"{', '.join(FILE_ANSWER_FORMATS)}")
@@ -194,15 +198,17 @@ def _json_default(o):
 # ------------------------------------------------------------------------------------------------ rows
 def make_row(*, prompt_id: str, prompt_idx: int, sample_idx: int, prompt: str, gold: str, text: str, graded: Graded,
              i: int, n_tokens: int, sum_logprob: float, mean_logprob: float | None, finish_reason: str | None,
-             token_fields: dict | None = None) -> dict:
+             token_fields: dict | None = None, rate: float | None = None) -> dict:
     """One generations.jsonl row: response ``i`` of ``graded`` (schema: docs/generations-schema.md).
-    ``token_fields``: the optional per-token lists (``token_logprobs``, ``token_entropy``, ...)."""
+    ``token_fields``: the optional per-token lists (``token_logprobs``, ``token_entropy``, ...); ``rate``: the
+    question's true rate when its outcome is stochastic (the ``stochastic`` task), written only then."""
     rl = graded.parses[i]
     return {
         "prompt_id": prompt_id, "prompt_idx": prompt_idx, "sample_idx": sample_idx, "prompt": prompt, "gold": gold,
         "text": text, "answer": graded.answers[i], "verdict": graded.verdicts[i].value, "n_tokens": n_tokens,
         "mean_logprob": mean_logprob, "sum_logprob": sum_logprob, "confidence": rl.confidence,
-        "format_ok": rl.format_ok, "finish_reason": finish_reason, **(token_fields or {}),
+        "format_ok": rl.format_ok, "finish_reason": finish_reason, **({} if rate is None else {"rate": rate}),
+        **(token_fields or {}),
     }
 
 
@@ -397,7 +403,7 @@ def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, 
                 row = make_row(prompt_id=batch[i].id, prompt_idx=b + i, sample_idx=j, prompt=batch[i].prompt,
                                gold=batch[i].answer, text=smp.text, graded=g, i=m, n_tokens=smp.n_tokens,
                                sum_logprob=smp.sum_logprob, mean_logprob=smp.mean_logprob,
-                               finish_reason=smp.finish_reason,
+                               finish_reason=smp.finish_reason, rate=batch[i].meta.get("rate"),
                                token_fields=_token_fields(smp) if s.token_stats else None)
                 lines.append(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
             _append_lines(f, lines)

@@ -8,6 +8,12 @@ everywhere:
 - ``confidence``: the verbalized ``<confidence>q</confidence>`` (RLCR), NaN where missing or not in [0, 1];
 - ``format_ok``: RLCR's format is well formed (an ``<answer>`` and a valid ``<confidence>``;
   :func:`capo.verify.extract_rlcr`).
+
+With ``answer_format="percent"`` (stochastic outcomes, :mod:`capo.tasks.stochastic`) the response *is* a stated
+probability and the gold is the question's fixed outcome ("1" / "0"): ``correct`` = the outcome (whatever the response
+says: it is the event a probability is stated for), ``confidence`` = the stated probability (two digits / 100, NaN when
+the strict parse fails, :func:`capo.verify.extract_percent`), ``format_ok`` = it parsed; verdicts are CORRECT /
+INCORRECT by the outcome, so every verbal-confidence metric measures the stated probability against the outcome.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from capo.verify import DEFAULT_ANSWER_FORMAT, RlcrParse, Verdict, Verifier, extract_answer, extract_rlcr
+from capo.verify import (DEFAULT_ANSWER_FORMAT, RlcrParse, Verdict, Verifier, extract_answer, extract_percent,
+                         extract_rlcr)
 
 __all__ = ["Graded", "grade"]
 
@@ -43,6 +50,8 @@ def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, ans
     The trainer passes its rollout's device, so the step's tensors all live where the step runs."""
     if len(texts) != len(golds):
         raise ValueError(f"got {len(texts)} responses but {len(golds)} gold answers; they must match")
+    if answer_format == "percent":
+        return _grade_stated(texts, golds, device)
     parses = [extract_rlcr(t) for t in texts]
     answers = [extract_answer(t, answer_format, fallback_last_number=fallback_last_number) for t in texts]
     verdicts = verifier.verify_batch(answers, [str(g) for g in golds])
@@ -51,3 +60,19 @@ def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, ans
                         device=device)
     fmt = torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device)
     return Graded(answers, verdicts, parses, correct, conf, fmt)
+
+
+def _grade_stated(texts: Sequence[str], golds: Sequence[str], device) -> Graded:
+    """The ``percent`` format: a stated probability against a fixed outcome (module docstring). No verifier call."""
+    bad = next((g for g in golds if str(g) not in ("0", "1")), None)
+    if bad is not None:
+        raise ValueError(f"answer_format 'percent' grades a stated probability against a fixed outcome, so every gold "
+                         f"answer must be '1' or '0'; got {bad!r}")
+    answers = [extract_percent(t) for t in texts]
+    stated = [None if a is None else int(a) / 100 for a in answers]
+    outcome = [str(g) == "1" for g in golds]
+    parses = [RlcrParse(a, q, a is not None) for a, q in zip(answers, stated)]
+    verdicts = [Verdict.CORRECT if o else Verdict.INCORRECT for o in outcome]
+    return Graded(answers, verdicts, parses, torch.tensor(outcome, dtype=torch.bool, device=device),
+                  torch.tensor([float("nan") if q is None else q for q in stated], dtype=torch.float32, device=device),
+                  torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device))

@@ -12,7 +12,9 @@ import warnings
 import numpy as np
 
 MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "aurc", "verbal_ece", "majority_vote",
-            "perplexity_consistency")
+            "perplexity_consistency", "stochastic_ece", "stochastic_rate_error", "stochastic_auroc")
+# measures only some tasks have (the stochastic task's): a report's tables show them only where a method has them
+OPTIONAL_MEASURES = ("stochastic_ece", "stochastic_rate_error", "stochastic_auroc")
 
 
 def from_base(records: dict, bases: list[dict], effect: float) -> dict:
@@ -89,10 +91,16 @@ def seed_paired(diffs, effect: float) -> dict:
 
 
 
+def measures_of(records: dict) -> tuple[str, ...]:
+    """:data:`MEASURES` less the optional ones no record has (a report of other tasks shows no stochastic column)."""
+    return tuple(k for k in MEASURES if k not in OPTIONAL_MEASURES
+                 or any(r["final"].get(k) is not None for by_seed in records.values() for r in by_seed.values()))
+
+
 def summary(records: dict, reference: str, effect: float, base: list[dict] | None = None) -> dict:
-    per_method = {}
+    per_method, measures = {}, measures_of(records)
     for m, by_seed in records.items():
-        vals = {k: [by_seed[s]["final"].get(k) for s in sorted(by_seed)] for k in MEASURES}
+        vals = {k: [by_seed[s]["final"].get(k) for s in sorted(by_seed)] for k in measures}
         per_method[m] = {"seeds": sorted(by_seed),
                          **{k: {"per_seed": v, "mean": mean_or_none(v), "sd": sd_or_none(v)} for k, v in vals.items()}}
     diffs = {m: {k: paired(records, m, reference, k, effect) for k in MEASURES if _has(records, m, reference, k)}
@@ -101,8 +109,8 @@ def summary(records: dict, reference: str, effect: float, base: list[dict] | Non
     out = {"reference": reference, "effect": effect, "methods": per_method, "paired": diffs,
            "along_curve": along_curve(records, effect)}
     if base:
-        out |= {"base": {k: mean_or_none([b["final"].get(k) for b in base]) for k in MEASURES},
-                "base_sd": {k: sd_or_none([b["final"].get(k) for b in base]) for k in MEASURES},
+        out |= {"base": {k: mean_or_none([b["final"].get(k) for b in base]) for k in measures},
+                "base_sd": {k: sd_or_none([b["final"].get(k) for b in base]) for k in measures},
                 "base_draws": len(base), "from_base": from_base(records, base, effect)}
     return out
 

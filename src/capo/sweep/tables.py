@@ -40,10 +40,11 @@ def markdown(s: dict) -> str:
         cells = {sd: f"{a:.3f} / {u:.3f}" for sd, a, u in zip(v["seeds"], v["accuracy"]["per_seed"],
                                                                  v["auc_mean"]["per_seed"])}
         lines.append(f"| {m} | " + " | ".join(cells.get(x, "-") for x in seeds) + " |")
-    lines += ["", "Mean (sd over seeds)", "", "| method | seeds | " + " | ".join(MEASURES) + " |",
-              "|---|---|" + "---|" * len(MEASURES)]
+    shown = [k for k in MEASURES if all(k in v for v in s["methods"].values())]
+    lines += ["", "Mean (sd over seeds)", "", "| method | seeds | " + " | ".join(shown) + " |",
+              "|---|---|" + "---|" * len(shown)]
     for m, v in s["methods"].items():
-        lines.append(f"| {m} | {len(v['seeds'])} | " + " | ".join(_ms(v[k]["mean"], v[k]["sd"]) for k in MEASURES)
+        lines.append(f"| {m} | {len(v['seeds'])} | " + " | ".join(_ms(v[k]["mean"], v[k]["sd"]) for k in shown)
                      + " |")
     n = len(s["paired"])
     lines += ["", f"Paired by training seed, method - {ref}: mean [95% t-interval over seeds], p (paired t-test); "

@@ -21,7 +21,8 @@ __all__ = ["GeneratedTask", "GENERATED_TASKS", "generated_task"]
 class GeneratedTask:
     """A task generated in code. ``problems(split, n, seed, options)``; ``prompt(problem)``: the raw text after BOS;
     ``check_options(options) -> dict`` (ConfigError on a bad key or value); ``model_dir``: the shipped model;
-    ``max_new_tokens``: a response budget the shipped model fits in; ``summary``: one line for ``--help``."""
+    ``max_new_tokens``: a response budget the shipped model fits in; ``summary``: one line for ``--help``;
+    ``answer_format``: the one answer format its responses are graded with, when the task needs one."""
 
     name: str
     summary: str
@@ -29,6 +30,7 @@ class GeneratedTask:
     module: str  # the task's module: its problems function, format_prompt and check_options
     problems_fn: str
     model_folder: str  # under capo/assets
+    answer_format: str | None = None  # the answer format its responses need (None: any; capo eval's default)
 
     def _mod(self):
         import importlib
@@ -58,6 +60,9 @@ _TASKS = (
                   "capo.tasks.coin_sum", "coin_problems", "coin_sum_model"),
     GeneratedTask("word_problems", "multi-step word problems with step-by-step traces (the reasoning testbed)", 192,
                   "capo.tasks.word_problems", "word_problems", "word_problems_model"),
+    GeneratedTask("stochastic", "stated probabilities (01-99) of fixed coin-flip outcomes whose rate is set by a "
+                  "category (arXiv 2508.11800's setting; the positive control)", 4,
+                  "capo.tasks.stochastic", "stochastic_problems", "stochastic_model", answer_format="percent"),
 )
 GENERATED_TASKS: dict[str, GeneratedTask] = {t.name: t for t in _TASKS}
 

@@ -11,14 +11,13 @@ stated probabilities overconfident while Dr. GRPO / RLOO stay calibrated (the pa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from capo.core import checks
-
-SCORING_RULES = ("log", "brier")
+from capo.core.rewards import SCORING_RULES, scoring_rule
 
 
 @dataclass(frozen=True)
@@ -49,10 +48,155 @@ def stochastic_data(n_questions: int = 10_000, n_categories: int = 20, seed: int
 
 
 def score(stated: torch.Tensor, outcome: torch.Tensor, rule: str = "log") -> torch.Tensor:
-    """Reward of stating probability q for an outcome a in {0, 1} (a proper scoring rule, maximised in expectation
-    by the true rate): "log" a log q + (1 - a) log(1 - q) (the paper's); "brier" -(q - a)^2. Shapes broadcast."""
-    checks.choice("rule", rule, SCORING_RULES)
-    a = outcome.to(stated.dtype)
-    if rule == "log":
-        return a * torch.log(stated) + (1 - a) * torch.log1p(-stated)
-    return -(stated - a) ** 2
+    """Reward of stating probability q for an outcome a in {0, 1}: :func:`capo.core.rewards.scoring_rule` ("log":
+    a log q + (1 - a) log(1 - q), the paper's; "brier": -(q - a)^2). Shapes broadcast."""
+    return scoring_rule(stated, outcome, rule)
+
+
+# ------------------------------------------------------------------------------ the generated task ``stochastic``
+# A language-model version of the setting: the prompt names the question's category, the model states a probability
+# for a = 1 as two digits (percent) and is scored against the question's fixed outcome.
+#
+#     prompt   = "<s>P(C)="              (category C of 20: letters A, B, ...)
+#     response = "37</s>"                (stated probability 0.37; parsed strictly, capo.verify.extract_percent)
+#
+# Gold = the fixed outcome "1" / "0"; the ``percent`` answer format grades it (capo.rollout.grade: ``correct`` = the
+# outcome, ``confidence`` = the stated probability), and the ``log_score`` / ``brier_score`` rewards score it.
+
+TASK_NAME = "stochastic"
+SPLITS = ("train", "eval")
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+# n_categories: categories (one letter each, at most 26); rate_seed: the draw of the true rates p_c ~ U(0, 1), shared
+# by both splits (numpy default_rng(rate_seed).uniform, as stochastic_data draws them).
+DEFAULT_OPTIONS: dict[str, int] = {"n_categories": 20, "rate_seed": 0}
+_OPTION_RANGES = {"n_categories": (1, len(LETTERS)), "rate_seed": (0, 2**32 - 1)}
+
+
+def check_options(options: dict | None) -> dict[str, int]:
+    """The task options with defaults filled in; ConfigError naming an unknown key or a value out of range."""
+    from capo.errors import ConfigError
+
+    opts = dict(DEFAULT_OPTIONS)
+    for key, val in (options or {}).items():
+        if key not in DEFAULT_OPTIONS:
+            raise ConfigError(f"data.task_options: unknown key {key!r} for {TASK_NAME!r}; allowed keys: "
+                              f"{', '.join(DEFAULT_OPTIONS)}")
+        lo, hi = _OPTION_RANGES[key]
+        if isinstance(val, bool) or not isinstance(val, int) or not lo <= val <= hi:
+            raise ConfigError(f"data.task_options.{key} must be an integer in [{lo}, {hi}], got {val!r}")
+        opts[key] = val
+    return opts
+
+
+def category_rates(n_categories: int = 20, rate_seed: int = 0) -> torch.Tensor:
+    """[C] float64 true rates p_c ~ U(0, 1), numpy ``default_rng(rate_seed)``: the same for every split and seed."""
+    return torch.from_numpy(np.random.default_rng(rate_seed).uniform(0, 1, size=(n_categories,)))
+
+
+def _question_rng(split: str, seed: int, i: int):
+    import hashlib
+    import random
+
+    h = hashlib.sha256(f"{TASK_NAME}/{split}/{seed}/{i}".encode()).digest()
+    return random.Random(int.from_bytes(h[:8], "big"))
+
+
+def stochastic_problems(split: str, n: int, seed: int = 0, options: dict | None = None) -> list:
+    """``n`` questions of ``split`` ("train" / "eval"): question i draws its category uniformly and its fixed outcome
+    a ~ Bernoulli(p_c) from its own stream seeded by (split, seed, i), so the first k questions do not depend on n
+    and the splits draw different outcomes (their prompts can coincide: a prompt is only its category). Gold "1" /
+    "0"; ``meta``: ``category``, ``rate`` (p_c)."""
+    from capo.tasks.problem import Problem
+
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    opts = check_options(options)
+    rates = category_rates(opts["n_categories"], opts["rate_seed"]).tolist()
+    out = []
+    for i in range(n):
+        rng = _question_rng(split, seed, i)
+        c = rng.randrange(opts["n_categories"])
+        a = int(rng.random() < rates[c])
+        out.append(Problem(id=f"{TASK_NAME}-{split}-{seed}-{i}", prompt=f"P({LETTERS[c]})=", answer=str(a),
+                           meta={"category": c, "rate": rates[c]}))
+    return out
+
+
+def format_prompt(problem) -> str:
+    """The raw prompt after BOS: ``P(C)=``."""
+    return problem.prompt
+
+
+# The shipped base model: the embedded default's character tokenizer and architecture family, trained only to state
+# each of 01 ... 99 with equal probability whatever the category (the paper's start: uniform answers).
+ARCH = {"hidden": 64, "layers": 2, "heads": 4, "intermediate": 128, "max_positions": 32}
+WARMUP = {"steps": 600, "batch_size": 512, "lr": 3e-3, "warmup_steps": 50}
+MAX_NEW_TOKENS = 4  # two digits and EOS, one token of slack (a longer answer is truncated and invalid)
+
+
+def _uniform_answer(problem, rng) -> str:
+    return f"{rng.randint(1, 99):02d}"
+
+
+@torch.no_grad()
+def stated_distribution(model, tokenizer, n_categories: int = 20) -> torch.Tensor:
+    """[C, 99] float64: the exact probability, at temperature 1, that the model's whole response to ``P(c)=`` is the
+    answer 01 ... 99 followed by EOS (row sums < 1: the rest is invalid output). Two batched forwards per category
+    (prompt + first digit, prompt + both digits); the character tokenizer makes each digit one token."""
+    digits = [tokenizer.convert_tokens_to_ids(str(k)) for k in range(10)]
+    eos = tokenizer.eos_token_id
+    out = torch.zeros(n_categories, 99, dtype=torch.float64)
+    for c in range(n_categories):
+        base = tokenizer(f"P({LETTERS[c]})=")["input_ids"]
+        two = torch.tensor([base + [digits[a]] for a in range(10)])
+        lp2 = torch.log_softmax(model(input_ids=two).logits.double(), -1)  # [10, L+1, V]
+        p1 = lp2[0, len(base) - 1, digits].exp()  # first digit
+        p12 = p1[:, None] * lp2[:, -1, digits].exp()  # [10, 10] both digits
+        three = torch.tensor([base + [digits[a], digits[b]] for a in range(10) for b in range(10)])
+        p_eos = torch.softmax(model(input_ids=three).logits[:, -1].double(), -1)[:, eos].view(10, 10)
+        out[c] = (p12 * p_eos).flatten()[1:]  # drop "00"
+    return out
+
+
+def build_stochastic_model(out_dir, seed: int = 0, *, steps: int | None = None, batch_size: int | None = None,
+                           lr: float | None = None, log_every: int = 100, log=None) -> dict:
+    """Train the stochastic task's base model from scratch (fp32, CPU, deterministic for a seed and thread count) on
+    uniform answers 01-99 to ``P(c)=`` prompts of every category and save it to ``out_dir``. The record (also in
+    ``out_dir/capo_default.json``) has the exact stated distribution's distance from uniform
+    (:func:`stated_distribution`): total variation per category (max), the valid mass (min)."""
+    import json
+    import random
+    import time
+    from pathlib import Path
+
+    from transformers import Qwen2ForCausalLM
+
+    from capo.tasks import default as d
+
+    steps, batch_size = int(steps or WARMUP["steps"]), int(batch_size or WARMUP["batch_size"])
+    lr = float(lr or WARMUP["lr"])
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tok = d.build_tokenizer(model_max_length=ARCH["max_positions"])
+    model = Qwen2ForCausalLM(d._model_config(tok, ARCH["hidden"], ARCH["layers"], ARCH["heads"], ARCH["intermediate"],
+                                             max_positions=ARCH["max_positions"])).float()
+    train = stochastic_problems("train", steps * batch_size, seed=seed)
+    losses = d._warmup(model, train, tok, rng, steps=steps, batch_size=batch_size, lr=lr,
+                       warmup_steps=int(WARMUP["warmup_steps"]), log_every=log_every, log=log,
+                       respond=_uniform_answer, prompt_fn=format_prompt)
+    llama = d._export_llama(model)
+    dist = stated_distribution(llama, tok, DEFAULT_OPTIONS["n_categories"])
+    valid = dist.sum(1)
+    tv = 0.5 * (dist - 1 / 99).abs().sum(1) + 0.5 * (1 - valid)
+    d.save_model(llama, tok, Path(out_dir))
+    stats = {"task": f"capo:{TASK_NAME}", "options": DEFAULT_OPTIONS, "seed": seed, "steps": steps,
+             "batch_size": batch_size, "lr": lr, "warmup_steps": int(WARMUP["warmup_steps"]),
+             "architecture": {"type": "llama (trained as qwen2, exported)", **ARCH, "vocab": len(tok)},
+             "params": sum(p.numel() for p in model.parameters()),
+             "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), "uniform_loss": round(math.log(99) / 3, 4),
+             "tv_from_uniform_max": round(float(tv.max()), 4), "valid_mass_min": round(float(valid.min()), 4),
+             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+             "train_seconds": round(time.perf_counter() - t0, 1)}
+    (Path(out_dir) / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")
+    return stats

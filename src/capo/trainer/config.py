@@ -237,6 +237,7 @@ class TrainConfig:
                                   f"({', '.join(GENERATED_TASKS)}), not {d.dataset!r}")
             generated_task(d.dataset).check_options(d.task_options)
         _choice("data.answer_format", d.answer_format, ANSWER_FORMATS)
+        _task_answer_format(d)
         _choice("data.gold_format", d.gold_format, FILE_ANSWER_FORMATS)
         _at_least("data.n_train", d.n_train, 1)
         _at_least("data.n_eval", d.n_eval, 1)
@@ -318,6 +319,16 @@ class TrainConfig:
 
 
 SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)}
+
+
+def _task_answer_format(d) -> None:
+    """A generated task that needs its own answer format (``stochastic``: percent) is only trained with it."""
+    from capo.tasks.generated import GENERATED_TASKS
+
+    needed = GENERATED_TASKS[d.dataset].answer_format if d.dataset in GENERATED_TASKS else None
+    if needed is not None and d.answer_format != needed:
+        raise ConfigError(f"data.answer_format={d.answer_format!r}: the {d.dataset!r} task's responses are graded "
+                          f"with {needed!r}; set data.answer_format: {needed}")
 
 
 def _check_model(key: str, spec: str) -> None:

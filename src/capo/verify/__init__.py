@@ -15,6 +15,7 @@ from capo.verify.extract import (
     extract_boxed,
     extract_gsm8k,
     extract_last_number,
+    extract_percent,
     extract_rlcr,
     normalize_number,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "extract_boxed",
     "extract_gsm8k",
     "extract_last_number",
+    "extract_percent",
     "extract_rlcr",
     "looks_like_code",
     "normalize_number",

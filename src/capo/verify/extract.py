@@ -18,6 +18,7 @@ __all__ = [
     "extract_boxed",
     "extract_gsm8k",
     "extract_last_number",
+    "extract_percent",
     "extract_rlcr",
     "normalize_number",
 ]
@@ -202,7 +203,22 @@ def extract_rlcr(text: str | None) -> RlcrParse:
     return RlcrParse(answer, conf, answer is not None and conf is not None)
 
 
-ANSWER_FORMATS = ("auto", "boxed", "gsm8k", "rlcr", "last_number")
+_PERCENT = re.compile(r"0[1-9]|[1-9][0-9]")
+
+
+def extract_percent(text: str | None) -> str | None:
+    """A stated probability written as two digits, ``01`` ... ``99`` (percent), parsed strictly: the content of the
+    last ``<answer>`` tag when the text has one, else the whole text, with surrounding whitespace removed, must be
+    exactly two digits and not ``00``; anything else (``7``, ``100``, ``0.37``, ``37%``, extra words) is None.
+    The answer format of the stochastic-outcome task (:mod:`capo.tasks.stochastic`)."""
+    if text is None:
+        return None
+    tagged = _last(_ANSWER_TAG, text)
+    s = (text if tagged is None else tagged).strip()
+    return s if _PERCENT.fullmatch(s) else None
+
+
+ANSWER_FORMATS = ("auto", "boxed", "gsm8k", "rlcr", "last_number", "percent")
 # The default of every answer-format setting (trainer, capo eval, graders, TRL/verl reward functions).
 DEFAULT_ANSWER_FORMAT = "auto"
 
@@ -211,7 +227,7 @@ def extract_answer(text: str | None, fmt: str = DEFAULT_ANSWER_FORMAT, *, fallba
     """Extract the final answer from a model response.
 
     ``fmt``: ``"boxed"`` (last ``\\boxed{}``), ``"gsm8k"`` (``#### N``), ``"rlcr"`` (``<answer>`` tag),
-    ``"last_number"``, or ``"auto"``: the RLCR ``<answer>`` tag if present, else the last box, else ``#### N``.
+    ``"last_number"``, ``"percent"`` (a stated probability 01-99, :func:`extract_percent`), or ``"auto"``: the RLCR ``<answer>`` tag if present, else the last box, else ``#### N``.
     With ``fallback_last_number`` the last number in the text is used when nothing else was found (the
     "flexible extract" of lm-eval's GSM8K task).
     """
@@ -228,6 +244,8 @@ def extract_answer(text: str | None, fmt: str = DEFAULT_ANSWER_FORMAT, *, fallba
         ans = extract_rlcr(text).answer
     elif fmt == "last_number":
         ans = extract_last_number(text)
+    elif fmt == "percent":
+        return extract_percent(text)  # strict: no fallback to a last number
     else:
         ans = extract_rlcr(text).answer
         if ans is None:
