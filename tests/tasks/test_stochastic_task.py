@@ -244,3 +244,81 @@ def test_core_summary_with_gapped_question_ids_and_input_errors():
     with pytest.raises(ValueError, match="rate"):
         stated_probability_summary(q, torch.ones(4, dtype=torch.bool), torch.zeros(4, dtype=torch.long),
                                    torch.ones(3))
+
+
+def test_demo_compares_grpo_and_dr_grpo_on_stated_probabilities(tmp_path, capsys):
+    """`capo demo --task stochastic`: GRPO vs Dr. GRPO, the per-question stated-probability measures in the summary
+    and the terminal, their reliability diagram in the report, a conclusion about them (not about AUC-mean)."""
+    from capo.cli import main
+
+    out = tmp_path / "demo"
+    tiny = ["data.n_train=8", "rollout.prompts_per_step=8", "rollout.group_size=2", "data.n_eval=4",
+            "run.eval_samples=2", "run.threads=1", "run.progress=false", "run.eval_every=0"]
+    assert main(["demo", "--task", "stochastic", "--out", str(out), "--steps", "1", "--eval-problems", "12",
+                 "--eval-k", "3", *[x for kv in tiny for x in ("--set", kv)]]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["per_run"]) == {"base", "grpo-seed0", "dr_grpo-seed0"}
+    assert set(summary["per_run"]["base"]) == {"stochastic_ece", "stochastic_rate_error", "stochastic_auroc",
+                                               "stochastic_mean_stated"}
+    base = json.loads((out / "eval" / "base" / "metrics.json").read_text())
+    assert summary["per_run"]["base"]["stochastic_ece"] == base["metrics"]["stochastic_ece"]
+    assert "reliability_stated" in base["curves"] and (out / "eval" / "base" / "plots" / "reliability_stated.png").is_file()
+    printed = capsys.readouterr().out
+    assert "2 algorithms (grpo, dr_grpo)" in printed
+    conclusion = printed.split("conclusion")[1]
+    assert "ECE of the per-question stated probability" in conclusion and "AUC-mean" not in conclusion
+    report = (out / "report.html").read_text()
+    assert "reliability diagrams stated probability" in report and "ECE of the per-question stated probability" in report
+
+
+def test_comparison_resamples_the_stated_measures(tmp_path):
+    """The comparison's bootstrap recomputes the per-question measures on the drawn questions: its draws for a
+    model equal the core summary on those questions, and a model's value is the full-data metric."""
+    from capo.evaluation.compare import compare
+    from capo.evaluation.report import RunInfo
+
+    rng = np.random.default_rng(1)
+    runs = []
+    for name, shift in (("base", 0.0), ("grpo-seed0", 0.3)):
+        stated = [[min(0.99, round(float(rng.integers(1, 60)) / 100 + shift, 2)) for _ in range(4)] for _ in range(30)]
+        rows = _rows(stated, [int(x) for x in rng.integers(0, 2, 30)], rng.uniform(0, 1, 30).tolist())
+        d = tmp_path / name
+        d.mkdir()
+        (d / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        m = compute_metrics(rows, n_boot=0)["metrics"]
+        runs.append(RunInfo(name, d, "eval", m, {}, {}, []))
+    cmp = compare(runs, n_boot=50, seed=0)
+    v, lo, hi = cmp.diff("grpo", "base", "stochastic_ece")
+    assert v == pytest.approx(runs[1].metrics["stochastic_ece"] - runs[0].metrics["stochastic_ece"])
+    assert lo < v < hi and not math.isnan(lo)
+    draws = cmp.draws["base"]["stochastic_ece"]
+    assert draws.shape == (50,) and bool(torch.isfinite(draws).all()) and float(draws.std()) > 0
+
+
+def test_build_is_deterministic_and_close_to_uniform(tmp_path):
+    """Two short builds with one seed are bit-identical; the record's distance from uniform is the exact
+    distribution's (recomputed here)."""
+    from safetensors.torch import load_file
+
+    from capo.tasks.default import load_default
+
+    a = st.build_stochastic_model(tmp_path / "a", seed=3, steps=3, batch_size=8)
+    st.build_stochastic_model(tmp_path / "b", seed=3, steps=3, batch_size=8)
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    model, tok = load_default(model_dir=tmp_path / "a")
+    dist = st.stated_distribution(model, tok, 20)
+    tv = 0.5 * (dist - 1 / 99).abs().sum(1) + 0.5 * (1 - dist.sum(1))
+    assert a["tv_from_uniform_max"] == pytest.approx(float(tv.max()), abs=1e-4)
+    assert a["valid_mass_min"] == pytest.approx(float(dist.sum(1).min()), abs=1e-4)
+
+
+def test_shipped_model_states_every_value_about_equally():
+    """The shipped base model starts where the paper's policies start: near-uniform answers for every category."""
+    from capo.tasks.default import load_default
+    from capo.tasks.generated import generated_task
+
+    model, tok = load_default(model_dir=generated_task("stochastic").model_dir)
+    dist = st.stated_distribution(model, tok, 20)
+    assert float(dist.sum(1).min()) > 0.95  # almost every response is a valid two-digit answer
+    assert float((0.5 * (dist / dist.sum(1, keepdim=True) - 1 / 99).abs().sum(1)).max()) < 0.1

@@ -13,13 +13,15 @@ from capo.cli.flags import add_settings
 from capo.errors import ConfigError
 from capo.settings import from_namespace, opt
 
-DEMO_TASKS = ("default", "collapse", "word_problems")  # preset names; the preset names the base model and the task
+DEMO_TASKS = ("default", "collapse", "word_problems", "stochastic")  # preset names; the preset names the base model and the task
 # Seconds per training step and per held-out evaluation (of the demo's size) on the 2-core reference machine at one
 # thread (docs/results.md); only used for the up-front estimate, which the demo corrects after its first run.
-SECONDS_ESTIMATE = {"default": (2.0, 30.0), "collapse": (2.0, 30.0), "word_problems": (22.0, 30.0)}
+SECONDS_ESTIMATE = {"default": (2.0, 30.0), "collapse": (2.0, 30.0), "word_problems": (22.0, 30.0),
+                    "stochastic": (1.5, 10.0)}
 # Algorithms compared when --algos is not given: the reasoning testbed's steps cost ~10x the default's, so its demo
-# compares GRPO and CAPO only.
-DEMO_ALGOS = {"default": "grpo,capo,rlcr", "collapse": "grpo,capo,rlcr", "word_problems": "grpo,capo"}
+# compares GRPO and CAPO only; the stochastic task's demo is the positive control, GRPO (std) against Dr. GRPO.
+DEMO_ALGOS = {"default": "grpo,capo,rlcr", "collapse": "grpo,capo,rlcr", "word_problems": "grpo,capo",
+              "stochastic": "grpo,dr_grpo"}
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,8 @@ class DemoBudget:
 DEMO_BUDGET = {"default": DemoBudget(), "collapse": DemoBudget(),
                "word_problems": DemoBudget(steps=8, eval_problems=32, eval_k=4,
                                            sets=(("data.n_eval", 16), ("run.eval_every", 4),
-                                                 ("algo.mask_calib_prompts", 16)))}
+                                                 ("algo.mask_calib_prompts", 16))),
+               "stochastic": DemoBudget(eval_problems=500, eval_k=16, sets=(("data.n_eval", 200),))}
 
 
 @dataclass
@@ -49,7 +52,9 @@ class DemoSettings:
     task: str = opt("default", "which preset/task: 'default' (chain sums), 'collapse' (coin_sum, the "
                     "calibration-collapse testbed: half of the problems end in a hidden fair coin) or 'word_problems' "
                     "(the reasoning testbed: multi-step word problems, a 5M model, GRPO vs CAPO for "
-                    f"{DEMO_BUDGET['word_problems'].steps} steps)", choices=DEMO_TASKS)
+                    f"{DEMO_BUDGET['word_problems'].steps} steps) or 'stochastic' (the positive control: the model "
+                    "states the probability of a coin-flip outcome; GRPO's std breaks its calibration, Dr. GRPO's "
+                    "does not)", choices=DEMO_TASKS)
     out: str = opt("runs/demo", "output folder (one run folder per algorithm and seed)")
     algos: str | None = opt(None, "comma-separated algorithm presets to compare (default: "
                             + "; ".join(f"{t}: {a}" for t, a in DEMO_ALGOS.items()) + ")")
@@ -193,28 +198,33 @@ def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
     for name, model in models.items():
         s = EvalSettings(model=model, dataset=first.data.dataset, split="test", limit=args.eval_problems, k=args.eval_k,
                          temperature=first.rollout.temperature, max_new_tokens=first.rollout.max_new_tokens,
-                         batch_size=64, seed=0, chat_template=False, system_prompt="", answer_format="rlcr",
-                         n_boot=200)
+                         batch_size=512 if first.data.answer_format == "percent" else 64, seed=0,
+                         chat_template=False, system_prompt="", answer_format=first.data.answer_format, n_boot=200)
         results[name] = run_eval(s, out / "eval" / name, progress=True)
     return results, models
 
 
 def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) -> None:
     """summary.json and the terminal table first, then the comparison report (a drawing failure loses no result)."""
-    keys = ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece", "verbal_brier")
+    stochastic = "stochastic_ece" in _flat(results["base"])
+    keys = (("stochastic_ece", "stochastic_rate_error", "stochastic_auroc", "stochastic_mean_stated") if stochastic
+            else ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece", "verbal_brier"))
     summary = {n: {k: _flat(r).get(k) for k in keys} for n, r in results.items()}
     by_algo = {"base": [summary["base"]]} | {a: [summary[f"{a}-seed{s}"] for s in seeds] for a in algos}
     table = {a: {k: _mean_sd([r[k] for r in rs]) for k in keys} for a, rs in by_algo.items()}
-    paired = {n: _paired_vs_base(out / "eval" / "base", out / "eval" / n) for n in models if n != "base"}
+    paired = {} if stochastic else {n: _paired_vs_base(out / "eval" / "base", out / "eval" / n)
+                                    for n in models if n != "base"}
     (out / "summary.json").write_text(json.dumps({"per_run": summary, "mean_sd_over_seeds": table,
                                                   "paired_auc_vs_base": paired}, indent=2))
     print(f"\nheld-out: {args.eval_problems} problems x {args.eval_k} samples; mean (sd over {len(seeds)} seed(s))")
     w = max(len(a) for a in table) + 1
-    print(f"{'model':<{w}}" + "".join(f"{k:>17}" for k in keys))
+    cw = [max(17, len(k) + 2) for k in keys]
+    print(f"{'model':<{w}}" + "".join(f"{k:>{c}}" for k, c in zip(keys, cw)))
     for a, row in table.items():
-        print(f"{a:<{w}}" + "".join(f"{_ms(*v):>17}" for v in row.values()))
-    print("\nAUC-mean, paired per-prompt difference vs base (prompts mixed for both; 95% bootstrap interval over "
-          "prompts):")
+        print(f"{a:<{w}}" + "".join(f"{_ms(*v):>{c}}" for v, c in zip(row.values(), cw)))
+    if paired:
+        print("\nAUC-mean, paired per-prompt difference vs base (prompts mixed for both; 95% bootstrap interval over "
+              "prompts):")
     for n, d in paired.items():
         print(f"  {n:<{w + 7}} {_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  "
               f"over {d['n_prompts']} prompts")

@@ -50,6 +50,7 @@ __all__ = [
     "bootstrap_draws",
     "percentile_interval",
     "stated_probability_summary",
+    "stated_question_means",
     "brier",
     "confidence_from_logprob",
     "debiased_l2_ce",
@@ -785,15 +786,11 @@ STATED_KEYS = ("stochastic_questions", "stochastic_ece", "stochastic_rate_error"
                "stochastic_mean_stated")
 
 
-def stated_probability_summary(stated, outcome, group_ids, rate, n_bins: int = 10) -> dict[str, float]:
-    """Calibration of stated probabilities of stochastic outcomes, per question (Bereket & Leskovec, arXiv
-    2508.11800, Sec. 3, the measures of Table 1). Each question's mean m of its valid stated probabilities, over the
-    questions with at least one: ``stochastic_ece`` (``n_bins``-bin ECE of m against the question's outcome a),
-    ``stochastic_rate_error`` (mean |m - p_c|), ``stochastic_auroc`` (AUROC of m for a), ``stochastic_mean_stated``
-    (mean of m), ``stochastic_questions`` (their number; the others NaN when it is 0).
-
-    Shapes: stated [N] floating in [0, 1], NaN = invalid (left out); outcome [N] bool (the same within a question);
-    group_ids [N] int question ids 0..Q-1; rate [N] floating, the question's true rate p_c."""
+def stated_question_means(stated, outcome, group_ids, rate) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per question with at least one valid stated probability: (m [Q'] float64 the mean of its valid stated
+    probabilities, a [Q'] bool its outcome, p [Q'] float64 its true rate), questions in id order. Shapes: stated [N]
+    floating in [0, 1], NaN = invalid (left out); outcome [N] bool (the same within a question); group_ids [N] int
+    question ids (gaps allowed: an id no row has is no question); rate [N] floating, the question's true rate."""
     q, _ = checks.probs("stated", checks.array1d("stated", stated), allow_nan=True)
     a = checks.labels("outcome", outcome).to(q.device)
     g = checks.group_ids_1d("group_ids", group_ids).to(q.device)
@@ -804,12 +801,20 @@ def stated_probability_summary(stated, outcome, group_ids, rate, n_bins: int = 1
     total = torch.zeros(n, dtype=F64, device=q.device).index_add_(0, g[valid], q[valid].to(F64))
     count = torch.zeros(n, dtype=F64, device=q.device).index_add_(0, g[valid], torch.ones_like(total[g[valid]]))
     has = count > 0
-    out = {"stochastic_questions": float(has.sum())}
-    if not bool(has.any()):
-        return out | {k: math.nan for k in STATED_KEYS[1:]}
     per_a = torch.zeros(n, dtype=torch.bool, device=q.device).index_put_((g,), a)[has]
     per_r = torch.zeros(n, dtype=F64, device=q.device).index_put_((g,), r)[has]
-    m = total[has] / count[has]
-    return out | {"stochastic_ece": ece(m, per_a, n_bins=n_bins),
-                  "stochastic_rate_error": float((m - per_r).abs().mean()),
-                  "stochastic_auroc": auroc(m, per_a), "stochastic_mean_stated": float(m.mean())}
+    return total[has] / count[has], per_a, per_r
+
+
+def stated_probability_summary(stated, outcome, group_ids, rate, n_bins: int = 10) -> dict[str, float]:
+    """Calibration of stated probabilities of stochastic outcomes, per question (Bereket & Leskovec, arXiv
+    2508.11800, Sec. 3, the measures of Table 1), on :func:`stated_question_means`' m, a, p: ``stochastic_ece``
+    (``n_bins``-bin ECE of m against a), ``stochastic_rate_error`` (mean |m - p|), ``stochastic_auroc`` (AUROC of m
+    for a), ``stochastic_mean_stated`` (mean of m), ``stochastic_questions`` (Q'; the others NaN when it is 0).
+    Shapes as :func:`stated_question_means`."""
+    m, a, p = stated_question_means(stated, outcome, group_ids, rate)
+    out = {"stochastic_questions": float(m.numel())}
+    if m.numel() == 0:
+        return out | {k: math.nan for k in STATED_KEYS[1:]}
+    return out | {"stochastic_ece": ece(m, a, n_bins=n_bins), "stochastic_rate_error": float((m - p).abs().mean()),
+                  "stochastic_auroc": auroc(m, a), "stochastic_mean_stated": float(m.mean())}

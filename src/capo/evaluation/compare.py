@@ -22,7 +22,7 @@ from capo.core import calibration as cal
 from capo.core import voting
 from capo.core.checks import did_you_mean
 from capo.errors import ConfigError
-from capo.evaluation.metrics import assign_answer_ids, columns
+from capo.evaluation.metrics import assign_answer_ids, columns, row_rates
 from capo.evaluation.stats import seed_paired_interval
 
 __all__ = ["MEASURES", "Model", "Comparison", "compare", "headline", "model_name"]
@@ -40,6 +40,8 @@ MEASURES = [
     ("majority_vote", "majority-vote accuracy", 1),
     ("max_confidence_lpm", "accuracy of the most confident sample (lpm)", 1),
     ("confidence_weighted_vote", "verbal-confidence-weighted vote accuracy", 1),
+    ("stochastic_ece", "ECE of the per-question stated probability", -1),  # stochastic outcomes only
+    ("stochastic_rate_error", "mean |stated - true rate|", -1),
 ]
 
 
@@ -61,6 +63,7 @@ class _Seed:
 
     cols: object
     rows_of: dict[str, torch.Tensor]
+    rate: torch.Tensor | None = None  # [N] each row's true rate (stochastic outcomes), else None
 
 
 @dataclass
@@ -133,7 +136,7 @@ def _load_seed(run_dir: Path) -> _Seed | None:
     idx: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         idx.setdefault(str(r["prompt_id"]), []).append(i)
-    return _Seed(cols, {p: torch.tensor(v) for p, v in idx.items()})
+    return _Seed(cols, {p: torch.tensor(v) for p, v in idx.items()}, row_rates(rows))
 
 
 def _answer_ids(rows: list[dict]) -> None:
@@ -158,6 +161,8 @@ def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:
     if c.has_verbal:
         s["confidence_weighted_vote"] = voting.confidence_weighted_vote(aids, ok, g,
                                                                         torch.nan_to_num(c.verbal[ix], nan=0.0)).accuracy
+    if seed.rate is not None:
+        s |= cal.stated_probability_summary(c.verbal[ix], ok, g, seed.rate[ix])
     return {k: s.get(k, math.nan) for k, _, _ in MEASURES}
 
 
@@ -205,13 +210,17 @@ def _interval(lo: float, hi: float) -> tuple[str, bool]:
 
 
 HEADLINE = (("auc_mean", "AUC-mean"), ("accuracy", "accuracy"))  # the headline calibration measure, then accuracy
+# stochastic outcomes (every model has it): the stated probabilities' calibration, best and worst model (lower = better)
+STOCHASTIC_HEADLINE = "stochastic_ece", "ECE of the per-question stated probability"
 
 
-def _versus_reference(cmp: Comparison, key: str, label: str) -> tuple[str, str] | None:
-    """(plain, html) sentence: the best model on ``key`` against the reference, by how much, and whether the paired
-    interval excludes 0; when the reference is the best, the runner-up against it."""
-    vals = sorted(((m.mean(key), m.name) for m in cmp.models if m.mean(key) is not None), key=lambda t: -t[0])
-    if len(vals) < 2 or cmp.reference not in {n for _, n in vals}:
+def _versus_reference(cmp: Comparison, key: str, label: str, sign: int = 1,
+                      runner_up: bool = True) -> tuple[str, str] | None:
+    """(plain, html) sentence: the model with the highest (``sign`` 1) or lowest (-1) value of ``key`` against the
+    reference, by how much, and whether the paired interval excludes 0; when the reference is that model, the
+    runner-up against it (``runner_up``), or nothing."""
+    vals = sorted(((m.mean(key), m.name) for m in cmp.models if m.mean(key) is not None), key=lambda t: -sign * t[0])
+    if len(vals) < 2 or cmp.reference not in {n for _, n in vals} or (vals[0][1] == cmp.reference and not runner_up):
         return None
     best_v, best = vals[0]
     other = best if best != cmp.reference else vals[1][1]
@@ -219,14 +228,16 @@ def _versus_reference(cmp: Comparison, key: str, label: str) -> tuple[str, str] 
     iv, excl = _interval(d[1], d[2])
     esc = html.escape
     if best == cmp.reference:
-        plain = (f"No model beats {cmp.reference} on {label} ({best_v:.3f}); the next, {other}, is {_fmt(d[0])} "
+        word = "beats" if sign == 1 else "is below"
+        plain = (f"No model {word} {cmp.reference} on {label} ({best_v:.3f}); the next, {other}, is {_fmt(d[0])} "
                  f"({iv}).")
-        htm = (f"No model beats <b>{esc(cmp.reference)}</b> on {esc(label)} ({best_v:.3f}); the next, {esc(other)}, "
-               f"is {_fmt(d[0])} ({esc(iv)}).")
+        htm = (f"No model {word} <b>{esc(cmp.reference)}</b> on {esc(label)} ({best_v:.3f}); the next, "
+               f"{esc(other)}, is {_fmt(d[0])} ({esc(iv)}).")
         return plain, htm
-    plain = f"{best} has the highest {label} ({best_v:.3f}), {_fmt(d[0])} vs {cmp.reference} ({iv})."
+    most = "highest" if sign == 1 else "lowest"
+    plain = f"{best} has the {most} {label} ({best_v:.3f}), {_fmt(d[0])} vs {cmp.reference} ({iv})."
     strong, end = ("<strong>", "</strong>") if excl else ("", "")
-    htm = (f"<b>{esc(best)}</b> has the highest {esc(label)} ({best_v:.3f}), {strong}{_fmt(d[0])}{end} vs "
+    htm = (f"<b>{esc(best)}</b> has the {most} {esc(label)} ({best_v:.3f}), {strong}{_fmt(d[0])}{end} vs "
            f"{esc(cmp.reference)} ({esc(iv)}).")
     return plain, htm
 
@@ -234,10 +245,15 @@ def _versus_reference(cmp: Comparison, key: str, label: str) -> tuple[str, str] 
 def headline(cmp: Comparison) -> tuple[str, str]:
     """The conclusion in at most three sentences, as (plain text, HTML), written from the numbers: the best model on
     the headline calibration measure (AUC-mean) and on accuracy against the reference, by how much and whether the
-    paired interval excludes 0; then what the intervals resample. Every other measure is in the tables."""
+    paired interval excludes 0 (stochastic outcomes: the lowest and the highest ECE of the per-question stated
+    probability instead); then what the intervals resample. Every other measure is in the tables."""
     plain, htm = [], []
-    for key, label in HEADLINE:
-        s = _versus_reference(cmp, key, label)
+    key = STOCHASTIC_HEADLINE[0]
+    stochastic = all(m.mean(key) is not None for m in cmp.models)
+    lines = ([(key, STOCHASTIC_HEADLINE[1], -1, True), (key, STOCHASTIC_HEADLINE[1], 1, False)] if stochastic else
+             [(k, label, 1, True) for k, label in HEADLINE])
+    for key, label, sign, runner_up in lines:
+        s = _versus_reference(cmp, key, label, sign, runner_up)
         if s:
             plain.append(s[0])
             htm.append(s[1])

@@ -18,7 +18,7 @@ from capo.evaluation.estimators import estimator_table, unavailable_estimators
 if TYPE_CHECKING:
     from capo.verify import Verifier
 
-__all__ = ["columns", "compute_metrics", "pass_ks"]
+__all__ = ["columns", "compute_metrics", "pass_ks", "row_rates"]
 
 
 def pass_ks(k: int) -> list[int]:
@@ -172,14 +172,24 @@ def _curves(rows: list[dict], cols: _Columns, lpm_finite: torch.Tensor, n_bins: 
     return curves
 
 
-def _stochastic_metrics(rows: list[dict], cols: _Columns, n_bins: int) -> dict:
-    """Stochastic outcomes (rows carrying ``rate``, the true rate p_c of the question's category; verdict "correct"
-    = the fixed outcome a = 1, ``confidence`` = the stated probability): the per-question measures of
-    :func:`capo.core.calibration.stated_probability_summary`. None without ``rate``."""
+def row_rates(rows: list[dict]) -> torch.Tensor | None:
+    """[N] each row's true rate (stochastic outcomes: rows carrying ``rate``), NaN where absent; None when none has."""
     if not any(r.get("rate") is not None for r in rows):
-        return {}
-    rate = torch.tensor([math.nan if r.get("rate") is None else float(r["rate"]) for r in rows], dtype=torch.float64)
-    return cal.stated_probability_summary(cols.verbal, cols.c, cols.g, rate, n_bins=n_bins)
+        return None
+    return torch.tensor([math.nan if r.get("rate") is None else float(r["rate"]) for r in rows], dtype=torch.float64)
+
+
+def _stochastic(rows: list[dict], cols: _Columns, n_bins: int) -> tuple[dict, dict]:
+    """(metrics, curves) of stated probabilities of stochastic outcomes (verdict "correct" = the fixed outcome a = 1,
+    ``confidence`` = the stated probability): :func:`capo.core.calibration.stated_probability_summary` and the
+    reliability diagram of each question's mean stated probability (``reliability_stated``). Empty without rates."""
+    rate = row_rates(rows)
+    if rate is None:
+        return {}, {}
+    metrics = cal.stated_probability_summary(cols.verbal, cols.c, cols.g, rate, n_bins=n_bins)
+    m, a, _ = cal.stated_question_means(cols.verbal, cols.c, cols.g, rate)
+    curves = {"reliability_stated": _reliability_points(cal.reliability_curve(m, a, n_bins=n_bins))} if m.numel() else {}
+    return metrics, curves
 
 
 def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, seed: int = 0,
@@ -204,8 +214,9 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
     lpm_finite = torch.where(torch.isinf(cols.lpm), torch.full_like(cols.lpm, -1e4), cols.lpm)
     m.update(_scaling_metrics(rows, cols, lpm_finite))
     m.update(_count_metrics(rows))
-    m.update(_stochastic_metrics(rows, cols, n_bins))
-    curves = _curves(rows, cols, lpm_finite, n_bins)
+    stochastic, stated_curves = _stochastic(rows, cols, n_bins)
+    m.update(stochastic)
+    curves = _curves(rows, cols, lpm_finite, n_bins) | stated_curves
     curves["estimators"] = estimator_table(
         rows, group_ids=cols.g, correct=cols.c, answer_ids=cols.aids, verbal=cols.verbal if cols.has_verbal else None,
         knobs=conf_knobs, keep_fraction=keep_fraction, n_bins=n_bins, n_boot=n_boot, seed=seed)

@@ -39,6 +39,9 @@ SUMMARY_KEYS = [
     ("verbal_auroc", "AUROC verbal", "{:.3f}"),
     ("verbal_auc_mean", "AUC-mean verbal", "{:.3f}"),
     ("verbal_missing", "verbal confidence missing", "{:.0f}"),
+    ("stochastic_ece", "ECE of the per-question stated probability", "{:.3f}"),
+    ("stochastic_rate_error", "mean |stated - true rate|", "{:.3f}"),
+    ("stochastic_auroc", "AUROC of the per-question stated probability", "{:.3f}"),
 ]
 SCALING_KEYS = [
     ("majority_vote", "majority vote"),
@@ -59,6 +62,7 @@ COUNT_KEYS = [
 # +1: higher is better, -1: lower is better (the arrow in each row label; the best value per row is marked)
 BETTER = {"accuracy": 1, "mean_at_k": 1, "auc_mean": 1, "auroc": 1, "ece": -1, "brier": -1, "aurc": -1,
           "verbal_ece": -1, "verbal_brier": -1, "verbal_auroc": 1, "verbal_auc_mean": 1,
+          "stochastic_ece": -1, "stochastic_rate_error": -1, "stochastic_auroc": 1,
           **{k: 1 for k, _ in SCALING_KEYS}}
 
 CSS = """
@@ -379,6 +383,10 @@ def _eval_plots(evals: list[RunInfo], cmp) -> str:
     if any("reliability_verbal" in c for c in curves.values()):
         parts.append(_img(plots.plot_reliability_panels(curves, key="reliability_verbal", title="verbal confidence"),
                           "reliability diagrams verbal"))
+    if any("reliability_stated" in c for c in curves.values()):
+        parts.append(_img(plots.plot_reliability_panels(curves, key="reliability_stated",
+                                                        title="per-question mean stated probability"),
+                          "reliability diagrams stated probability"))
     parts.append("</div>")
     return "".join(parts)
 

@@ -256,6 +256,9 @@ def _draw(out_dir: Path, curves: dict, info: RunInfo) -> None:
                                title="Reliability diagram (verbal confidence)")
         plots.plot_selective(one, pdir / "precision_coverage_verbal.png", key="selective_verbal",
                              title="Precision-coverage (verbal confidence)")
+    if "reliability_stated" in curves:
+        plots.plot_reliability(one, pdir / "reliability_stated.png", key="reliability_stated",
+                               title="Reliability diagram (per-question mean stated probability)")
     atomic_write_text(out_dir / "report.html", render_report([info], title=f"capo eval: {out_dir.name}"))
 
 
