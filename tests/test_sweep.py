@@ -445,3 +445,22 @@ def test_a_run_finished_under_another_records_folder_is_copied_not_evaluated_aga
     with pytest.raises(RuntimeError, match="trains again"):
         runner.run_job(job)
     assert not job.record.exists()
+
+
+def test_a_finished_job_without_auc_mean_is_reported(capsys):
+    """A stochastic-task record has no AUC-mean (one outcome per question): the runner prints its stated-probability
+    ECE instead of failing on the missing value (it did, and lost the sweep's --commit)."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from capo.sweep.runner import _report_job
+
+    fut = Future()
+    fut.set_result({"wall_s": 90.0, "final": {"accuracy": 0.5, "auc_mean": None, "stochastic_ece": 0.1234,
+                                              "stochastic_auroc": None}})
+    assert _report_job(SimpleNamespace(name="grpo-seed1"), fut, commit=False) == 0
+    assert "done grpo-seed1 in 1.5 min: stochastic_ece 0.123 stochastic_auroc n/a" in capsys.readouterr().out
+    fut = Future()
+    fut.set_result({"wall_s": 60.0, "final": {"accuracy": 0.25, "auc_mean": 0.75}})
+    assert _report_job(SimpleNamespace(name="capo-seed0"), fut, commit=False) == 0
+    assert "done capo-seed0 in 1.0 min: accuracy 0.250 auc_mean 0.750" in capsys.readouterr().out
