@@ -165,3 +165,26 @@ def test_each_action_is_built_from_its_settings():
         for f in cli_fields(settings):
             action = next(a for a in sub._actions if a.dest == f.name)
             assert f.metadata["help"].replace("%%", "%") in (action.help or "").replace("%%", "%"), f.name
+
+
+def test_the_report_of_a_stochastic_sweep_leads_with_the_stated_probabilities(tmp_path):
+    """The stochastic task's records have no AUC-mean: the report's per-seed table, glance and curves use the
+    stated-probability ECE and |m - p_c|, there is no accuracy / AUC-mean plane, and the paired ECE difference equals
+    the records' own per-seed values."""
+    import numpy as np
+    from scipy import stats
+
+    recs = RECORDS / "stochastic_lm"
+    assert main(["sweep", "report", str(recs), "--reference", "grpo", "--effect", "0.05", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "summary.md").read_text()
+    assert "Per seed (final held-out stated-probability ECE / mean |stated - true rate|)" in md
+    assert "| method | seeds | stated-probability ECE - grpo |" in md
+    assert (tmp_path / "curves.png").is_file() and (tmp_path / "forest.png").is_file()
+    assert not (tmp_path / "plane.png").exists()
+    seeds = sorted(int(p.stem.split("seed")[1]) for p in recs.glob("grpo-seed*.json"))
+    ece = {m: [json.loads((recs / f"{m}-seed{s}.json").read_text())["final"]["stochastic_ece"] for s in seeds]
+           for m in ("grpo", "dr_grpo")}
+    d, n = np.array(ece["dr_grpo"]) - np.array(ece["grpo"]), len(seeds)
+    half = stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / np.sqrt(n)
+    want = f"| dr_grpo | stochastic_ece | {n} | {d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}] |"
+    assert want in md

@@ -15,6 +15,18 @@ MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "aurc", "verbal_ece
             "perplexity_consistency", "stochastic_ece", "stochastic_rate_error", "stochastic_auroc")
 # measures only some tasks have (the stochastic task's): a report's tables show them only where a method has them
 OPTIONAL_MEASURES = ("stochastic_ece", "stochastic_rate_error", "stochastic_auroc")
+# the two measures a report leads with (per-seed table, the reading at a glance, the curves): accuracy and AUC-mean;
+# for stochastic outcomes (records with the stated-probability measures) the stated probability's ECE and |m - p_c|
+HEADLINE_PAIR = ("accuracy", "auc_mean")
+STOCHASTIC_PAIR = ("stochastic_ece", "stochastic_rate_error")
+LABELS = {"accuracy": "accuracy", "auc_mean": "AUC-mean", "stochastic_ece": "stated-probability ECE",
+          "stochastic_rate_error": "mean |stated - true rate|"}
+
+
+def headline_pair(methods: dict) -> tuple[str, str]:
+    """:data:`STOCHASTIC_PAIR` when a method of the summary's ``methods`` has the stated-probability ECE, else
+    :data:`HEADLINE_PAIR`."""
+    return STOCHASTIC_PAIR if any("stochastic_ece" in v for v in methods.values()) else HEADLINE_PAIR
 
 
 def from_base(records: dict, bases: list[dict], effect: float) -> dict:
@@ -42,7 +54,7 @@ def from_base(records: dict, bases: list[dict], effect: float) -> dict:
     return out
 
 
-CURVE_MEASURES = ("accuracy", "auc_mean", "auroc")
+CURVE_MEASURES = ("accuracy", "auc_mean", "auroc", "stochastic_ece", "stochastic_rate_error")
 
 
 def along_curve(records: dict, effect: float) -> dict:

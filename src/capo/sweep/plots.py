@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from capo.sweep.analysis import mean_or_none, sd_or_none
+from capo.sweep.analysis import OPTIONAL_MEASURES, mean_or_none, sd_or_none
 
 CURVES = ("eval/accuracy", "eval/auc_mean")
 
 
-def plot_curves(records: dict, reference: str, path: Path) -> None:
-    """Small multiples: for each method, its held-out accuracy and AUC-mean curves (thin: each seed; thick: the mean;
-    band: +-1 sd over seeds) over the reference's (grey), so that eleven methods stay readable."""
+def plot_curves(records: dict, reference: str, path: Path, keys: tuple[str, str] = CURVES) -> None:
+    """Small multiples: for each method, its held-out curves of ``keys`` (accuracy and AUC-mean; thin: each seed;
+    thick: the mean; band: +-1 sd over seeds) over the reference's (grey), so that eleven methods stay readable."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -27,9 +27,9 @@ def plot_curves(records: dict, reference: str, path: Path) -> None:
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, 2 * pairs_per_row, sharex=True, squeeze=False)
     panels = {(i, j): axes[i // pairs_per_row, 2 * (i % pairs_per_row) + j]  # (method, measure) -> its panel
-              for i in range(len(others)) for j in range(len(CURVES))}
+              for i in range(len(others)) for j in range(len(keys))}
     for i, m in enumerate(others):
-        for j, key in enumerate(CURVES):
+        for j, key in enumerate(keys):
             ax = panels[i, j]
             if m != reference:
                 _draw_curve(ax, records[reference], key, "0.55", f"{reference} ({len(records[reference])})",
@@ -40,7 +40,7 @@ def plot_curves(records: dict, reference: str, path: Path) -> None:
             ax.legend(fontsize=7, loc="lower right" if j == 0 else "lower left")
     for ax in axes.flat[2 * len(others):]:
         ax.set_visible(False)
-    for j in range(len(CURVES)):  # one y range per measure, so panels compare at a glance
+    for j in range(len(keys)):  # one y range per measure, so panels compare at a glance
         col = [panels[i, j] for i in range(len(others))]
         lims = np.array([ax.get_ylim() for ax in col])
         for ax in col:
@@ -130,7 +130,7 @@ def plot_plane(s: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-FOREST = ("accuracy", "auc_mean", "auroc", "ece", "brier")
+FOREST = ("accuracy", "auc_mean", "auroc", "ece", "brier", *OPTIONAL_MEASURES)
 
 
 def plot_forest(s: dict, path: Path) -> bool:

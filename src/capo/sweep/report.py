@@ -13,9 +13,10 @@ Prints, and writes to OUT/summary.md and OUT/summary.json:
   change from the start, final - base (the initial model under the same evaluation): with one draw a 95% t-interval
   over the method's seeds, with several Welch's t-interval of the seed mean minus the draws' mean;
 - for runs whose periodic curve starts at step 0: the change along that curve (last periodic evaluation - step 0).
-Figures: OUT/curves.png (small multiples: each method's held-out accuracy and AUC-mean during training over the
-reference's, mean, a band of +-1 sd over seeds and each seed), OUT/plane.png (every method on the final accuracy /
-AUC-mean plane: each seed, the mean +-1 sd, the start) and OUT/forest.png (one panel per measure: the paired
+Figures: OUT/curves.png (small multiples: each method's held-out accuracy and AUC-mean -- for stochastic outcomes the
+stated-probability ECE and |m - p_c| -- during training over the reference's, mean, a band of +-1 sd over seeds and
+each seed), OUT/plane.png (every method on the final accuracy / AUC-mean plane: each seed, the mean +-1 sd, the
+start; not for stochastic outcomes) and OUT/forest.png (one panel per measure: the paired
 seed-level differences with their t-intervals; intervals from fewer than 3 seeds are cut at the panel's edge). The
 data files are written before any figure.
 """
@@ -65,11 +66,15 @@ def write_report(folders: list[Path], reference: str = "grpo", effect: float = 0
 
 
 def _draw(records: dict, s: dict, reference: str, out: Path) -> list[Path]:
+    from capo.sweep.analysis import HEADLINE_PAIR, headline_pair
     from capo.sweep.plots import plot_curves, plot_forest, plot_plane
 
-    plot_curves(records, reference, out / "curves.png")
-    plot_plane(s, out / "plane.png")
-    figures = [out / "curves.png", out / "plane.png"]
+    pair = headline_pair(s["methods"])
+    plot_curves(records, reference, out / "curves.png", tuple(f"eval/{k}" for k in pair))
+    figures = [out / "curves.png"]
+    if pair == HEADLINE_PAIR:  # the accuracy / AUC-mean plane; stochastic outcomes have no AUC-mean
+        plot_plane(s, out / "plane.png")
+        figures.append(out / "plane.png")
     if plot_forest(s, out / "forest.png"):
         figures.append(out / "forest.png")
     else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from capo.sweep.analysis import MEASURES, mean_or_none, seed_paired
+from capo.sweep.analysis import LABELS, MEASURES, OPTIONAL_MEASURES, headline_pair, mean_or_none, seed_paired
 
 
 def from_compare_summary(path: Path, reference: str, effect: float) -> str:
@@ -34,11 +34,11 @@ def from_compare_summary(path: Path, reference: str, effect: float) -> str:
 def markdown(s: dict) -> str:
     ref, lines = s["reference"], []
     seeds = sorted({x for m in s["methods"].values() for x in m["seeds"]})
-    lines += ["Per seed (final held-out accuracy / AUC-mean)", "",
+    one, two = headline_pair(s["methods"])
+    lines += [f"Per seed (final held-out {LABELS[one]} / {LABELS[two]})", "",
               "| method | " + " | ".join(str(x) for x in seeds) + " |", "|---|" + "---|" * len(seeds)]
     for m, v in s["methods"].items():
-        cells = {sd: f"{a:.3f} / {u:.3f}" for sd, a, u in zip(v["seeds"], v["accuracy"]["per_seed"],
-                                                                 v["auc_mean"]["per_seed"])}
+        cells = {sd: f"{_f(a)} / {_f(u)}" for sd, a, u in zip(v["seeds"], v[one]["per_seed"], v[two]["per_seed"])}
         lines.append(f"| {m} | " + " | ".join(cells.get(x, "-") for x in seeds) + " |")
     shown = [k for k in MEASURES if all(k in v for v in s["methods"].values())]
     lines += ["", "Mean (sd over seeds)", "", "| method | seeds | " + " | ".join(shown) + " |",
@@ -65,10 +65,12 @@ def _glance_lines(s: dict) -> list[str]:
     """The reading at a glance, one row per method: accuracy and AUC-mean minus the reference (paired by seed), and
     the AUC-mean's change from the start and along the periodic curve, each mean [95% interval] (over the method's
     seeds; "-" where there is none)."""
-    ref = s["reference"]
-    cols = [("paired", "accuracy", f"accuracy - {ref}"), ("paired", "auc_mean", f"AUC-mean - {ref}"),
-            ("from_base", "auc_mean", "AUC-mean change from the start"),
-            ("along_curve", "auc_mean", "AUC-mean along the periodic curve")]
+    ref, (one, two) = s["reference"], headline_pair(s["methods"])
+    cols = [("paired", one, f"{LABELS[one]} - {ref}"), ("paired", two, f"{LABELS[two]} - {ref}"),
+            ("from_base", two if one == "accuracy" else one, f"{LABELS[two if one == 'accuracy' else one]} change "
+             "from the start"),
+            ("along_curve", two if one == "accuracy" else one, f"{LABELS[two if one == 'accuracy' else one]} along "
+             "the periodic curve")]
     cols = [c for c in cols if c[0] in s]
     lines = ["At a glance: mean [95% interval over training seeds] (details in the tables below; each reading uses the "
              "seeds it can: paired ones, or those whose curve starts at step 0)", "",
@@ -95,7 +97,8 @@ def _from_base_lines(s: dict) -> list[str]:
         return []
     n = s["base_draws"]
     start = ", ".join(f"{k} {v:.3f}" + (f" (sd {s['base_sd'][k]:.3f})" if n > 1 else "")
-                      for k, v in s["base"].items() if k in ("accuracy", "auc_mean", "auroc") and v is not None)
+                      for k, v in s["base"].items() if k in ("accuracy", "auc_mean", "auroc", *OPTIONAL_MEASURES)
+                      and v is not None)
     how = ("one draw of the base evaluation, so its own sampling noise is not in the interval; mean [95% t-interval "
            "over seeds], p (one-sample t-test)" if n == 1 else
            f"mean of {n} draws of the base evaluation; method's seed mean - base mean [95% Welch t-interval: the "
@@ -104,7 +107,7 @@ def _from_base_lines(s: dict) -> list[str]:
              "", "| method | measure | seeds | change [95% CI] | sd over seeds | p |", "|---|---|---|---|---|---|"]
     for m, by_k in s["from_base"].items():
         for k, d in by_k.items():
-            if k in ("accuracy", "auc_mean", "auroc", "ece", "brier") and d["mean"] is not None:
+            if k in ("accuracy", "auc_mean", "auroc", "ece", "brier", *OPTIONAL_MEASURES) and d["mean"] is not None:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {_ci_cells(d)} |")
     return lines
 
@@ -142,6 +145,10 @@ def curve_table(rec: dict) -> str:
                      f"{'-' if tl is None else f'{tl:.1f}'} |")
         prev = step
     return "\n".join(lines) + "\n"
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _n(x) -> str:
