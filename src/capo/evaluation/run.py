@@ -110,7 +110,9 @@ class EvalSettings:
     autocast: str = opt("auto", "bf16 autocast (auto: on for CUDA with bf16 and for bf16-capable CPUs with >= 25M "
                         "params)", choices=AUTOCAST_MODES)
     answer_format: str = opt(DEFAULT_ANSWER_FORMAT, "how to extract the model's answer (auto = <answer> tag, else "
-                             "last \\boxed{}, else '#### N'; re-scoring a capo eval run reuses its recorded value)",
+                             "last \\boxed{}, else '#### N'; percent = a stated probability 01-99 graded against a "
+                             "fixed outcome, the default for --dataset stochastic; re-scoring a capo eval run reuses "
+                             "its recorded value)",
                              choices=ANSWER_FORMATS, group="judging and metrics", cli_default=None)
     fallback_last_number: bool = opt(False, "use the last number in the response when no answer was found "
                                      "(re-scoring a capo eval run reuses its recorded value)",
