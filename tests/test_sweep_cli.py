@@ -181,7 +181,8 @@ def test_the_report_of_a_stochastic_sweep_leads_with_the_stated_probabilities(tm
     assert "| method | seeds | stated-probability ECE - grpo |" in md
     assert (tmp_path / "curves.png").is_file() and (tmp_path / "forest.png").is_file()
     assert not (tmp_path / "plane.png").exists()
-    seeds = sorted(int(p.stem.split("seed")[1]) for p in recs.glob("grpo-seed*.json"))
+    seeds = sorted(int(p.stem.split("seed")[1]) for p in recs.glob("grpo-seed*.json")
+                   if (recs / f"dr_grpo-seed{p.stem.split('seed')[1]}.json").is_file())  # the seeds both finished
     ece = {m: [json.loads((recs / f"{m}-seed{s}.json").read_text())["final"]["stochastic_ece"] for s in seeds]
            for m in ("grpo", "dr_grpo")}
     d, n = np.array(ece["dr_grpo"]) - np.array(ece["grpo"]), len(seeds)

@@ -41,7 +41,7 @@ DEMO_BUDGET = {"default": DemoBudget(), "collapse": DemoBudget(),
                "word_problems": DemoBudget(steps=8, eval_problems=32, eval_k=4,
                                            sets=(("data.n_eval", 16), ("run.eval_every", 4),
                                                  ("algo.mask_calib_prompts", 16))),
-               "stochastic": DemoBudget(eval_problems=500, eval_k=16, sets=(("data.n_eval", 200),))}
+               "stochastic": DemoBudget(eval_problems=300, eval_k=8, sets=(("data.n_eval", 200),))}
 
 
 @dataclass
@@ -199,7 +199,8 @@ def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
         s = EvalSettings(model=model, dataset=first.data.dataset, split="test", limit=args.eval_problems, k=args.eval_k,
                          temperature=first.rollout.temperature, max_new_tokens=first.rollout.max_new_tokens,
                          batch_size=512 if first.data.answer_format == "percent" else 64, seed=0,
-                         chat_template=False, system_prompt="", answer_format=first.data.answer_format, n_boot=200)
+                         chat_template=False, system_prompt="", answer_format=first.data.answer_format, n_boot=200,
+                         token_stats=first.data.answer_format != "percent")  # a stated probability: no token table
         results[name] = run_eval(s, out / "eval" / name, progress=True)
     return results, models
 
