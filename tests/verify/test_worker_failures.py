@@ -129,3 +129,37 @@ def test_memory_bound_is_relative_to_the_workers_own_baseline():
         assert resource.getrlimit(resource.RLIMIT_AS)[0] == limit
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+# A math_verify first on the workers' path that loads the real one and wraps its ``parse``: text containing the
+# marker blocks with the soft alarm ignored (as C code stuck in sympy would), so only the parent's hard kill stops it.
+STALLING_MATH_VERIFY = '''
+import os, signal, sys, time
+_here = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != _here]
+del sys.modules["math_verify"]
+import math_verify as _real
+_parse = _real.parse
+def parse(text, *args, **kwargs):
+    if "capostall" in text:
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        time.sleep(60)
+    return _parse(text, *args, **kwargs)
+_real.parse = parse
+sys.modules["math_verify"] = _real
+'''
+
+
+def test_a_verification_hard_killed_inside_verify_batch_is_timeout_and_the_others_keep_theirs(tmp_path, monkeypatch):
+    (tmp_path / "math_verify.py").write_text(STALLING_MATH_VERIFY)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    C, I, U, T = Verdict.CORRECT, Verdict.INCORRECT, Verdict.UNPARSABLE, Verdict.TIMEOUT
+    with Verifier(workers=1, timeout_s=3.0, startup_timeout_s=60) as v:
+        preds = ["1/2", r"\capostall", r"\frac{1}{3}", None, "0.25", "7"]
+        golds = ["0.5", "1", "0.5", "1", r"\frac{1}{4}", "8"]
+        t = time.perf_counter()
+        assert v.verify_batch(preds, golds) == [C, T, I, U, C, I]
+        assert time.perf_counter() - t < 45  # the stalled item did not run its 60 s
+        assert v.n_killed == 1 and v.worker_failures == []  # killed by the hard timeout, not found dead
+        assert len(v.last_elapsed) == 4 and v.last_elapsed[1] >= v.timeout_s  # the 4 items sent to a worker
+        assert v.verify_batch([r"\frac{2}{4}"], ["0.5"]) == [C]  # the replacement worker judges the next batch
