@@ -163,3 +163,26 @@ def test_a_verification_hard_killed_inside_verify_batch_is_timeout_and_the_other
         assert v.n_killed == 1 and v.worker_failures == []  # killed by the hard timeout, not found dead
         assert len(v.last_elapsed) == 4 and v.last_elapsed[1] >= v.timeout_s  # the 4 items sent to a worker
         assert v.verify_batch([r"\frac{2}{4}"], ["0.5"]) == [C]  # the replacement worker judges the next batch
+
+
+def test_a_worker_not_ready_within_the_startup_timeout_is_a_failed_start(tmp_path, monkeypatch):
+    # a math_verify whose import never finishes: each start is stopped at startup_timeout_s, killed, and reported
+    (tmp_path / "math_verify.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    t = time.perf_counter()
+    with Verifier(workers=1, startup_timeout_s=1.0) as v:
+        with pytest.raises(WorkerError) as e:
+            v.verify_batch(["1/2"], ["0.5"])
+        assert v._pool.n_started == 3
+    assert time.perf_counter() - t < 20  # three starts of ~1 s each, not 60 s
+    msg = str(e.value)
+    assert "a verifier worker was not ready within 1 s (exit status -9)" in msg  # killed before its report
+    assert "3 verifier worker starts failed in a row" in msg
+
+
+def test_workers_ignore_the_callers_working_directory(tmp_path, monkeypatch):
+    # a module in the caller's current directory never shadows the workers' own imports (python -P)
+    (tmp_path / "math_verify.py").write_text("raise ImportError('the working directory was on the path')\n")
+    monkeypatch.chdir(tmp_path)
+    with Verifier(workers=1, timeout_s=3.0, memory_limit_mb=None) as v:  # and no memory bound: still judged
+        assert v.verify_batch([r"\frac{1}{2}", "1/3"], ["0.5", "0.5"]) == [Verdict.CORRECT, Verdict.INCORRECT]
