@@ -48,13 +48,23 @@ def test_timeout_inside_a_batch_keeps_order_and_the_other_verdicts(verifier):
     # the enormous power exceeds the time bound; the items around it are judged normally and stay in place
     preds = [r"\frac{1}{2}", r"9^{9^{9^{9}}}", "3", r"\text{}"]
     golds = ["0.5", "5", "4", "1"]
+    killed = verifier.n_killed
     assert verifier.verify_batch(preds, golds) == [C, T, I, U]
+    assert verifier.n_killed == killed  # the in-worker (soft) alarm stopped it, before the hard limit: no restart
 
 
 def test_equivalence_classes_unparsable_and_timeout_answers(verifier):
     # unparsable answers and an answer whose comparison times out get -1; the rest are classed by first occurrence
     answers = [r"\text{}", "2", r"9^{9^{9^{9}}}", r"\frac{4}{2}", "}{", "5", "2.0"]
+    killed = verifier.n_killed
     assert verifier.equivalence_classes(answers) == [-1, 0, -1, 0, -1, 1, 0]
+    assert verifier.n_killed == killed  # the soft alarm stopped the enormous power's probe: no worker killed
+
+
+def test_equivalence_classes_compare_each_pair_of_distinct_answers_once(verifier):
+    # 3 distinct parsable answers (the repeat is deduplicated first): 3 comparisons in the last dispatch, not 6 or 9
+    assert verifier.equivalence_classes([r"\frac{1}{2}", "0.5", "x", r"\frac{1}{2}"]) == [0, 0, 1, 0]
+    assert len(verifier.last_elapsed) == 3
 
 
 def test_no_shortcut_verifier_judges_integers_in_a_worker():

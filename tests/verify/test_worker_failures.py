@@ -84,6 +84,9 @@ def test_worker_that_cannot_start_is_reported_with_its_own_exception(tmp_path, m
         with pytest.raises(WorkerError) as e:
             v.verify_batch(["1/2"], ["0.5"])
         assert v._pool.n_started == 3
+        with pytest.raises(WorkerError, match="3 verifier worker starts failed in a row"):  # the count starts again
+            v.verify_batch(["1/2"], ["0.5"])
+        assert v._pool.n_started == 6
     msg = str(e.value)
     assert "a verifier worker could not start: ImportError: broken on purpose" in msg
     assert "3 verifier worker starts failed in a row" in msg
