@@ -93,6 +93,21 @@ def test_worker_that_cannot_start_is_reported_with_its_own_exception(tmp_path, m
     assert "Traceback" in msg and "math_verify.py" in msg  # the worker's own traceback tail
 
 
+def test_a_worker_that_dies_while_starting_is_reported_with_its_exit_status_and_stderr(tmp_path, monkeypatch):
+    # a math_verify that ends its interpreter on import, without a report on the protocol pipe
+    (tmp_path / "math_verify.py").write_text("import os, sys\nprint('dying on purpose', file=sys.stderr, flush=True)\n"
+                                             "os._exit(5)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    with Verifier(workers=1, startup_timeout_s=60) as v:
+        with pytest.raises(WorkerError) as e:
+            v.verify_batch(["1/2"], ["0.5"])
+        assert v._pool.n_started == 3
+    msg = str(e.value)
+    assert "a verifier worker died while starting (exit status 5); its stderr ends with:\n" in msg
+    assert "dying on purpose\n" in msg
+    assert "3 verifier worker starts failed in a row" in msg
+
+
 def test_memory_bound_applies_before_math_verify_loads():
     # 1 MB above a bare interpreter cannot hold math-verify's imports. Where the allocation fails decides how the
     # worker reports it (MemoryError or SystemError from Python, or a fatal error on stderr): every start fails.
