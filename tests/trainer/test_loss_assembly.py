@@ -187,25 +187,58 @@ def test_truncated_importance_weights_multiply_each_tokens_loss(monkeypatch):
 
 
 def test_mini_batches_epochs_and_inactive_rows(monkeypatch):
-    """Active rows 0, 1, 3 in 2 mini-batches ([0, 1]: 5 tokens, [3]: 2 tokens) x 2 epochs = 4 optimizer steps, each
-    normalised by its own mini-batch's tokens; row 2 never takes part, nor counts."""
+    """Active rows 0, 1, 2 in 2 mini-batches ([0, 1]: 5 tokens, [2]: 1 token) x 2 epochs = 4 optimizer steps, each
+    normalised by its own mini-batch's tokens; row 3 never takes part, nor counts. KL k1 (beta 0.1) on top:
+    d loss / d logp = -A r + beta."""
+    beta = 0.1
     tr, grads = make_trainer(monkeypatch, **{"algo.aggregation": "token-mean", "optim.mini_batches": 2,
-                                            "optim.ppo_epochs": 2})
-    out = tr.update(make_batch(old_logp=THETA - E, active=(True, True, False, True)))
-    g = M * -ADV[:, None] * torch.exp(E)
+                                            "optim.ppo_epochs": 2, "algo.kl_coef": beta, "algo.kl_estimator": "k1"})
+    out = tr.update(make_batch(old_logp=THETA - E, ref_logp=THETA + D, active=(True, True, True, False)))
+    g = M * (-ADV[:, None] * torch.exp(E) + beta)
     first, second = torch.zeros(4, 3), torch.zeros(4, 3)
-    first[:2], second[3] = g[:2] / 5, g[3] / 2
-    assert len(grads) == 4 and out["policy/updates"] == 4
+    first[:2], second[2] = g[:2] / 5, g[2] / 1
+    assert len(grads) == 4 and out["policy/updates"] == 4 and out["policy/skipped_updates"] == 0
     for got, want in zip(grads, [first, second, first, second]):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
     # logged values: means over the 4 updates of each update's value
-    norms = [float(first.norm()), float(second.norm())]
-    assert out["policy/grad_norm"] == pytest.approx(sum(norms) / 2, rel=1e-6)
-    assert out["policy/loss"] == pytest.approx(float(g[:2].sum() / 5 + g[3].sum() / 2) / 2, rel=1e-6)
-    ent = (ENTROPY * M)[:2].sum() / 5, (ENTROPY * M)[3].sum() / 2
+    assert out["policy/grad_norm"] == pytest.approx((float(first.norm()) + float(second.norm())) / 2, rel=1e-6)
+    tok_loss = M * (-ADV[:, None] * torch.exp(E) + beta * -D)  # k1 = logp - ref = -D
+    assert out["policy/loss"] == pytest.approx(float(tok_loss[:2].sum() / 5 + tok_loss[2].sum()) / 2, rel=1e-6)
+    assert out["policy/kl"] == pytest.approx(float((-D * M)[:2].sum() / 5 + (-D * M)[2].sum()) / 2, rel=1e-6)
+    ent = (ENTROPY * M)[:2].sum() / 5, (ENTROPY * M)[2].sum() / 1
     assert out["policy/entropy"] == pytest.approx(float(sum(ent)) / 2, rel=1e-6)
-    diff = (E.abs() * M)[[0, 1, 3]]  # gen_logp = theta, old = theta - E, over the active rows' 7 tokens
-    assert out["rollout/logprob_diff_mean"] == pytest.approx(float(diff.sum() / 7), rel=1e-6)
+    diff = (E.abs() * M)[:3]  # gen_logp = theta, old = theta - E, over the active rows' 6 tokens
+    assert out["rollout/logprob_diff_mean"] == pytest.approx(float(diff.sum() / 6), rel=1e-6)
+    assert out["rollout/logprob_diff_max"] == pytest.approx(0.1, rel=1e-6)  # row 3's 0.09 would not change it
+
+
+def test_no_active_row_makes_no_update(monkeypatch):
+    """Every group filtered (DAPO): no step, no loss, and the mismatch metric has no token (NaN, max 0)."""
+    tr, grads = make_trainer(monkeypatch, **{"algo.aggregation": "token-mean"})
+    out = tr.update(make_batch(active=(False, False, False, False)))
+    assert grads == [] and out["policy/updates"] == 0 and out["policy/skipped_updates"] == 0
+    assert "policy/loss" not in out and "policy/grad_norm" not in out
+    assert math.isnan(out["rollout/logprob_diff_mean"]) and out["rollout/logprob_diff_max"] == 0.0
+
+
+def test_the_losss_extra_inputs_are_the_micro_batchs_rows(monkeypatch):
+    """C2GSPG reads rewards [N]: each micro-batch's loss gets its own rows, in the log-probs' dtype, with the
+    configured loss_kwargs."""
+    seen, real = [], loop.policy_loss
+
+    def spy(name, logp, old, adv, mask, **kw):
+        seen.append((name, kw["rewards"], kw["lam"], adv.clone()))
+        return real(name, logp, old, adv, mask, **kw)
+
+    tr, _ = make_trainer(monkeypatch, **{"algo.name": "c2gspg", "optim.micro_batch_size": 2,
+                                         "algo.loss_kwargs": {"lam": 0.5}})
+    monkeypatch.setattr(loop, "policy_loss", spy)
+    batch = make_batch()
+    batch.loss_inputs = {"rewards": torch.tensor([1, 0, 0, 1], dtype=torch.int64)}
+    tr.update(batch)
+    assert [(n, r.tolist(), r.dtype, lam) for n, r, lam, _ in seen] == [
+        ("c2gspg", [1.0, 0.0], torch.float32, 0.5), ("c2gspg", [0.0, 1.0], torch.float32, 0.5)]
+    assert [a.tolist() for *_, a in seen] == [[1.0, -0.5], [2.0, -1.5]]
 
 
 def test_on_policy_old_logprobs_are_the_forwards_own(monkeypatch):
