@@ -80,13 +80,19 @@ def test_equivalence_classes_integer_literals(verifier):
     assert verifier.equivalence_classes_batch([["7", "07"], ["5", "6", "5.0"]]) == [[0, 0], [0, 1, 0]]
 
 
-def test_documented_defaults_and_knobs():
-    import os
+@pytest.mark.parametrize("cpus, workers", [(1, 1), (2, 2), (8, 4), (None, 1)])
+def test_default_worker_count_is_the_cpu_count_up_to_4(monkeypatch, cpus, workers):
+    import capo.verify.verifier
 
+    monkeypatch.setattr(capo.verify.verifier.os, "cpu_count", lambda: cpus)
+    assert Verifier().workers == workers  # workers start lazily: nothing is started here
+
+
+def test_documented_defaults_and_knobs():
     v = Verifier()  # workers start lazily: nothing is started here
     assert (v.timeout_s, v.max_answer_chars, v.memory_limit_mb, v.float_rounding, v.startup_timeout_s) == (
         5.0, 1000, 4096, 6, 120.0)
-    assert v.exact_match_shortcut is True and v.workers == max(1, min(4, os.cpu_count() or 1))
+    assert v.exact_match_shortcut is True
     assert v.n_killed == 0 and v.last_elapsed == []
     # the in-worker (soft) limit is a grace period before the hard one: a quarter of it, at most 1 s
     assert Verifier(timeout_s=2.0).grace_s == 0.5 and Verifier(timeout_s=8.0).grace_s == 1.0

@@ -45,7 +45,7 @@ def test_worker_dying_mid_item_is_replaced_and_the_item_retried(one, tmp_path):
 
 def test_an_item_that_kills_every_worker_is_timeout_after_the_retries(tmp_path):
     marker = str(tmp_path / "deaths")
-    with Verifier(workers=1, timeout_s=3.0, max_retries=2) as v:
+    with Verifier(workers=1, timeout_s=3.0) as v:  # max_retries: 2 by default
         assert v._run_tasks([(_worker.die_task, marker, 99)], "timeout") == ["timeout"]
         assert open(marker).read() == "xxx"  # first try + 2 retries
         assert v.n_killed == 3 and len(v.worker_failures) == 3
@@ -93,10 +93,13 @@ def test_worker_that_cannot_start_is_reported_with_its_own_exception(tmp_path, m
     assert "Traceback" in msg and "math_verify.py" in msg  # the worker's own traceback tail
 
 
-def test_a_worker_that_dies_while_starting_is_reported_with_its_exit_status_and_stderr(tmp_path, monkeypatch):
+@pytest.mark.parametrize("stderr, shown", [(b"dying on purpose \xff\n", "dying on purpose \ufffd\n"),
+                                           (b"", "(nothing)")])  # undecodable bytes replaced; an empty stderr named
+def test_a_worker_that_dies_while_starting_is_reported_with_its_exit_status_and_stderr(tmp_path, monkeypatch,
+                                                                                        stderr, shown):
     # a math_verify that ends its interpreter on import, without a report on the protocol pipe
-    (tmp_path / "math_verify.py").write_text("import os, sys\nprint('dying on purpose', file=sys.stderr, flush=True)\n"
-                                             "os._exit(5)\n")
+    (tmp_path / "math_verify.py").write_text(f"import os, sys\nsys.stderr.buffer.write({stderr!r})\n"
+                                             "sys.stderr.flush()\nos._exit(5)\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("PYTHONWARNINGS", "ignore")  # nothing else on the workers' stderr: the report holds all of it
     with Verifier(workers=1, startup_timeout_s=60) as v:
@@ -104,7 +107,7 @@ def test_a_worker_that_dies_while_starting_is_reported_with_its_exit_status_and_
             v.verify_batch(["1/2"], ["0.5"])
         assert v._pool.n_started == 3
     assert str(e.value) == ("a verifier worker died while starting (exit status 5); its stderr ends with:\n"
-                            "dying on purpose\n\n(3 verifier worker starts failed in a row)")
+                            f"{shown}\n(3 verifier worker starts failed in a row)")
 
 
 def test_memory_bound_applies_before_math_verify_loads():
