@@ -52,6 +52,13 @@ def test_an_item_that_kills_every_worker_is_timeout_after_the_retries(tmp_path):
         assert v.verify("1/2", "0.5") is Verdict.CORRECT  # and the verifier still works
 
 
+def test_max_retries_zero_gives_up_at_the_first_death(tmp_path):
+    marker = str(tmp_path / "deaths")
+    with Verifier(workers=1, timeout_s=3.0, max_retries=0) as v:
+        assert v._run_tasks([(_worker.die_task, marker, 99)], "timeout") == ["timeout"]
+        assert open(marker).read() == "x" and v.n_killed == 1
+
+
 def test_worker_killed_from_outside_mid_item_costs_no_verdict(one):
     one.verify("1/2", "0.5")  # starts and warms the worker
     (w,) = one._pool.workers
