@@ -224,3 +224,30 @@ def test_a_closed_verifier_starts_fresh_workers_when_used_again():
     v.close()  # twice is fine
     assert v.verify(r"\frac{1}{3}", "0.5") is Verdict.INCORRECT and v._pool.n_started == 2
     v.close()
+
+
+def test_a_worker_gone_when_given_a_task_is_replaced_and_the_task_requeued(one, monkeypatch):
+    # the race between the idle check and the send: the worker dies after the pool last saw it alive
+    assert one.verify("1/2", "0.5") is Verdict.CORRECT
+    (w,) = one._pool.workers
+    os.kill(w.proc.pid, signal.SIGKILL)
+    w.proc.wait()
+    monkeypatch.setattr(w.proc, "poll", lambda: None)  # still looks alive to the idle check
+    assert one.verify_batch([r"\frac{1}{3}", "2/4"], ["0.5", "0.5"]) == [Verdict.INCORRECT, Verdict.CORRECT]
+    assert one.n_killed == 1 and one._pool.n_started == 2
+    (report,) = one.worker_failures
+    assert report.startswith("a verifier worker was gone when given a task (exit status -9)")
+
+
+def test_failed_starts_are_counted_from_the_last_good_start(tmp_path, monkeypatch):
+    # a worker that started, then dies; its replacements cannot start: three failed starts after the good one
+    with Verifier(workers=1, timeout_s=3.0, startup_timeout_s=60) as v:
+        assert v.verify("1/2", "0.5") is Verdict.CORRECT
+        (tmp_path / "math_verify.py").write_text("raise ImportError('broken on purpose')\n")
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+        (w,) = v._pool.workers
+        os.kill(w.proc.pid, signal.SIGKILL)
+        w.proc.wait()
+        with pytest.raises(WorkerError, match="3 verifier worker starts failed in a row"):
+            v.verify("1/2", "0.5")
+        assert v._pool.n_started == 1 + 3
