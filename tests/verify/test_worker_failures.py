@@ -32,6 +32,13 @@ def test_worker_imports_neither_the_callers_modules_nor_torch(one):
                            (_worker.imported_task, "test_worker_failures")], on_timeout="timeout") == ["no", "yes", "no"]
 
 
+def test_worker_runs_the_same_capo_as_the_caller(one):
+    import capo
+
+    (worker_capo,) = one._run_tasks([(_worker.module_file_task, "capo")], "timeout")
+    assert os.path.realpath(worker_capo) == os.path.realpath(capo.__file__)
+
+
 def test_worker_dying_mid_item_is_replaced_and_the_item_retried(one, tmp_path):
     marker = str(tmp_path / "deaths")
     assert one._run_tasks([(_worker.die_task, marker, 1), (_worker.stall_task, 0.0)], "timeout") == \
