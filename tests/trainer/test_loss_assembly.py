@@ -39,9 +39,19 @@ class TablePolicy(torch.nn.Module):
         self.theta = torch.nn.Parameter(THETA.clone())
 
 
-def table_logprobs(model, prompt_ids, prompt_mask, response_ids, mask, *, with_entropy=False, **_):
-    """The training forward of the table policy: row ``prompt_ids[:, 0]`` of ``theta`` (and fixed entropies)."""
+PROMPT_IDS = torch.tensor([[0, 5], [1, 6], [2, 7], [3, 8]])  # column 0: the row, read by the table forward
+PROMPT_MASK = torch.tensor([[1, 1], [0, 1], [1, 1], [0, 1]])
+RESPONSE_IDS = torch.arange(12).view(4, 3)
+
+
+def table_logprobs(model, prompt_ids, prompt_mask, response_ids, mask, *, autocast_bf16, share_prefix,
+                   with_entropy=False):
+    """The training forward of the table policy: row ``prompt_ids[:, 0]`` of ``theta`` (and fixed entropies). It
+    checks that it is handed the rows' own prompt mask, response ids and mask, and the configured knobs."""
     rows = prompt_ids[:, 0]
+    assert torch.equal(prompt_ids, PROMPT_IDS[rows]) and torch.equal(prompt_mask, PROMPT_MASK[rows])
+    assert torch.equal(response_ids, RESPONSE_IDS[rows]) and torch.equal(mask, MASK[rows])
+    assert (autocast_bf16, share_prefix) == model.knobs
     logp = model.theta[rows]
     return (logp, ENTROPY[rows]) if with_entropy else logp
 
@@ -81,6 +91,7 @@ def make_trainer(monkeypatch, world=1, tis_cap=0.0, **overrides):
     tr = Trainer.__new__(Trainer)
     tr.cfg, tr.acc, tr.world, tr.tis_cap = cfg, TwinProcesses(world), world, tis_cap
     tr.model = TablePolicy()
+    tr.model.knobs = (cfg.model.autocast_bf16, cfg.rollout.share_prefix)
     tr.opt = torch.optim.SGD(tr.model.parameters(), lr=0.0)
     grads = []
     tr.opt.register_step_pre_hook(lambda opt, args, kwargs: grads.append(tr.model.theta.grad.detach().clone()))
@@ -89,8 +100,8 @@ def make_trainer(monkeypatch, world=1, tis_cap=0.0, **overrides):
 
 
 def make_batch(gen_logp=THETA, old_logp=None, ref_logp=None, active=(True, True, True, True)):
-    ro = Rollout(prompt_ids=torch.arange(4)[:, None], prompt_mask=torch.ones(4, 1, dtype=torch.long),
-                 response_ids=torch.zeros(4, 3, dtype=torch.long), response_mask=MASK, gen_logp=gen_logp.clone(),
+    ro = Rollout(prompt_ids=PROMPT_IDS, prompt_mask=PROMPT_MASK, response_ids=RESPONSE_IDS, response_mask=MASK,
+                 gen_logp=gen_logp.clone(),
                  texts=["a", "b", "c", "d"], truncated=torch.zeros(4, dtype=torch.bool))
     return UpdateBatch(ro, ADV.clone(), torch.tensor(active), old_logp, ref_logp, {})
 
