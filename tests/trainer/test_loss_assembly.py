@@ -233,8 +233,8 @@ def test_no_active_row_makes_no_update(monkeypatch):
 
 
 def test_the_losss_extra_inputs_are_the_micro_batchs_rows(monkeypatch):
-    """C2GSPG reads rewards [N]: each micro-batch's loss gets its own rows, in the log-probs' dtype, with the
-    configured loss_kwargs."""
+    """C2GSPG reads rewards [N]: each micro-batch's loss gets its own rows of them and of the advantages, in the
+    log-probs' dtype, with the configured loss_kwargs."""
     seen, real = [], loop.policy_loss
 
     def spy(name, logp, old, adv, mask, **kw):
@@ -246,10 +246,11 @@ def test_the_losss_extra_inputs_are_the_micro_batchs_rows(monkeypatch):
     monkeypatch.setattr(loop, "policy_loss", spy)
     batch = make_batch()
     batch.loss_inputs = {"rewards": torch.tensor([1, 0, 0, 1], dtype=torch.int64)}
+    batch.advantages = batch.advantages.double()  # the advantages too reach the loss in the log-probs' dtype
     tr.update(batch)
     assert [(n, r.tolist(), r.dtype, lam) for n, r, lam, _ in seen] == [
         ("c2gspg", [1.0, 0.0], torch.float32, 0.5), ("c2gspg", [0.0, 1.0], torch.float32, 0.5)]
-    assert [a.tolist() for *_, a in seen] == [[1.0, -0.5], [2.0, -1.5]]
+    assert [(a.tolist(), a.dtype) for *_, a in seen] == [([1.0, -0.5], torch.float32), ([2.0, -1.5], torch.float32)]
 
 
 def test_on_policy_old_logprobs_are_the_forwards_own(monkeypatch):
