@@ -64,6 +64,9 @@ class TwinProcesses:
 
     def __init__(self, world: int):
         self.num_processes = world
+        self.synced = []  # per backward: False inside no_sync(model) (DDP all-reduces no gradient there)
+        self.unsynced_models = []
+        self._sync = True
 
     def reduce(self, x, op):
         assert op == "sum"
@@ -73,10 +76,15 @@ class TwinProcesses:
         return x.repeat(self.num_processes)
 
     def backward(self, loss):
+        self.synced.append(self._sync)
         loss.backward()
 
+    @contextlib.contextmanager
     def no_sync(self, model):
-        return contextlib.nullcontext()
+        self.unsynced_models.append(model)
+        self._sync = False
+        yield
+        self._sync = True
 
     def clip_grad_norm_(self, params, max_norm):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -160,6 +168,16 @@ def test_normalisers_are_global_over_micro_batches_and_processes(monkeypatch, ag
     # same rows, the one-process loss
     assert out["policy/loss"] == pytest.approx(float((M * -ADV[:, None] * SCALE[aggregation]).sum()), rel=1e-6)
     assert out["policy/updates"] == 1 and out["policy/skipped_updates"] == 0
+
+
+@pytest.mark.parametrize("micro, synced", [(0, [True]), (2, [False, True])])
+def test_gradients_are_all_reduced_once_per_mini_batch(monkeypatch, micro, synced):
+    """Data parallel: every micro-batch but the last backpropagates inside the model's no_sync (no all-reduce), the
+    last one synchronises the accumulated gradient."""
+    tr, _ = make_trainer(monkeypatch, 2, **{"algo.aggregation": "token-mean", "optim.micro_batch_size": micro})
+    tr.update(make_batch())
+    assert tr.acc.synced == synced
+    assert all(m is tr.model for m in tr.acc.unsynced_models) and len(tr.acc.unsynced_models) == synced.count(False)
 
 
 def test_importance_ratio_uses_the_batchs_old_logprobs(monkeypatch):
