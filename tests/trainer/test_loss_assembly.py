@@ -302,3 +302,7 @@ def test_a_non_finite_gradient_skips_the_step_and_is_counted(monkeypatch):
     torch.testing.assert_close(grads[0][:2], first, rtol=1e-6, atol=1e-7)
     assert out["policy/grad_norm"] == pytest.approx(float(first.norm()), rel=1e-6)
     assert out["policy/lr"] == 0.0
+    batch.advantages[:] = float("nan")  # both mini-batches: two skipped, none logged
+    out = tr.update(batch)
+    assert len(grads) == 1 and out["policy/updates"] == 0 and out["policy/skipped_updates"] == 2
+    assert "policy/grad_norm" not in out
