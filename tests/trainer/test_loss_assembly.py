@@ -250,6 +250,13 @@ def test_no_active_row_makes_no_update(monkeypatch):
     assert math.isnan(out["rollout/logprob_diff_mean"]) and out["rollout/logprob_diff_max"] == 0.0
 
 
+def test_mismatch_over_one_token(monkeypatch):
+    """Only row 2 (one token) takes part: the mismatch metric is that token's |old - engine| = 0.03."""
+    tr, _ = make_trainer(monkeypatch, **{"algo.aggregation": "token-mean"})
+    out = tr.update(make_batch(gen_logp=THETA + E, active=(False, False, True, False)))
+    assert out["rollout/logprob_diff_mean"] == pytest.approx(0.03, rel=1e-6) and out["policy/updates"] == 1
+
+
 def test_the_losss_extra_inputs_are_the_micro_batchs_rows(monkeypatch):
     """C2GSPG reads rewards [N]: each micro-batch's loss gets its own rows of them and of the advantages, in the
     log-probs' dtype, with the configured loss_kwargs."""
