@@ -108,7 +108,8 @@ def test_worker_that_cannot_start_is_reported_with_its_own_exception(tmp_path, m
 
 
 @pytest.mark.parametrize("stderr, shown", [(b"dying on purpose \xff\n", "dying on purpose \ufffd\n"),
-                                           (b"", "(nothing)")])  # undecodable bytes replaced; an empty stderr named
+                                           (b"", "(nothing)")],
+                         ids=["undecodable", "empty"])  # undecodable bytes replaced; an empty stderr named
 def test_a_worker_that_dies_while_starting_is_reported_with_its_exit_status_and_stderr(tmp_path, monkeypatch,
                                                                                         stderr, shown):
     # a math_verify that ends its interpreter on import, without a report on the protocol pipe
