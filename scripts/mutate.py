@@ -200,7 +200,9 @@ def run_module(module: str, work: Path, out: Path, max_children: int, rerun: boo
     new = statuses(d)
     if module in FUNCTIONS:
         new = {n: st for n, st in new.items() if any(fnmatch.fnmatch(n, g) for g in FUNCTIONS[module])}
-    status = {**before, **{n: new.get(n, "not checked") for n in names}} if rerun else new
+    # a rerun that stopped early (a failed clean run, Ctrl-C) keeps the recorded status of what it did not check
+    status = {**before, **{n: st for n in names if (st := new.get(n, "not checked")) != "not checked"}} \
+        if rerun else new
     survivors = [n for n, st in status.items() if st in ("survived", "no tests")]
     show = ("import sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
             "for n in sys.argv[1:]:\n    print(f'# {n}'); print(get_diff_for_mutant(n)); print()\n")
