@@ -1,8 +1,10 @@
-"""Mutation testing of capo's core, verifier, metrics and step with mutmut 3, one module at a time (`make mutate`).
+"""Mutation testing of capo's core, verifier, metrics, step and the trainer's loss assembly with mutmut 3, one module
+at a time (`make mutate`).
 
 Each module in ``MODULES`` is mutated in its own scratch copy of the repository (``src/`` and ``tests/`` copied to
 ``<workdir>/<module>``, a ``[tool.mutmut]`` section appended to the copied pyproject.toml), against only the test
-files that exercise it, so one module takes minutes rather than the whole suite per mutant. mutmut then runs, for
+files that exercise it, so one module takes minutes rather than the whole suite per mutant (a module listed in
+``FUNCTIONS`` is mutated in the functions named there only). mutmut then runs, for
 each mutant, only the tests that call the mutated function. The script prints a table of scores and writes each
 module's surviving mutants (with their diffs) to ``<out>/<module>.survivors.txt``.
 
@@ -21,6 +23,7 @@ Not in CI and not in ``make test`` (it takes long). Needs the ``mutate`` extra (
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import shutil
@@ -99,6 +102,20 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
          "tests/verify/test_integer_shortcut.py", "tests/verify/test_worker_failures.py"],
         ["-k", "not canary and not sympy_guard"],  # security canaries: they judge nothing the other tests miss
     ),
+    # the trainer's loss assembly: the functions of loop.py named in FUNCTIONS, against hand-computed gradients of a
+    # table policy (no model, no verifier: seconds a mutant)
+    "trainer.loss": (
+        ["src/capo/trainer/loop.py"],
+        ["tests/trainer/test_loss_assembly.py"],
+        [],
+    ),
+}
+
+# modules mutated in some functions only (mutmut mutant-name globs); the other functions of their files are not run
+# and not counted. ``xǁClassǁmethod`` is mutmut's name of a method.
+FUNCTIONS: dict[str, list[str]] = {
+    "trainer.loss": [f"capo.trainer.loop.xǁTrainerǁ{f}__mutmut_*"
+                     for f in ("update", "_micro_step", "_mismatch", "_micro_batches")],
 }
 
 # lines (and the statements that start on them) never mutated: error messages and export lists
@@ -168,7 +185,7 @@ def run_module(module: str, work: Path, out: Path, max_children: int, rerun: boo
     """Run mutmut on one module; with ``rerun``, only on the survivors recorded in ``<out>/<module>.json`` by an
     earlier run on the same source (new tests can only kill more; the others keep their recorded status)."""
     before = json.loads((out / f"{module}.json").read_text())["status"] if rerun else {}
-    names = [n for n, st in before.items() if st in ("survived", "no tests")]
+    names = [n for n, st in before.items() if st in ("survived", "no tests")] if rerun else FUNCTIONS.get(module, [])
     d = prepare(module, work)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
@@ -181,7 +198,11 @@ def run_module(module: str, work: Path, out: Path, max_children: int, rerun: boo
                                  stdout=log, stderr=subprocess.STDOUT)
     minutes = (time.monotonic() - t0) / 60
     new = statuses(d)
-    status = {**before, **{n: new.get(n, "not checked") for n in names}} if rerun else new
+    if module in FUNCTIONS:
+        new = {n: st for n, st in new.items() if any(fnmatch.fnmatch(n, g) for g in FUNCTIONS[module])}
+    # a rerun that stopped early (a failed clean run, Ctrl-C) keeps the recorded status of what it did not check
+    status = {**before, **{n: st for n in names if (st := new.get(n, "not checked")) != "not checked"}} \
+        if rerun else new
     survivors = [n for n, st in status.items() if st in ("survived", "no tests")]
     show = ("import sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
             "for n in sys.argv[1:]:\n    print(f'# {n}'); print(get_diff_for_mutant(n)); print()\n")
@@ -206,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for m, (files, tests, _) in MODULES.items():
             print(f"{m}\n  mutate: {' '.join(files)}\n  tests:  {' '.join(tests)}")
+            if m in FUNCTIONS:
+                print(f"  only:   {' '.join(FUNCTIONS[m])}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

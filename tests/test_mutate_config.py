@@ -41,3 +41,15 @@ def test_score_counts_timeouts_as_detected_and_no_tests_as_missed():
     m = load()
     assert m.score({"killed": 6, "timeout": 1, "survived": 2, "no tests": 1, "not checked": 5}) == 0.7
     assert m.counts_of({"a": "killed", "b": "survived", "c": "killed"}) == {"killed": 2, "survived": 1}
+
+
+def test_function_restrictions_name_methods_that_exist():
+    m = load()
+    for module, globs in m.FUNCTIONS.items():
+        (path,) = m.MODULES[module][0]
+        source = (ROOT / path).read_text()
+        dotted = path.removeprefix("src/").removesuffix(".py").replace("/", ".")
+        for g in globs:
+            assert g.startswith(dotted + ".x\u01c1") and g.endswith("__mutmut_*"), g
+            name = g.removesuffix("__mutmut_*").rpartition("\u01c1")[2]
+            assert f"    def {name}(" in source, f"{module}: {name} is not a method of {path}"

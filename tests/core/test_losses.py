@@ -151,3 +151,33 @@ def test_loss_errors():
         kl_penalty(lp, lp, "k4")
     with pytest.raises(ValueError, match="unknown policy loss 'ppo'; allowed values: c2gspg, cispo, clip_cov, gspo, gspo_token, kl_cov, ppo_clip"):
         policy_loss("ppo", lp, lp, torch.zeros(2), torch.ones(2, 3))
+
+
+def test_documented_defaults():
+    """The defaults the docstrings name, each where it changes a value: PPO-clip eps 0.2 / 0.2 and no dual clip,
+    GSPO eps 3e-4 / 4e-4, CISPO's upper bound 1 + 4 and no lower bound, KL estimator k3 without a clamp,
+    token-mean aggregation, log-ratios clamped at 20."""
+    one, A = torch.ones(1, 3), lambda a: torch.tensor([a], **f64)
+    logp = torch.tensor([[0.7, 1.0, 1.3]], **f64).log()
+    old = torch.zeros(1, 3, **f64)
+    torch.testing.assert_close(ppo_clip_loss(logp, old, A(1.0), one)[0], torch.tensor([[-0.7, -1.0, -1.2]], **f64))
+    torch.testing.assert_close(ppo_clip_loss(logp, old, A(-1.0), one)[0], torch.tensor([[0.8, 1.0, 1.3]], **f64))
+    big = torch.tensor([[5.0]], **f64).log()
+    assert ppo_clip_loss(big, torch.zeros(1, 1, **f64), A(-1.0), torch.ones(1, 1))[0].item() == pytest.approx(5.0)
+    # a log-ratio of 25 counts as 20: loss e^20 (not e^25) for A = -1, and ratio_mean e^20
+    huge, m = ppo_clip_loss(torch.full((1, 1), 25.0, **f64), torch.zeros(1, 1, **f64), A(-1.0), torch.ones(1, 1))
+    assert huge.item() == pytest.approx(math.exp(20)) and m["ratio_mean"].item() == pytest.approx(math.exp(20))
+    # GSPO: s = e^{mean log-ratio} = 1.001 is clipped to 1 + 4e-4 for A > 0; s = 0.999 to 1 - 3e-4 for A < 0
+    for fn in (gspo_loss, gspo_token_loss):
+        up, _ = fn(torch.full((1, 3), math.log(1.001), **f64), old, A(2.0), one)
+        torch.testing.assert_close(up, torch.full((1, 3), -2.0 * (1 + 4e-4), **f64))
+        down, _ = fn(torch.full((1, 3), math.log(0.999), **f64), old, A(-1.0), one)
+        torch.testing.assert_close(down, torch.full((1, 3), 1 - 3e-4, **f64))
+    # CISPO: weights min(r, 5), no lower bound: r = 0.01, 1, 6 -> 0.01, 1, 5
+    lr = torch.tensor([[0.01, 1.0, 6.0]], **f64).log()
+    torch.testing.assert_close(cispo_loss(lr, old, A(1.0), one)[0], -torch.tensor([[0.01, 1.0, 5.0]], **f64) * lr)
+    # KL: k3 by default, unclamped (d = 15: e^15 - 16)
+    lp, ref = torch.tensor([[-1.0, -20.0]], **f64), torch.tensor([[-1.5, -5.0]], **f64)
+    torch.testing.assert_close(kl_penalty(lp, ref), torch.tensor([[math.exp(-0.5) - 0.5, math.exp(15) - 16]], **f64))
+    loss, mask = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]], **f64), torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert aggregate(loss, mask).item() == pytest.approx(10 / 4)

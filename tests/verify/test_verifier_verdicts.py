@@ -48,13 +48,23 @@ def test_timeout_inside_a_batch_keeps_order_and_the_other_verdicts(verifier):
     # the enormous power exceeds the time bound; the items around it are judged normally and stay in place
     preds = [r"\frac{1}{2}", r"9^{9^{9^{9}}}", "3", r"\text{}"]
     golds = ["0.5", "5", "4", "1"]
+    killed = verifier.n_killed
     assert verifier.verify_batch(preds, golds) == [C, T, I, U]
+    assert verifier.n_killed == killed  # the in-worker (soft) alarm stopped it, before the hard limit: no restart
 
 
 def test_equivalence_classes_unparsable_and_timeout_answers(verifier):
     # unparsable answers and an answer whose comparison times out get -1; the rest are classed by first occurrence
     answers = [r"\text{}", "2", r"9^{9^{9^{9}}}", r"\frac{4}{2}", "}{", "5", "2.0"]
+    killed = verifier.n_killed
     assert verifier.equivalence_classes(answers) == [-1, 0, -1, 0, -1, 1, 0]
+    assert verifier.n_killed == killed  # the soft alarm stopped the enormous power's probe: no worker killed
+
+
+def test_equivalence_classes_compare_each_pair_of_distinct_answers_once(verifier):
+    # 3 distinct parsable answers (the repeat is deduplicated first): 3 comparisons in the last dispatch, not 6 or 9
+    assert verifier.equivalence_classes([r"\frac{1}{2}", "0.5", "x", r"\frac{1}{2}"]) == [0, 0, 1, 0]
+    assert len(verifier.last_elapsed) == 3
 
 
 def test_no_shortcut_verifier_judges_integers_in_a_worker():
@@ -70,13 +80,19 @@ def test_equivalence_classes_integer_literals(verifier):
     assert verifier.equivalence_classes_batch([["7", "07"], ["5", "6", "5.0"]]) == [[0, 0], [0, 1, 0]]
 
 
-def test_documented_defaults_and_knobs():
-    import os
+@pytest.mark.parametrize("cpus, workers", [(1, 1), (2, 2), (8, 4), (None, 1)])
+def test_default_worker_count_is_the_cpu_count_up_to_4(monkeypatch, cpus, workers):
+    import capo.verify.verifier
 
+    monkeypatch.setattr(capo.verify.verifier.os, "cpu_count", lambda: cpus)
+    assert Verifier().workers == workers  # workers start lazily: nothing is started here
+
+
+def test_documented_defaults_and_knobs():
     v = Verifier()  # workers start lazily: nothing is started here
     assert (v.timeout_s, v.max_answer_chars, v.memory_limit_mb, v.float_rounding, v.startup_timeout_s) == (
         5.0, 1000, 4096, 6, 120.0)
-    assert v.exact_match_shortcut is True and v.workers == max(1, min(4, os.cpu_count() or 1))
+    assert v.exact_match_shortcut is True
     assert v.n_killed == 0 and v.last_elapsed == []
     # the in-worker (soft) limit is a grace period before the hard one: a quarter of it, at most 1 s
     assert Verifier(timeout_s=2.0).grace_s == 0.5 and Verifier(timeout_s=8.0).grace_s == 1.0

@@ -32,6 +32,13 @@ def test_worker_imports_neither_the_callers_modules_nor_torch(one):
                            (_worker.imported_task, "test_worker_failures")], on_timeout="timeout") == ["no", "yes", "no"]
 
 
+def test_worker_runs_the_same_capo_as_the_caller(one):
+    import capo
+
+    (worker_capo,) = one._run_tasks([(_worker.module_file_task, "capo")], "timeout")
+    assert os.path.realpath(worker_capo) == os.path.realpath(capo.__file__)
+
+
 def test_worker_dying_mid_item_is_replaced_and_the_item_retried(one, tmp_path):
     marker = str(tmp_path / "deaths")
     assert one._run_tasks([(_worker.die_task, marker, 1), (_worker.stall_task, 0.0)], "timeout") == \
@@ -45,11 +52,18 @@ def test_worker_dying_mid_item_is_replaced_and_the_item_retried(one, tmp_path):
 
 def test_an_item_that_kills_every_worker_is_timeout_after_the_retries(tmp_path):
     marker = str(tmp_path / "deaths")
-    with Verifier(workers=1, timeout_s=3.0, max_retries=2) as v:
+    with Verifier(workers=1, timeout_s=3.0) as v:  # max_retries: 2 by default
         assert v._run_tasks([(_worker.die_task, marker, 99)], "timeout") == ["timeout"]
         assert open(marker).read() == "xxx"  # first try + 2 retries
         assert v.n_killed == 3 and len(v.worker_failures) == 3
         assert v.verify("1/2", "0.5") is Verdict.CORRECT  # and the verifier still works
+
+
+def test_max_retries_zero_gives_up_at_the_first_death(tmp_path):
+    marker = str(tmp_path / "deaths")
+    with Verifier(workers=1, timeout_s=3.0, max_retries=0) as v:
+        assert v._run_tasks([(_worker.die_task, marker, 99)], "timeout") == ["timeout"]
+        assert open(marker).read() == "x" and v.n_killed == 1
 
 
 def test_worker_killed_from_outside_mid_item_costs_no_verdict(one):
@@ -84,10 +98,31 @@ def test_worker_that_cannot_start_is_reported_with_its_own_exception(tmp_path, m
         with pytest.raises(WorkerError) as e:
             v.verify_batch(["1/2"], ["0.5"])
         assert v._pool.n_started == 3
+        with pytest.raises(WorkerError, match="3 verifier worker starts failed in a row"):  # the count starts again
+            v.verify_batch(["1/2"], ["0.5"])
+        assert v._pool.n_started == 6
     msg = str(e.value)
     assert "a verifier worker could not start: ImportError: broken on purpose" in msg
     assert "3 verifier worker starts failed in a row" in msg
     assert "Traceback" in msg and "math_verify.py" in msg  # the worker's own traceback tail
+
+
+@pytest.mark.parametrize("stderr, shown", [(b"dying on purpose \xff\n", "dying on purpose \ufffd\n"),
+                                           (b"", "(nothing)")],
+                         ids=["undecodable", "empty"])  # undecodable bytes replaced; an empty stderr named
+def test_a_worker_that_dies_while_starting_is_reported_with_its_exit_status_and_stderr(tmp_path, monkeypatch,
+                                                                                        stderr, shown):
+    # a math_verify that ends its interpreter on import, without a report on the protocol pipe
+    (tmp_path / "math_verify.py").write_text(f"import os, sys\nsys.stderr.buffer.write({stderr!r})\n"
+                                             "sys.stderr.flush()\nos._exit(5)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore")  # nothing else on the workers' stderr: the report holds all of it
+    with Verifier(workers=1, startup_timeout_s=60) as v:
+        with pytest.raises(WorkerError) as e:
+            v.verify_batch(["1/2"], ["0.5"])
+        assert v._pool.n_started == 3
+    assert str(e.value) == ("a verifier worker died while starting (exit status 5); its stderr ends with:\n"
+                            f"{shown}\n(3 verifier worker starts failed in a row)")
 
 
 def test_memory_bound_applies_before_math_verify_loads():
@@ -129,3 +164,98 @@ def test_memory_bound_is_relative_to_the_workers_own_baseline():
         assert resource.getrlimit(resource.RLIMIT_AS)[0] == limit
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+# A math_verify first on the workers' path that loads the real one and wraps its ``parse``: text containing the
+# marker blocks with the soft alarm ignored (as C code stuck in sympy would), so only the parent's hard kill stops it.
+STALLING_MATH_VERIFY = '''
+import os, signal, sys, time
+_here = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != _here]
+del sys.modules["math_verify"]
+import math_verify as _real
+_parse = _real.parse
+def parse(text, *args, **kwargs):
+    if "capostall" in text:
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        time.sleep(60)
+    return _parse(text, *args, **kwargs)
+_real.parse = parse
+sys.modules["math_verify"] = _real
+'''
+
+
+def test_a_verification_hard_killed_inside_verify_batch_is_timeout_and_the_others_keep_theirs(tmp_path, monkeypatch):
+    (tmp_path / "math_verify.py").write_text(STALLING_MATH_VERIFY)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    C, I, U, T = Verdict.CORRECT, Verdict.INCORRECT, Verdict.UNPARSABLE, Verdict.TIMEOUT
+    with Verifier(workers=1, timeout_s=3.0, startup_timeout_s=60) as v:
+        preds = ["1/2", r"\capostall", r"\frac{1}{3}", None, "0.25", "7"]
+        golds = ["0.5", "1", "0.5", "1", r"\frac{1}{4}", "8"]
+        t = time.perf_counter()
+        assert v.verify_batch(preds, golds) == [C, T, I, U, C, I]
+        assert time.perf_counter() - t < 45  # the stalled item did not run its 60 s
+        assert v.n_killed == 1 and v.worker_failures == []  # killed by the hard timeout, not found dead
+        assert len(v.last_elapsed) == 4 and v.last_elapsed[1] >= v.timeout_s  # the 4 items sent to a worker
+        assert v.verify_batch([r"\frac{2}{4}"], ["0.5"]) == [C]  # the replacement worker judges the next batch
+
+
+def test_a_worker_not_ready_within_the_startup_timeout_is_a_failed_start(tmp_path, monkeypatch):
+    # a math_verify whose import never finishes: each start is stopped at startup_timeout_s, killed, and reported
+    (tmp_path / "math_verify.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    t = time.perf_counter()
+    with Verifier(workers=1, startup_timeout_s=1.0) as v:
+        with pytest.raises(WorkerError) as e:
+            v.verify_batch(["1/2"], ["0.5"])
+        assert v._pool.n_started == 3
+    assert time.perf_counter() - t < 20  # three starts of ~1 s each, not 60 s
+    msg = str(e.value)
+    assert "a verifier worker was not ready within 1 s (exit status -9)" in msg  # killed before its report
+    assert "3 verifier worker starts failed in a row" in msg
+
+
+def test_workers_ignore_the_callers_working_directory(tmp_path, monkeypatch):
+    # a module in the caller's current directory never shadows the workers' own imports (python -P)
+    (tmp_path / "math_verify.py").write_text("raise ImportError('the working directory was on the path')\n")
+    monkeypatch.chdir(tmp_path)
+    with Verifier(workers=1, timeout_s=3.0, memory_limit_mb=None) as v:  # and no memory bound: still judged
+        assert v.verify_batch([r"\frac{1}{2}", "1/3"], ["0.5", "0.5"]) == [Verdict.CORRECT, Verdict.INCORRECT]
+
+
+def test_a_closed_verifier_starts_fresh_workers_when_used_again():
+    v = Verifier(workers=1, timeout_s=3.0)
+    assert v.verify("1/2", "0.5") is Verdict.CORRECT
+    (w,) = v._pool.workers
+    v.close()
+    assert w.proc.poll() is not None and v._pool.workers == []  # stopped
+    v.close()  # twice is fine
+    assert v.verify(r"\frac{1}{3}", "0.5") is Verdict.INCORRECT and v._pool.n_started == 2
+    v.close()
+
+
+def test_a_worker_gone_when_given_a_task_is_replaced_and_the_task_requeued(one, monkeypatch):
+    # the race between the idle check and the send: the worker dies after the pool last saw it alive
+    assert one.verify("1/2", "0.5") is Verdict.CORRECT
+    (w,) = one._pool.workers
+    os.kill(w.proc.pid, signal.SIGKILL)
+    w.proc.wait()
+    monkeypatch.setattr(w.proc, "poll", lambda: None)  # still looks alive to the idle check
+    assert one.verify_batch([r"\frac{1}{3}", "2/4"], ["0.5", "0.5"]) == [Verdict.INCORRECT, Verdict.CORRECT]
+    assert one.n_killed == 1 and one._pool.n_started == 2
+    (report,) = one.worker_failures
+    assert report.startswith("a verifier worker was gone when given a task (exit status -9)")
+
+
+def test_failed_starts_are_counted_from_the_last_good_start(tmp_path, monkeypatch):
+    # a worker that started, then dies; its replacements cannot start: three failed starts after the good one
+    with Verifier(workers=1, timeout_s=3.0, startup_timeout_s=60) as v:
+        assert v.verify("1/2", "0.5") is Verdict.CORRECT
+        (tmp_path / "math_verify.py").write_text("raise ImportError('broken on purpose')\n")
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+        (w,) = v._pool.workers
+        os.kill(w.proc.pid, signal.SIGKILL)
+        w.proc.wait()
+        with pytest.raises(WorkerError, match="3 verifier worker starts failed in a row"):
+            v.verify("1/2", "0.5")
+        assert v._pool.n_started == 1 + 3

@@ -299,6 +299,12 @@ def imported_task(module: str) -> str:
     return "yes" if module in sys.modules else "no"
 
 
+def module_file_task(module: str) -> str:
+    """Test hook: the file this worker imported ``module`` from ('' if it has not imported it)."""
+    mod = sys.modules.get(module)
+    return str(getattr(mod, "__file__", "") or "")
+
+
 def address_space_task() -> str:
     """Benchmark hook: this worker's address space in bytes (``VmSize``), as a string; '' where unknown."""
     return str(address_space_bytes() or "")
@@ -306,7 +312,7 @@ def address_space_task() -> str:
 
 # The only functions a request may name (the parent refers to them by function object; see _pool).
 TASKS = {f.__name__: f for f in (ping, verify_task, parse_ok_task, equal_task, probe_sympify, stall_task,
-                                 die_task, imported_task, address_space_task)}
+                                 die_task, imported_task, module_file_task, address_space_task)}
 
 
 def _error(e: BaseException) -> dict:
