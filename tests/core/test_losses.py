@@ -181,3 +181,21 @@ def test_documented_defaults():
     torch.testing.assert_close(kl_penalty(lp, ref), torch.tensor([[math.exp(-0.5) - 0.5, math.exp(15) - 16]], **f64))
     loss, mask = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]], **f64), torch.tensor([[1, 1, 1], [1, 0, 0]])
     assert aggregate(loss, mask).item() == pytest.approx(10 / 4)
+
+
+def test_one_token_and_one_sequence_edges():
+    """Counts of 1 are divided by 1 (the clamps only guard 0); a log-ratio below -20 counts as -20; a KL clamp
+    bounds both sides."""
+    one = torch.ones(1, 1)
+    three = torch.tensor([[3.0]], **f64)
+    for mode in AGGREGATIONS:  # one sequence of one token: every aggregation gives the token's loss
+        assert aggregate(three, one, mode).item() == pytest.approx(3.0), mode
+    _, m = ppo_clip_loss(torch.tensor([[math.log(1.1)]], **f64), torch.zeros(1, 1, **f64), torch.tensor([1.0], **f64),
+                         one)
+    assert m["ratio_mean"].item() == pytest.approx(1.1)
+    low, m = ppo_clip_loss(torch.full((1, 1), -25.0, **f64), torch.zeros(1, 1, **f64), torch.tensor([1.0], **f64), one)
+    assert low.item() == pytest.approx(-math.exp(-20), rel=1e-9) and m["ratio_mean"].item() == pytest.approx(
+        math.exp(-20), rel=1e-9)
+    lp, ref = torch.tensor([[-1.0, -2.0]], **f64), torch.tensor([[-2.0, -1.8]], **f64)  # k1 = 1.0, -0.2
+    torch.testing.assert_close(kl_penalty(lp, ref, "k1", clamp=0.5), torch.tensor([[0.5, -0.2]], **f64))
+    torch.testing.assert_close(kl_penalty(-lp, -ref, "k1", clamp=0.5), torch.tensor([[-0.5, 0.2]], **f64))

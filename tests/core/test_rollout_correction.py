@@ -47,3 +47,9 @@ def test_logprob_mismatch_hand_computed():
     assert float(s["max"]) == 1.0
     empty = logprob_mismatch(old, eng, torch.zeros(2, 3))
     assert float(empty["count"]) == 0 and float(empty["max"]) == 0.0
+
+
+def test_tis_cap_of_exactly_one_is_allowed():
+    old, gen = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])  # ratios e^0.5, e^-1
+    w = truncated_is_weights(old, gen, torch.ones(1, 2), cap=1.0)
+    torch.testing.assert_close(w, torch.tensor([[1.0, math.exp(-1.0)]]))
