@@ -17,7 +17,7 @@ DEMO_TASKS = ("default", "collapse", "word_problems", "stochastic")  # preset na
 # Seconds per training step and per held-out evaluation (of the demo's size) on the 2-core reference machine at one
 # thread (docs/results.md); only used for the up-front estimate, which the demo corrects after its first run.
 SECONDS_ESTIMATE = {"default": (2.0, 30.0), "collapse": (2.0, 30.0), "word_problems": (22.0, 30.0),
-                    "stochastic": (1.5, 10.0)}
+                    "stochastic": (1.0, 10.0)}
 # Algorithms compared when --algos is not given: the reasoning testbed's steps cost ~10x the default's, so its demo
 # compares GRPO and CAPO only; the stochastic task's demo is the positive control, GRPO (std) against Dr. GRPO.
 DEMO_ALGOS = {"default": "grpo,capo,rlcr", "collapse": "grpo,capo,rlcr", "word_problems": "grpo,capo",
