@@ -50,6 +50,7 @@ __all__ = [
     "bootstrap_draws",
     "percentile_interval",
     "stated_probability_summary",
+    "stated_means_summary",
     "stated_question_means",
     "brier",
     "confidence_from_logprob",
@@ -812,7 +813,12 @@ def stated_probability_summary(stated, outcome, group_ids, rate, n_bins: int = 1
     (``n_bins``-bin ECE of m against a), ``stochastic_rate_error`` (mean |m - p|), ``stochastic_auroc`` (AUROC of m
     for a), ``stochastic_mean_stated`` (mean of m), ``stochastic_questions`` (Q'; the others NaN when it is 0).
     Shapes as :func:`stated_question_means`."""
-    m, a, p = stated_question_means(stated, outcome, group_ids, rate)
+    return stated_means_summary(*stated_question_means(stated, outcome, group_ids, rate), n_bins=n_bins)
+
+
+def stated_means_summary(m: torch.Tensor, a: torch.Tensor, p: torch.Tensor, n_bins: int = 10) -> dict[str, float]:
+    """:func:`stated_probability_summary` from :func:`stated_question_means`' output (m, a, p: [Q'] each), for a
+    caller that also needs the means (``capo eval``'s reliability diagram), so they are computed once."""
     out = {"stochastic_questions": float(m.numel())}
     if m.numel() == 0:
         return out | {k: math.nan for k in STATED_KEYS[1:]}

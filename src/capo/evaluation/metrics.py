@@ -181,13 +181,13 @@ def row_rates(rows: list[dict]) -> torch.Tensor | None:
 
 def _stochastic(rows: list[dict], cols: _Columns, n_bins: int) -> tuple[dict, dict]:
     """(metrics, curves) of stated probabilities of stochastic outcomes (verdict "correct" = the fixed outcome a = 1,
-    ``confidence`` = the stated probability): :func:`capo.core.calibration.stated_probability_summary` and the
+    ``confidence`` = the stated probability): :func:`capo.core.calibration.stated_means_summary` and the
     reliability diagram of each question's mean stated probability (``reliability_stated``). Empty without rates."""
     rate = row_rates(rows)
     if rate is None:
         return {}, {}
-    metrics = cal.stated_probability_summary(cols.verbal, cols.c, cols.g, rate, n_bins=n_bins)
-    m, a, _ = cal.stated_question_means(cols.verbal, cols.c, cols.g, rate)
+    m, a, p = cal.stated_question_means(cols.verbal, cols.c, cols.g, rate)
+    metrics = cal.stated_means_summary(m, a, p, n_bins=n_bins)
     curves = {"reliability_stated": _reliability_points(cal.reliability_curve(m, a, n_bins=n_bins))} if m.numel() else {}
     return metrics, curves
 
