@@ -106,7 +106,7 @@ def test_local_file_errors(tmp_path, lines, kwargs, match):
 def test_missing_file_and_unknown_name(tmp_path):
     with pytest.raises(DataError, match=r"nope.jsonl does not exist"):
         load_problems(str(tmp_path / "nope.jsonl"))
-    with pytest.raises(DataError, match=r"unknown dataset 'gsm9k' \(did you mean 'gsm8k'\?\); allowed names: (default, coin_sum, word_problems, stochastic, )?gsm8k, math500"):
+    with pytest.raises(DataError, match=r"unknown dataset 'gsm9k' \(did you mean 'gsm8k'\?\); allowed names: (default, coin_sum, word_problems, stochastic, stochastic_binary, )?gsm8k, math500"):
         load_problems("gsm9k")
     with pytest.raises(DataError, match=r"unknown extension"):
         load_problems(str(write(tmp_path, "d.csv", ["a,b"])))

@@ -21,7 +21,8 @@ class BuildSettings:
                     "fine-tuned on chain sums with a hidden coin; the calibration-collapse testbed) or "
                     "'word_problems' (a 5M Qwen2-shaped model pre-trained from scratch on multi-step word-problem "
                     "traces; the reasoning testbed) or 'stochastic' (an 89k-parameter model stating every probability 01-99 "
-                    "with equal probability; the positive control)", choices=BUILD_TASKS)
+                    "with equal probability; the positive control) or 'stochastic_binary' (the same size, predicting the outcome 0/1 "
+                    "and a confidence 01-99 uniformly and independently)", choices=BUILD_TASKS)
     out: str | None = opt(None, "output folder (created; existing model files are overwritten)", required=True)
     seed: int = opt(0, "seed for initialisation, data order and confidences")
     steps: int | None = opt(None, "warm-up steps (default: the shipped model's)")
@@ -94,7 +95,8 @@ def build_and_measure(out: str, seed: int, eval_prompts: int, task: str = "defau
 
     t0 = time.perf_counter()
     build = {"coin_sum": coin_sum.build_coin_model, "word_problems": word_problems.build_word_model,
-             "stochastic": stochastic.build_stochastic_model}.get(task, build_default_model)
+             "stochastic": stochastic.build_stochastic_model,
+             "stochastic_binary": stochastic.build_binary_model}.get(task, build_default_model)
     stats = build(out, seed=seed, log=lambda s: print(s, file=sys.stderr, flush=True), **kwargs)
     if eval_prompts > 0:
         model, tok = load_default(model_dir=out)

@@ -60,6 +60,10 @@ def run(args) -> int:
     if "stochastic_ece" in m:
         print(f"  stated probabilities, per question ({int(m['stochastic_questions'] or 0)}): ECE "
               f"{f('stochastic_ece')}  mean |p - p_c| {f('stochastic_rate_error')}  AUROC {f('stochastic_auroc')}")
+    if "answer_ece" in m:
+        print(f"  frequency of the predicted outcome 1, per question ({int(m['answer_questions'] or 0)}): ECE "
+              f"{f('answer_ece')}  mean |f - p_c| {f('answer_rate_error')}  AUROC {f('answer_auroc')}; verbal "
+              f"confidence ECE {f('verbal_ece')}")
     print(f"  report: {out / 'report.html'}")
     return 0
 

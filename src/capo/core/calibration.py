@@ -52,6 +52,7 @@ __all__ = [
     "stated_probability_summary",
     "stated_means_summary",
     "stated_question_means",
+    "stochastic_summary",
     "brier",
     "confidence_from_logprob",
     "debiased_l2_ce",
@@ -785,6 +786,8 @@ def summarize(scores_lpm, correct, group_ids, verbal_conf=None, n_bins: int = 10
 
 STATED_KEYS = ("stochastic_questions", "stochastic_ece", "stochastic_rate_error", "stochastic_auroc",
                "stochastic_mean_stated")
+# the same measures of the predicted outcome's frequency (the binary variant, answer format "outcome")
+ANSWER_KEYS = tuple(k.replace("stochastic_", "answer_") for k in STATED_KEYS)
 
 
 def stated_question_means(stated, outcome, group_ids, rate) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -816,11 +819,26 @@ def stated_probability_summary(stated, outcome, group_ids, rate, n_bins: int = 1
     return stated_means_summary(*stated_question_means(stated, outcome, group_ids, rate), n_bins=n_bins)
 
 
-def stated_means_summary(m: torch.Tensor, a: torch.Tensor, p: torch.Tensor, n_bins: int = 10) -> dict[str, float]:
+def stated_means_summary(m: torch.Tensor, a: torch.Tensor, p: torch.Tensor, n_bins: int = 10,
+                         prefix: str = "stochastic") -> dict[str, float]:
     """:func:`stated_probability_summary` from :func:`stated_question_means`' output (m, a, p: [Q'] each), for a
-    caller that also needs the means (``capo eval``'s reliability diagram), so they are computed once."""
-    out = {"stochastic_questions": float(m.numel())}
+    caller that also needs the means (``capo eval``'s reliability diagram), so they are computed once. ``prefix``
+    names the keys (``stochastic``: :data:`STATED_KEYS`; ``answer``: :data:`ANSWER_KEYS`)."""
+    out = {f"{prefix}_questions": float(m.numel())}
     if m.numel() == 0:
-        return out | {k: math.nan for k in STATED_KEYS[1:]}
-    return out | {"stochastic_ece": ece(m, a, n_bins=n_bins), "stochastic_rate_error": float((m - p).abs().mean()),
-                  "stochastic_auroc": auroc(m, a), "stochastic_mean_stated": float(m.mean())}
+        return out | {f"{prefix}_{k}": math.nan for k in ("ece", "rate_error", "auroc", "mean_stated")}
+    return out | {f"{prefix}_ece": ece(m, a, n_bins=n_bins), f"{prefix}_rate_error": float((m - p).abs().mean()),
+                  f"{prefix}_auroc": auroc(m, a), f"{prefix}_mean_stated": float(m.mean())}
+
+
+def stochastic_summary(stated, outcome, group_ids, rate, chosen=None, n_bins: int = 10) -> dict[str, float]:
+    """The per-question measures of stochastic outcomes, the one function ``capo eval``, comparisons and the trainer
+    call: :func:`stated_probability_summary` of the stated probabilities of a = 1 (:data:`STATED_KEYS`) and, given
+    ``chosen`` (the binary variant: [N] the predicted outcome as 1.0 / 0.0, NaN where invalid), the same measures of
+    each question's frequency of predicting 1, the model's own probability of the outcome (:data:`ANSWER_KEYS`;
+    arXiv 2508.11800 reads a model's answer distribution this way). Shapes as :func:`stated_question_means`."""
+    out = stated_probability_summary(stated, outcome, group_ids, rate, n_bins=n_bins)
+    if chosen is not None:
+        out |= stated_means_summary(*stated_question_means(chosen, outcome, group_ids, rate), n_bins=n_bins,
+                                    prefix="answer")
+    return out

@@ -22,7 +22,7 @@ from capo.core import calibration as cal
 from capo.core import voting
 from capo.core.checks import did_you_mean
 from capo.errors import ConfigError
-from capo.evaluation.metrics import assign_answer_ids, columns, row_rates
+from capo.evaluation.metrics import assign_answer_ids, columns, stochastic_columns
 from capo.evaluation.stats import seed_paired_interval
 
 __all__ = ["MEASURES", "Model", "Comparison", "compare", "headline", "model_name"]
@@ -42,6 +42,8 @@ MEASURES = [
     ("confidence_weighted_vote", "verbal-confidence-weighted vote accuracy", 1),
     ("stochastic_ece", "ECE of the per-question stated probability", -1),  # stochastic outcomes only
     ("stochastic_rate_error", "mean |stated - true rate|", -1),
+    ("answer_ece", "ECE of the per-question frequency of predicting 1", -1),  # the binary variant only
+    ("answer_rate_error", "mean |frequency of predicting 1 - true rate|", -1),
 ]
 
 
@@ -63,7 +65,7 @@ class _Seed:
 
     cols: object
     rows_of: dict[str, torch.Tensor]
-    rate: torch.Tensor | None = None  # [N] each row's true rate (stochastic outcomes), else None
+    stochastic: object = None  # metrics.StochasticColumns of stochastic outcomes, else None
 
 
 @dataclass
@@ -136,7 +138,7 @@ def _load_seed(run_dir: Path) -> _Seed | None:
     idx: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         idx.setdefault(str(r["prompt_id"]), []).append(i)
-    return _Seed(cols, {p: torch.tensor(v) for p, v in idx.items()}, row_rates(rows))
+    return _Seed(cols, {p: torch.tensor(v) for p, v in idx.items()}, stochastic_columns(rows))
 
 
 def _answer_ids(rows: list[dict]) -> None:
@@ -161,8 +163,9 @@ def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:
     if c.has_verbal:
         s["confidence_weighted_vote"] = voting.confidence_weighted_vote(aids, ok, g,
                                                                         torch.nan_to_num(c.verbal[ix], nan=0.0)).accuracy
-    if seed.rate is not None:
-        s |= cal.stated_probability_summary(c.verbal[ix], ok, g, seed.rate[ix])
+    if (st := seed.stochastic) is not None:
+        s |= cal.stochastic_summary(st.stated[ix], st.outcome[ix], g, st.rate[ix],
+                                    chosen=None if st.chosen is None else st.chosen[ix])
     return {k: s.get(k, math.nan) for k, _, _ in MEASURES}
 
 

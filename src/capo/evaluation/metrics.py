@@ -179,16 +179,55 @@ def row_rates(rows: list[dict]) -> torch.Tensor | None:
     return torch.tensor([math.nan if r.get("rate") is None else float(r["rate"]) for r in rows], dtype=torch.float64)
 
 
-def _stochastic(rows: list[dict], cols: _Columns, n_bins: int) -> tuple[dict, dict]:
-    """(metrics, curves) of stated probabilities of stochastic outcomes (verdict "correct" = the fixed outcome a = 1,
-    ``confidence`` = the stated probability): :func:`capo.core.calibration.stated_means_summary` and the
-    reliability diagram of each question's mean stated probability (``reliability_stated``). Empty without rates."""
+class StochasticColumns(NamedTuple):
+    """Rows of a stochastic-outcome task as the per-question measures read them ([N] each): ``rate`` the true rate,
+    ``stated`` the stated probability of a = 1 (NaN where invalid), ``outcome`` the fixed outcome a, ``chosen`` the
+    predicted outcome (1.0 / 0.0 / NaN; the binary variant only, else None)."""
+
+    rate: torch.Tensor
+    stated: torch.Tensor
+    outcome: torch.Tensor
+    chosen: torch.Tensor | None
+
+
+def _nan(x) -> float:
+    return math.nan if x is None else float(x)
+
+
+def stochastic_columns(rows: list[dict]) -> StochasticColumns | None:
+    """The stochastic-outcome columns of generation rows (the grader's ``stated`` / ``outcome`` / ``chosen``,
+    written by ``capo eval``); None without rates. Rows written before those fields existed (the ``percent`` format
+    only) read ``confidence`` as the stated probability and the verdict as the outcome, as they were graded."""
     rate = row_rates(rows)
     if rate is None:
+        return None
+    if all("outcome" in r for r in rows):
+        stated = torch.tensor([_nan(r.get("stated")) for r in rows], dtype=torch.float64)
+        outcome = torch.tensor([bool(r["outcome"]) for r in rows], dtype=torch.bool)
+    else:
+        stated = torch.tensor([_nan(r.get("confidence")) for r in rows], dtype=torch.float64)
+        outcome = torch.tensor([r["verdict"] == "correct" for r in rows], dtype=torch.bool)
+    chosen = (torch.tensor([_nan(r.get("chosen")) for r in rows], dtype=torch.float64)
+              if any("chosen" in r for r in rows) else None)
+    return StochasticColumns(rate, stated, outcome, chosen)
+
+
+def _stochastic(rows: list[dict], cols: _Columns, n_bins: int) -> tuple[dict, dict]:
+    """(metrics, curves) of stated probabilities of stochastic outcomes: :func:`capo.core.calibration.
+    stochastic_summary` and the reliability diagram of each question's mean stated probability
+    (``reliability_stated``; with the binary variant also ``reliability_answer``, of each question's frequency of
+    predicting 1). Empty without rates."""
+    st = stochastic_columns(rows)
+    if st is None:
         return {}, {}
-    m, a, p = cal.stated_question_means(cols.verbal, cols.c, cols.g, rate)
+    m, a, p = cal.stated_question_means(st.stated, st.outcome, cols.g, st.rate)
     metrics = cal.stated_means_summary(m, a, p, n_bins=n_bins)
     curves = {"reliability_stated": _reliability_points(cal.reliability_curve(m, a, n_bins=n_bins))} if m.numel() else {}
+    if st.chosen is not None:
+        m, a, p = cal.stated_question_means(st.chosen, st.outcome, cols.g, st.rate)
+        metrics |= cal.stated_means_summary(m, a, p, n_bins=n_bins, prefix="answer")
+        if m.numel():
+            curves["reliability_answer"] = _reliability_points(cal.reliability_curve(m, a, n_bins=n_bins))
     return metrics, curves
 
 

@@ -42,6 +42,9 @@ SUMMARY_KEYS = [
     ("stochastic_ece", "ECE of the per-question stated probability", "{:.3f}"),
     ("stochastic_rate_error", "mean |stated - true rate|", "{:.3f}"),
     ("stochastic_auroc", "AUROC of the per-question stated probability", "{:.3f}"),
+    ("answer_ece", "ECE of the per-question frequency of predicting 1", "{:.3f}"),
+    ("answer_rate_error", "mean |frequency of predicting 1 - true rate|", "{:.3f}"),
+    ("answer_auroc", "AUROC of the per-question frequency of predicting 1", "{:.3f}"),
 ]
 SCALING_KEYS = [
     ("majority_vote", "majority vote"),
@@ -63,6 +66,7 @@ COUNT_KEYS = [
 BETTER = {"accuracy": 1, "mean_at_k": 1, "auc_mean": 1, "auroc": 1, "ece": -1, "brier": -1, "aurc": -1,
           "verbal_ece": -1, "verbal_brier": -1, "verbal_auroc": 1, "verbal_auc_mean": 1,
           "stochastic_ece": -1, "stochastic_rate_error": -1, "stochastic_auroc": 1,
+          "answer_ece": -1, "answer_rate_error": -1, "answer_auroc": 1,
           **{k: 1 for k, _ in SCALING_KEYS}}
 
 CSS = """
@@ -387,6 +391,10 @@ def _eval_plots(evals: list[RunInfo], cmp) -> str:
         parts.append(_img(plots.plot_reliability_panels(curves, key="reliability_stated",
                                                         title="per-question mean stated probability"),
                           "reliability diagrams stated probability"))
+    if any("reliability_answer" in c for c in curves.values()):
+        parts.append(_img(plots.plot_reliability_panels(curves, key="reliability_answer",
+                                                        title="per-question frequency of predicting 1"),
+                          "reliability diagrams predicted outcome"))
     parts.append("</div>")
     return "".join(parts)
 

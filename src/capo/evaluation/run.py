@@ -210,8 +210,21 @@ def make_row(*, prompt_id: str, prompt_idx: int, sample_idx: int, prompt: str, g
         "text": text, "answer": graded.answers[i], "verdict": graded.verdicts[i].value, "n_tokens": n_tokens,
         "mean_logprob": mean_logprob, "sum_logprob": sum_logprob, "confidence": rl.confidence,
         "format_ok": rl.format_ok, "finish_reason": finish_reason, **({} if rate is None else {"rate": rate}),
-        **(token_fields or {}),
+        **_stochastic_fields(graded, i), **(token_fields or {}),
     }
+
+
+def _stochastic_fields(graded: Graded, i: int) -> dict:
+    """The grader's stochastic-outcome columns of row ``i`` (``outcome``, ``stated``, ``chosen``), where it has them."""
+    if graded.outcome is None:
+        return {}
+    out = {"outcome": int(graded.outcome[i]), "stated": _float_or_none(graded.stated[i])}
+    return out | ({} if graded.chosen is None else {"chosen": _float_or_none(graded.chosen[i])})
+
+
+def _float_or_none(x: torch.Tensor) -> float | None:
+    v = float(x)
+    return None if math.isnan(v) else v
 
 
 def _token_fields(smp: Sample) -> dict:
@@ -261,6 +274,9 @@ def _draw(out_dir: Path, curves: dict, info: RunInfo) -> None:
     if "reliability_stated" in curves:
         plots.plot_reliability(one, pdir / "reliability_stated.png", key="reliability_stated",
                                title="Reliability diagram (per-question mean stated probability)")
+    if "reliability_answer" in curves:
+        plots.plot_reliability(one, pdir / "reliability_answer.png", key="reliability_answer",
+                               title="Reliability diagram (per-question frequency of predicting 1)")
     atomic_write_text(out_dir / "report.html", render_report([info], title=f"capo eval: {out_dir.name}"))
 
 

@@ -14,6 +14,16 @@ probability and the gold is the question's fixed outcome ("1" / "0"): ``correct`
 says: it is the event a probability is stated for), ``confidence`` = the stated probability (two digits / 100, NaN when
 the strict parse fails, :func:`capo.verify.extract_percent`), ``format_ok`` = it parsed; verdicts are CORRECT /
 INCORRECT by the outcome, so every verbal-confidence metric measures the stated probability against the outcome.
+
+With ``answer_format="outcome"`` (the binary variant, ``stochastic_binary``) the response predicts the outcome and
+states a confidence that the prediction is right, ``D NN`` (:func:`capo.verify.extract_outcome`): ``answers`` = the
+digit D, ``correct`` = D equals the gold outcome, ``confidence`` = NN / 100 (the stated P(correct), RLCR's
+``confidence``), ``format_ok`` = it parsed (an unparsed response is UNPARSABLE, never correct); no verifier call.
+
+For both formats ``Graded`` also carries the stochastic-outcome columns the per-question measures read
+(:func:`capo.core.calibration.stochastic_summary`): ``outcome`` (the fixed outcome a), ``stated`` (the probability of
+a = 1 the response states: the percent, or NN / 100 for D = 1 and 1 - NN / 100 for D = 0) and, for ``outcome``,
+``chosen`` (the predicted outcome D as 1.0 / 0.0).
 """
 
 from __future__ import annotations
@@ -23,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from capo.verify import (DEFAULT_ANSWER_FORMAT, RlcrParse, Verdict, Verifier, extract_answer, extract_percent,
-                         extract_rlcr)
+from capo.verify import (DEFAULT_ANSWER_FORMAT, RlcrParse, Verdict, Verifier, extract_answer, extract_outcome,
+                         extract_percent, extract_rlcr)
 
 __all__ = ["Graded", "grade"]
 
@@ -40,6 +50,10 @@ class Graded:
     confidence: torch.Tensor  # [N] float32
     format_ok: torch.Tensor  # [N] bool (RLCR tags well formed)
     reward_errors: int = 0  # user reward function failures scored 0 (algo.reward_errors=zero)
+    # stochastic outcomes only (answer formats percent / outcome; None otherwise), [N] each:
+    outcome: torch.Tensor | None = None  # bool, the question's fixed outcome a
+    stated: torch.Tensor | None = None  # float64, the stated probability of a = 1 (NaN where invalid)
+    chosen: torch.Tensor | None = None  # float64, the predicted outcome D (1.0 / 0.0, NaN where invalid; outcome only)
 
 
 def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, answer_format: str = DEFAULT_ANSWER_FORMAT,
@@ -52,6 +66,8 @@ def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, ans
         raise ValueError(f"got {len(texts)} responses but {len(golds)} gold answers; they must match")
     if answer_format == "percent":
         return _grade_stated(texts, golds, device)
+    if answer_format == "outcome":
+        return _grade_outcome(texts, golds, device)
     parses = [extract_rlcr(t) for t in texts]
     answers = [extract_answer(t, answer_format, fallback_last_number=fallback_last_number) for t in texts]
     verdicts = verifier.verify_batch(answers, [str(g) for g in golds])
@@ -62,17 +78,45 @@ def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, ans
     return Graded(answers, verdicts, parses, correct, conf, fmt)
 
 
-def _grade_stated(texts: Sequence[str], golds: Sequence[str], device) -> Graded:
-    """The ``percent`` format: a stated probability against a fixed outcome (module docstring). No verifier call."""
+def _outcomes(golds: Sequence[str], fmt: str) -> list[bool]:
     bad = next((g for g in golds if str(g) not in ("0", "1")), None)
     if bad is not None:
-        raise ValueError(f"answer_format 'percent' grades a stated probability against a fixed outcome, so every gold "
-                         f"answer must be '1' or '0'; got {bad!r}")
+        raise ValueError(f"answer_format {fmt!r} grades against a fixed outcome, so every gold answer must be '1' or "
+                         f"'0'; got {bad!r}")
+    return [str(g) == "1" for g in golds]
+
+
+def _f64(values, device) -> torch.Tensor:
+    return torch.tensor([float("nan") if v is None else v for v in values], dtype=torch.float64, device=device)
+
+
+def _grade_stated(texts: Sequence[str], golds: Sequence[str], device) -> Graded:
+    """The ``percent`` format: a stated probability against a fixed outcome (module docstring). No verifier call."""
+    outcome = _outcomes(golds, "percent")
     answers = [extract_percent(t) for t in texts]
     stated = [None if a is None else int(a) / 100 for a in answers]
-    outcome = [str(g) == "1" for g in golds]
     parses = [RlcrParse(a, q, a is not None) for a, q in zip(answers, stated)]
     verdicts = [Verdict.CORRECT if o else Verdict.INCORRECT for o in outcome]
-    return Graded(answers, verdicts, parses, torch.tensor(outcome, dtype=torch.bool, device=device),
+    a = torch.tensor(outcome, dtype=torch.bool, device=device)
+    return Graded(answers, verdicts, parses, a,
                   torch.tensor([float("nan") if q is None else q for q in stated], dtype=torch.float32, device=device),
-                  torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device))
+                  torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device),
+                  outcome=a, stated=_f64(stated, device))
+
+
+def _grade_outcome(texts: Sequence[str], golds: Sequence[str], device) -> Graded:
+    """The ``outcome`` format: a predicted outcome and the stated confidence that it is right (module docstring)."""
+    outcome = _outcomes(golds, "outcome")
+    parsed = [extract_outcome(t) for t in texts]
+    answers = [None if p is None else p[0] for p in parsed]
+    conf = [None if p is None else int(p[1]) / 100 for p in parsed]
+    parses = [RlcrParse(d, q, d is not None) for d, q in zip(answers, conf)]
+    verdicts = [Verdict.UNPARSABLE if d is None else Verdict.CORRECT if (d == "1") == o else Verdict.INCORRECT
+                for d, o in zip(answers, outcome)]
+    stated = [None if p is None else (int(p[1]) if p[0] == "1" else 100 - int(p[1])) / 100 for p in parsed]
+    return Graded(answers, verdicts, parses,
+                  torch.tensor([v == Verdict.CORRECT for v in verdicts], dtype=torch.bool, device=device),
+                  torch.tensor([float("nan") if q is None else q for q in conf], dtype=torch.float32, device=device),
+                  torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device),
+                  outcome=torch.tensor(outcome, dtype=torch.bool, device=device), stated=_f64(stated, device),
+                  chosen=_f64([None if d is None else float(d == "1") for d in answers], device))

@@ -12,20 +12,29 @@ import warnings
 import numpy as np
 
 MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "aurc", "verbal_ece", "majority_vote",
-            "perplexity_consistency", "stochastic_ece", "stochastic_rate_error", "stochastic_auroc")
-# measures only some tasks have (the stochastic task's): a report's tables show them only where a method has them
-OPTIONAL_MEASURES = ("stochastic_ece", "stochastic_rate_error", "stochastic_auroc")
+            "perplexity_consistency", "stochastic_ece", "stochastic_rate_error", "stochastic_auroc", "answer_ece",
+            "answer_rate_error", "answer_auroc")
+# measures only some tasks have (the stochastic task's; answer_* its binary variant's): a report's tables show them
+# only where a method has them
+OPTIONAL_MEASURES = ("stochastic_ece", "stochastic_rate_error", "stochastic_auroc", "answer_ece", "answer_rate_error",
+                     "answer_auroc")
 # the two measures a report leads with (per-seed table, the reading at a glance, the curves): accuracy and AUC-mean;
 # for stochastic outcomes (records with the stated-probability measures) the stated probability's ECE and |m - p_c|
 HEADLINE_PAIR = ("accuracy", "auc_mean")
 STOCHASTIC_PAIR = ("stochastic_ece", "stochastic_rate_error")
+# the binary variant: the calibration of the model's own probability of the outcome (what a correctness reward
+# breaks) and of its stated confidence (what RLCR's Brier term trains)
+BINARY_PAIR = ("answer_ece", "verbal_ece")
 LABELS = {"accuracy": "accuracy", "auc_mean": "AUC-mean", "stochastic_ece": "stated-probability ECE",
-          "stochastic_rate_error": "mean |stated - true rate|"}
+          "stochastic_rate_error": "mean |stated - true rate|", "answer_ece": "predicted-outcome ECE",
+          "verbal_ece": "stated-confidence ECE"}
 
 
 def headline_pair(methods: dict) -> tuple[str, str]:
-    """:data:`STOCHASTIC_PAIR` when a method of the summary's ``methods`` has the stated-probability ECE, else
-    :data:`HEADLINE_PAIR`."""
+    """:data:`BINARY_PAIR` when a method of the summary's ``methods`` has the predicted outcome's ECE,
+    :data:`STOCHASTIC_PAIR` when one has the stated-probability ECE, else :data:`HEADLINE_PAIR`."""
+    if any("answer_ece" in v for v in methods.values()):
+        return BINARY_PAIR
     return STOCHASTIC_PAIR if any("stochastic_ece" in v for v in methods.values()) else HEADLINE_PAIR
 
 
@@ -54,7 +63,7 @@ def from_base(records: dict, bases: list[dict], effect: float) -> dict:
     return out
 
 
-CURVE_MEASURES = ("accuracy", "auc_mean", "auroc", "stochastic_ece", "stochastic_rate_error")
+CURVE_MEASURES = ("accuracy", "auc_mean", "auroc", "stochastic_ece", "stochastic_rate_error", "answer_ece")
 
 
 def along_curve(records: dict, effect: float) -> dict:

@@ -63,6 +63,9 @@ _TASKS = (
     GeneratedTask("stochastic", "stated probabilities (01-99) of fixed coin-flip outcomes whose rate is set by a "
                   "category (arXiv 2508.11800's setting; the positive control)", 4,
                   "capo.tasks.stochastic", "stochastic_problems", "stochastic_model", answer_format="percent"),
+    GeneratedTask("stochastic_binary", "the stochastic task's questions as a prediction of the outcome (0/1) and a "
+                  "stated confidence 01-99 that it is right, 'D NN' (where CAPO and RLCR apply)", 6,
+                  "capo.tasks.stochastic", "binary_problems", "stochastic_binary_model", answer_format="outcome"),
 )
 GENERATED_TASKS: dict[str, GeneratedTask] = {t.name: t for t in _TASKS}
 

@@ -62,8 +62,20 @@ def score(stated: torch.Tensor, outcome: torch.Tensor, rule: str = "log") -> tor
 #
 # Gold = the fixed outcome "1" / "0"; the ``percent`` answer format grades it (capo.rollout.grade: ``correct`` = the
 # outcome, ``confidence`` = the stated probability), and the ``log_score`` / ``brier_score`` rewards score it.
+#
+# The binary variant ``stochastic_binary`` asks the same questions (the same draws) as "predict the outcome and say
+# how sure you are", where a prediction can be right or wrong, so that CAPO (verdicts = the prediction matches the
+# outcome) and RLCR (a Brier term on the stated confidence) apply:
+#
+#     prompt   = "<s>B(C)="
+#     response = "1 73</s>"              (predicts a = 1, 73% sure it is right; capo.verify.extract_outcome)
+#
+# The ``outcome`` answer format grades it: ``correct`` = D == a, ``confidence`` = 0.73 (the stated P(correct)); the
+# stated probability of a = 1 is 0.73 for D = 1 and 0.27 for D = 0, and the frequency of D = 1 is the model's own
+# probability of the outcome (capo.core.calibration.stochastic_summary measures both per question).
 
 TASK_NAME = "stochastic"
+BINARY_TASK_NAME = "stochastic_binary"
 SPLITS = ("train", "eval")
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 # n_categories: categories (one letter each, at most 26); rate_seed: the draw of the true rates p_c ~ U(0, 1), shared
@@ -106,6 +118,17 @@ def stochastic_problems(split: str, n: int, seed: int = 0, options: dict | None 
     a ~ Bernoulli(p_c) from its own stream seeded by (split, seed, i), so the first k questions do not depend on n
     and the splits draw different outcomes (their prompts can coincide: a prompt is only its category). Gold "1" /
     "0"; ``meta``: ``category``, ``rate`` (p_c)."""
+    return _problems(split, n, seed, options, TASK_NAME, "P")
+
+
+def binary_problems(split: str, n: int, seed: int = 0, options: dict | None = None) -> list:
+    """The binary variant's questions (``stochastic_binary``): the same draws as :func:`stochastic_problems` for the
+    same split, seed and options (question i has the same category and outcome), asked as ``B(C)=``: predict the
+    outcome and state a confidence that the prediction is right, ``D NN``."""
+    return _problems(split, n, seed, options, BINARY_TASK_NAME, "B")
+
+
+def _problems(split: str, n: int, seed: int, options: dict | None, name: str, letter: str) -> list:
     from capo.tasks.problem import Problem
 
     if split not in SPLITS:
@@ -117,13 +140,13 @@ def stochastic_problems(split: str, n: int, seed: int = 0, options: dict | None 
         rng = _question_rng(split, seed, i)
         c = rng.randrange(opts["n_categories"])
         a = int(rng.random() < rates[c])
-        out.append(Problem(id=f"{TASK_NAME}-{split}-{seed}-{i}", prompt=f"P({LETTERS[c]})=", answer=str(a),
+        out.append(Problem(id=f"{name}-{split}-{seed}-{i}", prompt=f"{letter}({LETTERS[c]})=", answer=str(a),
                            meta={"category": c, "rate": rates[c]}))
     return out
 
 
 def format_prompt(problem) -> str:
-    """The raw prompt after BOS: ``P(C)=``."""
+    """The raw prompt after BOS: ``P(C)=`` (``B(C)=`` for the binary variant)."""
     return problem.prompt
 
 
@@ -132,6 +155,7 @@ def format_prompt(problem) -> str:
 ARCH = {"hidden": 64, "layers": 2, "heads": 4, "intermediate": 128, "max_positions": 32}
 WARMUP = {"steps": 600, "batch_size": 512, "lr": 3e-3, "warmup_steps": 50}
 MAX_NEW_TOKENS = 4  # two digits and EOS, one token of slack (a longer answer is truncated and invalid)
+BINARY_MAX_NEW_TOKENS = 6  # "D NN" and EOS, one token of slack
 
 
 def _uniform_answer(problem, rng) -> str:
@@ -158,12 +182,49 @@ def stated_distribution(model, tokenizer, n_categories: int = 20) -> torch.Tenso
     return out
 
 
+@torch.no_grad()
+def binary_distribution(model, tokenizer, n_categories: int = 20) -> torch.Tensor:
+    """[C, 2, 99] float64: the exact probability, at temperature 1, that the model's whole response to ``B(c)=`` is
+    ``D NN`` followed by EOS, for D = 0, 1 and NN = 01 ... 99 (the sum is < 1: the rest is invalid output). One
+    batched forward per category over the 198 whole sequences (the character tokenizer: one token per character)."""
+    answers = [f"{d} {k:02d}" for d in (0, 1) for k in range(1, 100)]
+    eos = tokenizer.eos_token_id
+    out = torch.zeros(n_categories, 2 * 99, dtype=torch.float64)
+    for c in range(n_categories):
+        base = tokenizer(f"B({LETTERS[c]})=")["input_ids"]
+        seqs = torch.tensor([base + tokenizer(a, add_special_tokens=False)["input_ids"] + [eos] for a in answers])
+        lp = torch.log_softmax(model(input_ids=seqs).logits.double(), -1)[:, len(base) - 1 : -1]
+        out[c] = lp.gather(-1, seqs[:, len(base):, None]).squeeze(-1).sum(1).exp()
+    return out.view(n_categories, 2, 99)
+
+
+def _uniform_binary(problem, rng) -> str:
+    return f"{rng.randint(0, 1)} {rng.randint(1, 99):02d}"
+
+
+def _distribution_stats(variant: str, llama, tok) -> dict:
+    """The shipped model's exact answer distribution against the uniform one it was trained on."""
+    if variant == "percent":
+        dist = stated_distribution(llama, tok, DEFAULT_OPTIONS["n_categories"])
+        valid = dist.sum(1)
+        tv = 0.5 * (dist - 1 / 99).abs().sum(1) + 0.5 * (1 - valid)
+        return {"tv_from_uniform_max": round(float(tv.max()), 4), "valid_mass_min": round(float(valid.min()), 4)}
+    dist = binary_distribution(llama, tok, DEFAULT_OPTIONS["n_categories"]).flatten(1)
+    valid = dist.sum(1)
+    tv = 0.5 * (dist - 1 / 198).abs().sum(1) + 0.5 * (1 - valid)
+    p1 = dist[:, 99:].sum(1) / valid
+    return {"tv_from_uniform_max": round(float(tv.max()), 4), "valid_mass_min": round(float(valid.min()), 4),
+            "p_predict_1_range": [round(float(p1.min()), 4), round(float(p1.max()), 4)]}
+
+
 def build_stochastic_model(out_dir, seed: int = 0, *, steps: int | None = None, batch_size: int | None = None,
-                           lr: float | None = None, log_every: int = 100, log=None) -> dict:
+                           lr: float | None = None, log_every: int = 100, log=None, variant: str = "percent") -> dict:
     """Train the stochastic task's base model from scratch (fp32, CPU, deterministic for a seed and thread count) on
-    uniform answers 01-99 to ``P(c)=`` prompts of every category and save it to ``out_dir``. The record (also in
-    ``out_dir/capo_default.json``) has the exact stated distribution's distance from uniform
-    (:func:`stated_distribution`): total variation per category (max), the valid mass (min)."""
+    uniform answers to the prompts of every category and save it to ``out_dir``: ``variant`` "percent" (the task
+    ``stochastic``: 01-99 to ``P(c)=``) or "outcome" (``stochastic_binary``: ``D NN`` to ``B(c)=``, D and NN
+    independent and uniform). The record (also in ``out_dir/capo_default.json``) has the exact answer distribution's
+    distance from uniform (:func:`stated_distribution`, :func:`binary_distribution`): total variation per category
+    (max), the valid mass (min) and, for "outcome", the range over categories of P(D = 1)."""
     import json
     import random
     import time
@@ -173,6 +234,9 @@ def build_stochastic_model(out_dir, seed: int = 0, *, steps: int | None = None, 
 
     from capo.tasks import default as d
 
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    problems_fn, respond, name = VARIANTS[variant]
     steps, batch_size = int(steps or WARMUP["steps"]), int(batch_size or WARMUP["batch_size"])
     lr = float(lr or WARMUP["lr"])
     t0 = time.perf_counter()
@@ -181,22 +245,32 @@ def build_stochastic_model(out_dir, seed: int = 0, *, steps: int | None = None, 
     tok = d.build_tokenizer(model_max_length=ARCH["max_positions"])
     model = Qwen2ForCausalLM(d._model_config(tok, ARCH["hidden"], ARCH["layers"], ARCH["heads"], ARCH["intermediate"],
                                              max_positions=ARCH["max_positions"])).float()
-    train = stochastic_problems("train", steps * batch_size, seed=seed)
+    train = problems_fn("train", steps * batch_size, seed=seed)
     losses = d._warmup(model, train, tok, rng, steps=steps, batch_size=batch_size, lr=lr,
                        warmup_steps=int(WARMUP["warmup_steps"]), log_every=log_every, log=log,
-                       respond=_uniform_answer, prompt_fn=format_prompt)
+                       respond=respond, prompt_fn=format_prompt)
     llama = d._export_llama(model)
-    dist = stated_distribution(llama, tok, DEFAULT_OPTIONS["n_categories"])
-    valid = dist.sum(1)
-    tv = 0.5 * (dist - 1 / 99).abs().sum(1) + 0.5 * (1 - valid)
     d.save_model(llama, tok, Path(out_dir))
-    stats = {"task": f"capo:{TASK_NAME}", "options": DEFAULT_OPTIONS, "seed": seed, "steps": steps,
+    answer_chars = 2 if variant == "percent" else 4
+    n_answers = 99 if variant == "percent" else 198
+    stats = {"task": f"capo:{name}", "options": DEFAULT_OPTIONS, "seed": seed, "steps": steps,
              "batch_size": batch_size, "lr": lr, "warmup_steps": int(WARMUP["warmup_steps"]),
              "architecture": {"type": "llama (trained as qwen2, exported)", **ARCH, "vocab": len(tok)},
              "params": sum(p.numel() for p in model.parameters()),
-             "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), "uniform_loss": round(math.log(99) / 3, 4),
-             "tv_from_uniform_max": round(float(tv.max()), 4), "valid_mass_min": round(float(valid.min()), 4),
+             "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
+             "uniform_loss": round(math.log(n_answers) / (answer_chars + 1), 4),
+             **_distribution_stats(variant, llama, tok),
              "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
              "train_seconds": round(time.perf_counter() - t0, 1)}
     (Path(out_dir) / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")
     return stats
+
+
+def build_binary_model(out_dir, seed: int = 0, **kw) -> dict:
+    """:func:`build_stochastic_model` with ``variant="outcome"``: the base model of ``stochastic_binary``."""
+    return build_stochastic_model(out_dir, seed, variant="outcome", **kw)
+
+
+# variant -> (problems, the uniform answer the base model learns, task name)
+VARIANTS = {"percent": (stochastic_problems, _uniform_answer, TASK_NAME),
+            "outcome": (binary_problems, _uniform_binary, BINARY_TASK_NAME)}

@@ -41,7 +41,7 @@ from capo.core import (
     sequence_logprob_mean,
     truncated_is_weights,
 )
-from capo.core.calibration import stated_probability_summary, summarize
+from capo.core.calibration import stochastic_summary, summarize
 from capo.errors import CapoError
 from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
@@ -385,10 +385,11 @@ class Trainer:
         gid = torch.arange(len(share), device=self.acc.device).repeat_interleave(k) * self.world + self.rank
         t = self.acc.gather_for_metrics
         s = summarize(t(lpm).cpu(), t(g.correct).cpu(), t(gid).cpu(), verbal_conf=t(g.confidence).cpu())
-        if share and all(p.meta.get("rate") is not None for p in share):  # stochastic outcomes: per-question measures
+        if share and g.outcome is not None and all(p.meta.get("rate") is not None for p in share):  # stochastic
             rate = torch.tensor([p.meta["rate"] for p in share], dtype=torch.float64, device=gid.device)
-            s |= stated_probability_summary(t(g.confidence).cpu(), t(g.correct).cpu(), t(gid).cpu(),
-                                            t(rate.repeat_interleave(k)).cpu())
+            s |= stochastic_summary(t(g.stated).cpu(), t(g.outcome).cpu(), t(gid).cpu(),
+                                    t(rate.repeat_interleave(k)).cpu(),
+                                    chosen=None if g.chosen is None else t(g.chosen).cpu())
         ent_sum, n_tok = self._entropy_sum(ro)
         s["entropy"] = float(self.acc.reduce(ent_sum, "sum") / self.acc.reduce(n_tok, "sum").clamp(min=1))
         return {f"eval/{key}": float(v) for key, v in s.items()}

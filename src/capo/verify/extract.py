@@ -18,6 +18,7 @@ __all__ = [
     "extract_boxed",
     "extract_gsm8k",
     "extract_last_number",
+    "extract_outcome",
     "extract_percent",
     "extract_rlcr",
     "normalize_number",
@@ -218,7 +219,24 @@ def extract_percent(text: str | None) -> str | None:
     return s if _PERCENT.fullmatch(s) else None
 
 
-ANSWER_FORMATS = ("auto", "boxed", "gsm8k", "rlcr", "last_number", "percent")
+_OUTCOME = re.compile(r"([01]) (0[1-9]|[1-9][0-9])")
+
+
+def extract_outcome(text: str | None) -> tuple[str, str] | None:
+    """A predicted binary outcome and a stated confidence that it is right, written ``D NN``: the digit ``0`` or
+    ``1``, one space, two digits ``01`` ... ``99`` (percent), e.g. ``1 73``. Parsed strictly, like
+    :func:`extract_percent`: the content of the last ``<answer>`` tag when the text has one, else the whole text,
+    with surrounding whitespace removed, must be exactly that; returns (outcome, percent) as strings, else None
+    (``173``, ``1 7``, ``2 50``, ``1 00``, ``1  73``). The answer format of the stochastic-outcome task's binary
+    variant (:mod:`capo.tasks.stochastic`, ``stochastic_binary``)."""
+    if text is None:
+        return None
+    tagged = _last(_ANSWER_TAG, text)
+    m = _OUTCOME.fullmatch((text if tagged is None else tagged).strip())
+    return None if m is None else (m.group(1), m.group(2))
+
+
+ANSWER_FORMATS = ("auto", "boxed", "gsm8k", "rlcr", "last_number", "percent", "outcome")
 # The default of every answer-format setting (trainer, capo eval, graders, TRL/verl reward functions).
 DEFAULT_ANSWER_FORMAT = "auto"
 
@@ -227,7 +245,8 @@ def extract_answer(text: str | None, fmt: str = DEFAULT_ANSWER_FORMAT, *, fallba
     """Extract the final answer from a model response.
 
     ``fmt``: ``"boxed"`` (last ``\\boxed{}``), ``"gsm8k"`` (``#### N``), ``"rlcr"`` (``<answer>`` tag),
-    ``"last_number"``, ``"percent"`` (a stated probability 01-99, :func:`extract_percent`), or ``"auto"``: the RLCR ``<answer>`` tag if present, else the last box, else ``#### N``.
+    ``"last_number"``, ``"percent"`` (a stated probability 01-99, :func:`extract_percent`), ``"outcome"`` (the
+    predicted outcome of ``D NN``, :func:`extract_outcome`), or ``"auto"``: the RLCR ``<answer>`` tag if present, else the last box, else ``#### N``.
     With ``fallback_last_number`` the last number in the text is used when nothing else was found (the
     "flexible extract" of lm-eval's GSM8K task).
     """
@@ -246,6 +265,9 @@ def extract_answer(text: str | None, fmt: str = DEFAULT_ANSWER_FORMAT, *, fallba
         ans = extract_last_number(text)
     elif fmt == "percent":
         return extract_percent(text)  # strict: no fallback to a last number
+    elif fmt == "outcome":
+        parsed = extract_outcome(text)  # strict, as percent
+        return None if parsed is None else parsed[0]
     else:
         ans = extract_rlcr(text).answer
         if ans is None:
