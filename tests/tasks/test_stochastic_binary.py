@@ -214,3 +214,29 @@ def test_eval_and_training_config_use_the_outcome_format(tmp_path, capsys):
     assert cfg.data.answer_format == "outcome" and cfg.rollout.max_new_tokens == 6
     with pytest.raises(ConfigError, match="graded with 'outcome'"):
         load_config("stochastic_binary", {"data.answer_format": "percent"})
+
+
+def test_comparison_resamples_the_predicted_outcome_measures(tmp_path):
+    """The comparison's bootstrap recomputes answer_* on the drawn questions: drawing every question once gives the
+    metric capo eval wrote, and a paired difference is the difference of the full-data metrics."""
+    from capo.evaluation import compare as cmpmod
+    from capo.evaluation.report import RunInfo
+
+    rng = np.random.default_rng(4)
+    runs = []
+    for name, p_one in (("base", 0.5), ("grpo-seed0", 0.9)):
+        outcome = [int(x) for x in rng.integers(0, 2, 25)]
+        responses = [[f"{int(rng.uniform() < p_one)} {rng.integers(1, 100):02d}" for _ in range(4)] for _ in outcome]
+        rows = _binary_rows(responses, outcome, rng.uniform(0, 1, 25).tolist())
+        d = tmp_path / name
+        d.mkdir()
+        (d / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append(RunInfo(name, d, "eval", compute_metrics(rows, n_boot=0)["metrics"], {}, {}, []))
+        seed = cmpmod._load_seed(d)
+        got = cmpmod._measures_on(seed, sorted(seed.rows_of, key=lambda p: int(p[1:])))
+        for key in ("answer_ece", "answer_rate_error", "stochastic_ece", "verbal_ece"):
+            assert got[key] == pytest.approx(runs[-1].metrics[key], abs=1e-12), (name, key)
+    cmp = cmpmod.compare(runs, n_boot=40, seed=0)
+    v, lo, hi = cmp.diff("grpo", "base", "answer_ece")
+    assert v == pytest.approx(runs[1].metrics["answer_ece"] - runs[0].metrics["answer_ece"])
+    assert lo <= v <= hi and not math.isnan(lo)
