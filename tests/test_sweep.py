@@ -460,6 +460,11 @@ def test_a_finished_job_without_auc_mean_is_reported(capsys):
                                               "stochastic_auroc": None}})
     assert _report_job(SimpleNamespace(name="grpo-seed1"), fut, commit=False) == 0
     assert "done grpo-seed1 in 1.5 min: stochastic_ece 0.123 stochastic_auroc n/a" in capsys.readouterr().out
+    fut = Future()  # the binary variant: the predicted outcome's and the stated confidence's ECE
+    fut.set_result({"wall_s": 30.0, "final": {"accuracy": 0.7, "stochastic_ece": 0.2, "answer_ece": 0.0951,
+                                              "verbal_ece": 0.3}})
+    assert _report_job(SimpleNamespace(name="capo-seed2"), fut, commit=False) == 0
+    assert "done capo-seed2 in 0.5 min: answer_ece 0.095 verbal_ece 0.300" in capsys.readouterr().out
     fut = Future()
     fut.set_result({"wall_s": 60.0, "final": {"accuracy": 0.25, "auc_mean": 0.75}})
     assert _report_job(SimpleNamespace(name="capo-seed0"), fut, commit=False) == 0

@@ -260,7 +260,8 @@ def _report_job(j: Job, fut, commit: bool) -> int:
         print(f"  skipped {j.name}: {rec}", flush=True)
         return 0
     f = rec["final"]
-    shown = ("stochastic_ece", "stochastic_auroc") if f.get("stochastic_ece") is not None else ("accuracy", "auc_mean")
+    shown = (("answer_ece", "verbal_ece") if f.get("answer_ece") is not None else
+             ("stochastic_ece", "stochastic_auroc") if f.get("stochastic_ece") is not None else ("accuracy", "auc_mean"))
     print(f"  done {j.name} in {rec['wall_s'] / 60:.1f} min: "
           + " ".join(f"{k} {'n/a' if f.get(k) is None else format(f[k], '.3f')}" for k in shown), flush=True)
     if commit:
