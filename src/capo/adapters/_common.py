@@ -21,8 +21,11 @@ from capo.rollout.grading import grade
 from capo.verify import DEFAULT_ANSWER_FORMAT
 
 # The core rewards the adapters compute from text (TRL reward functions, verl compute_score_*); the ones after
-# "correctness" read RLCR's <answer>/<confidence> tags.
-TEXT_REWARDS = ("correctness", "rlcr", "ppo_c")
+# "correctness" read a stated confidence: RLCR's <answer>/<confidence> tags, or the answer formats that state one
+# themselves (STATED_FORMATS; the stochastic tasks').
+TEXT_REWARDS = ("correctness", "rlcr", "ppo_c", "log_score", "brier_score")
+# answer formats whose response is itself a stated probability (percent) or carries one (outcome: "D NN")
+STATED_FORMATS = ("percent", "outcome")
 # Which log-probs feed lpm and PPL_ref: "raw" = temperature-1 log-probs (the paper's, capo's trainer),
 # "sampling" = the engine's temperature-scaled ones (identical at temperature 1).
 LOGPROB_MODES = ("raw", "sampling")
@@ -82,22 +85,27 @@ def score_texts(
     kind: str,
     verifier=None,
     answer_format: str = DEFAULT_ANSWER_FORMAT,
-    format_failure_reward: float = -1.0,
+    format_failure_reward: float | None = None,
     reward_kwargs: dict | None = None,
 ) -> ScoredBatch:
     """Score responses against gold answers with the core reward ``kind`` (``TEXT_REWARDS``).
 
-    Grading is capo's one grader (:func:`capo.rollout.grade`). "rlcr" / "ppo_c": the answer from the ``<answer>``
-    tag and the verbal ``<confidence>``, rewards c - (q - c)^2 / PPO-C's c +- w (q - 0.5); format failures get
-    ``format_failure_reward``. "correctness": answer by ``answer_format``, reward 1[correct]. ``reward_kwargs``:
-    the reward's other knobs (ppo_c: weight, threshold).
+    Grading is capo's one grader (:func:`capo.rollout.grade`). "rlcr" / "ppo_c" / "log_score" / "brier_score": the
+    answer and the stated confidence q from the ``<answer>`` / ``<confidence>`` tags, or, with an ``answer_format``
+    of :data:`STATED_FORMATS`, from the format itself (``percent``: q = the stated probability of the fixed
+    outcome; ``outcome``: q = the stated P(correct) of ``D NN``); rewards c - (q - c)^2, PPO-C's c +- w (q - 0.5),
+    the log score or the negative Brier score of q. Format failures get ``format_failure_reward``; None = the
+    reward's own default (-1 for rlcr / ppo_c; the worst valid score for log_score / brier_score).
+    "correctness": answer by ``answer_format``, reward 1[correct]. ``reward_kwargs``: the reward's other knobs
+    (ppo_c: weight, threshold).
     """
     if kind not in TEXT_REWARDS:
         raise ValueError(f"unknown reward kind {kind!r}; allowed: {', '.join(TEXT_REWARDS)}")
     tagged = kind != "correctness"
-    g = grade(texts, golds, verifier or _default_verifier(), answer_format="rlcr" if tagged else answer_format)
-    kw = dict(confidence=g.confidence, format_ok=g.format_ok, format_failure_reward=format_failure_reward,
-              **(reward_kwargs or {})) if tagged else {}
+    fmt = answer_format if answer_format in STATED_FORMATS or not tagged else "rlcr"
+    g = grade(texts, golds, verifier or _default_verifier(), answer_format=fmt)
+    fail = {} if format_failure_reward is None else {"format_failure_reward": format_failure_reward}
+    kw = dict(confidence=g.confidence, format_ok=g.format_ok, **fail, **(reward_kwargs or {})) if tagged else {}
     r = REWARDS.get(kind)(g.correct, **kw)
     return ScoredBatch(correct=g.correct.tolist(), confidence=[p.confidence if p.confidence is not None else math.nan
                                                                for p in g.parses],

@@ -68,8 +68,8 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("capo.adapters.trl needs TRL: pip install 'capo[trl]' (trl>=1.16,<1.17)") from e
 
-__all__ = ["CapoAdvantageConfig", "CapoGRPOTrainer", "CorrectnessReward", "PPOCReward", "RLCRReward", "TRL_INTERNALS",
-           "capo_preset"]
+__all__ = ["BrierScoreReward", "CapoAdvantageConfig", "CapoGRPOTrainer", "CorrectnessReward", "LogScoreReward",
+           "PPOCReward", "RLCRReward", "TRL_INTERNALS", "capo_preset"]
 
 # The TRL internals this adapter relies on (checked by tests/adapters/test_trl_internals.py).
 TRL_INTERNALS = {
@@ -147,7 +147,7 @@ class _TextReward:
     kind = ""
 
     def __init__(self, answer_key: str = "answer", *, verifier=None, answer_format: str = DEFAULT_ANSWER_FORMAT,
-                 format_failure_reward: float = -1.0, reward_kwargs: dict | None = None):
+                 format_failure_reward: float | None = None, reward_kwargs: dict | None = None):
         self.answer_key = answer_key
         self.reward_kwargs = dict(reward_kwargs or {})  # the core reward's other knobs (PPO-C: weight, threshold)
         self.verifier = verifier
@@ -193,6 +193,28 @@ class PPOCReward(_TextReward):
     __name__ = "ppo_c"
 
 
+class LogScoreReward(_TextReward):
+    """The log score of a stated probability (arXiv 2508.11800, Sec. 3; ``capo.core.log_score_reward``) as a TRL
+    reward function: a log q + (1 - a) log(1 - q), a = the verdict. ``answer_format`` (default "percent": the
+    response is two digits 01-99 stating the probability of a fixed outcome, the gold "1" / "0"; "outcome": ``D NN``
+    and q = the stated P(correct); otherwise the RLCR tags). An invalid answer gets ``format_failure_reward``
+    (default: log 0.01, the worst score of a valid two-digit answer)."""
+
+    kind = "log_score"
+    __name__ = "log_score"
+
+    def __init__(self, answer_key: str = "answer", *, answer_format: str = "percent", **kw):
+        super().__init__(answer_key, answer_format=answer_format, **kw)
+
+
+class BrierScoreReward(LogScoreReward):
+    """The negative Brier score -(q - a)^2 of a stated probability (``capo.core.brier_score_reward``) as a TRL
+    reward function; answer formats and failures as :class:`LogScoreReward` (default failure: -(0.99)^2)."""
+
+    kind = "brier_score"
+    __name__ = "brier_score"
+
+
 class CorrectnessReward(_TextReward):
     """Binary verifiable reward 1[answer equivalent to gold] as a TRL reward function. The answer is extracted with
     ``capo.verify.extract_answer(text, answer_format)`` (default "auto": RLCR tag, else last ``\\boxed{}``, else
@@ -207,7 +229,8 @@ _HINTS = {"answers": "use capo's CorrectnessReward, RLCRReward or PPOCReward as 
                      "extracted answers)",
           "confidence": "use capo's RLCRReward as the only reward function (it records the verbal confidences)",
           "ref_token_logp": "pass ref_model=<model or path>, or pass `model` as a path, or set beta != 0"}
-_REWARD_CLASSES = {"correctness": CorrectnessReward, "rlcr": RLCRReward, "ppo_c": PPOCReward}
+_REWARD_CLASSES = {"correctness": CorrectnessReward, "rlcr": RLCRReward, "ppo_c": PPOCReward,
+                   "log_score": LogScoreReward, "brier_score": BrierScoreReward}
 # capo's aggregation -> TRL's loss_type with the same normaliser (TRL's "dapo" divides by the global token count)
 _LOSS_TYPES = {"seq-mean-token-mean": "grpo", "token-mean": "dapo", "seq-mean-token-sum-norm": "dr_grpo"}
 
@@ -431,7 +454,8 @@ class CapoGRPOTrainer(GRPOTrainer):
         if "components" in advantage_inputs(cfg.estimator) and not rlcr:
             hp.setdefault("weights", [float(w) for w in self.reward_weights])
         spec = StepSpec(cfg.estimator, hparams=hp, reward="rlcr" if rlcr else "terms",
-                        reward_kwargs={"format_failure_reward": f.format_failure_reward} if rlcr else {},
+                        reward_kwargs={"format_failure_reward": f.format_failure_reward}
+                        if rlcr and f.format_failure_reward is not None else {},
                         mask=self._capo_thresholds, calibration=cfg.calibration_metrics, engine="CapoGRPOTrainer",
                         hints=_HINTS)
         return batch, spec

@@ -20,7 +20,7 @@ One module per concern:
   verl's trainer object, and one call's :class:`BatchContext`. The modules keep no state.
 - :mod:`~capo.adapters.verl_plugin.presets`: :func:`preset_overrides`, an ``algo.name`` preset as verl overrides.
 - :mod:`~capo.adapters.verl_plugin.rewards`: verl custom reward functions (``compute_score_rlcr``,
-  ``compute_score_correctness``, ``compute_score_ppo_c``; by path: ``capo/adapters/verl_reward.py``).
+  ``compute_score_correctness``, ``compute_score_ppo_c``, ``compute_score_log_score``, ``compute_score_brier_score``; by path: ``capo/adapters/verl_reward.py``).
 
 Hyperparameters come from ``algorithm.capo`` (add with ``+algorithm.capo.tau=0.6`` on verl's command line):
   tau, surrogate, norm, masked_partners (CAPO, see ``capo.core.capo_advantage``);
@@ -43,14 +43,17 @@ from capo.adapters.verl_plugin.patch import register
 from capo.adapters.verl_plugin.presets import preset_overrides
 from capo.adapters.verl_plugin.rewards import (
     compute_score,
+    compute_score_brier_score,
     compute_score_correctness,
+    compute_score_log_score,
     compute_score_ppo_c,
     compute_score_rlcr,
 )
 from capo.adapters.verl_plugin.run import BatchContext, CapoRun, batch_context
 
 __all__ = ["ESTIMATORS", "ESTIMATOR_FNS", "BatchContext", "CapoRun", "batch_context", "compute_score",
-           "compute_score_correctness", "compute_score_ppo_c", "compute_score_rlcr", "preset_overrides", "register"]
+           "compute_score_brier_score", "compute_score_correctness", "compute_score_log_score", "compute_score_ppo_c",
+           "compute_score_rlcr", "preset_overrides", "register"]
 
 try:  # importing this package (what verl's plugin loader does) registers everything
     register()

@@ -9,7 +9,8 @@ from typing import Any
 from capo.adapters._common import score_texts
 from capo.verify import DEFAULT_ANSWER_FORMAT
 
-__all__ = ["compute_score", "compute_score_correctness", "compute_score_ppo_c", "compute_score_rlcr"]
+__all__ = ["compute_score", "compute_score_brier_score", "compute_score_correctness", "compute_score_log_score",
+           "compute_score_ppo_c", "compute_score_rlcr"]
 
 
 class _Verifier:
@@ -64,6 +65,26 @@ def compute_score_correctness(data_source=None, solution_str: str = "", ground_t
     """Binary verifiable reward 1[answer equivalent to gold] for verl (answer by ``capo.verify.extract_answer``);
     extra keys ``correct`` and ``pred``."""
     return _score("correctness", solution_str, ground_truth, answer_format=answer_format)
+
+
+def compute_score_log_score(data_source=None, solution_str: str = "", ground_truth: str = "", extra_info=None,
+                            answer_format: str = "percent", format_failure_reward: float | None = None,
+                            **kwargs) -> dict[str, Any]:
+    """The log score of a stated probability (arXiv 2508.11800, Sec. 3; ``capo.core.log_score_reward``) for verl:
+    ``answer_format`` "percent" (default: the response states the probability of a fixed outcome as two digits,
+    ``ground_truth`` "1" / "0"), "outcome" (``D NN``: the stated P(correct)) or another (the RLCR tags). The same
+    extra keys as :func:`compute_score_rlcr`; ``format_failure_reward`` None = log 0.01."""
+    return _score("log_score", solution_str, ground_truth, answer_format=answer_format,
+                  format_failure_reward=format_failure_reward)
+
+
+def compute_score_brier_score(data_source=None, solution_str: str = "", ground_truth: str = "", extra_info=None,
+                              answer_format: str = "percent", format_failure_reward: float | None = None,
+                              **kwargs) -> dict[str, Any]:
+    """The negative Brier score of a stated probability (``capo.core.brier_score_reward``) for verl; as
+    :func:`compute_score_log_score` (``format_failure_reward`` None = -(0.99)^2)."""
+    return _score("brier_score", solution_str, ground_truth, answer_format=answer_format,
+                  format_failure_reward=format_failure_reward)
 
 
 compute_score = compute_score_rlcr  # verl's default custom reward function name

@@ -1,0 +1,71 @@
+"""The adapters' text rewards for stated probabilities: log_score / brier_score (TRL reward classes, verl compute_score
+functions, the shared ``score_texts``) on the stochastic tasks' answer formats and on RLCR's tags, with hand-computed
+values; the failure default is each reward's own (the worst valid score), never RLCR's -1."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from capo.adapters._common import STATED_FORMATS, TEXT_REWARDS, score_texts
+from capo.adapters.verl_plugin import compute_score_brier_score, compute_score_log_score, compute_score_rlcr
+
+
+class _NoVerifier:
+    def verify_batch(self, *a, **k):  # the stated formats never call the verifier
+        raise AssertionError("verifier called")
+
+
+def test_log_score_on_the_percent_format():
+    b = score_texts(["37", "x", "<answer>90</answer>"], ["1", "0", "0"], kind="log_score", verifier=_NoVerifier(),
+                    answer_format="percent")
+    assert b.rewards == pytest.approx([math.log(0.37), math.log(0.01), math.log(0.1)], rel=1e-6)
+    assert b.correct == [True, False, False] and b.format_ok == [True, False, True]
+    assert b.confidence[0] == pytest.approx(0.37) and math.isnan(b.confidence[1])
+
+
+def test_brier_score_on_the_outcome_format():
+    """q = the stated P(correct) of 'D NN', scored against the prediction being right."""
+    b = score_texts(["1 73", "0 20", "2 50"], ["1", "1", "0"], kind="brier_score", verifier=_NoVerifier(),
+                    answer_format="outcome")
+    assert b.correct == [True, False, False]
+    assert b.rewards == pytest.approx([-(0.27 ** 2), -(0.2 ** 2), -(0.99 ** 2)], rel=1e-6)
+    assert b.answers == ["1", "0", None]
+
+
+def test_failure_reward_given_or_the_rewards_own():
+    kw = dict(verifier=_NoVerifier(), answer_format="percent")
+    assert score_texts(["bad"], ["1"], kind="log_score", format_failure_reward=-10.0, **kw).rewards == [-10.0]
+    assert score_texts(["bad"], ["1"], kind="rlcr", **kw).rewards == [-1.0]  # RLCR's own default, unchanged
+    assert score_texts(["bad"], ["1"], kind="brier_score", **kw).rewards == pytest.approx([-(0.99 ** 2)])
+
+
+def test_log_score_reads_rlcr_tags_outside_the_stated_formats():
+    from capo.verify import Verifier
+
+    with Verifier(workers=1) as v:
+        b = score_texts(["<answer>4</answer><confidence>0.8</confidence>", "<answer>5</answer><confidence>0.8</confidence>"],
+                        ["4", "4"], kind="log_score", verifier=v)
+    assert b.rewards == pytest.approx([math.log(0.8), math.log(0.2)], rel=1e-6)
+    assert set(STATED_FORMATS) == {"percent", "outcome"} and {"log_score", "brier_score"} <= set(TEXT_REWARDS)
+
+
+def test_verl_functions_hand_computed():
+    r = compute_score_log_score("stochastic", "37", "1", {})
+    assert r["score"] == pytest.approx(math.log(0.37)) and r["correct"] == 1.0 and r["confidence"] == pytest.approx(0.37)
+    assert compute_score_log_score("stochastic", "37", "0", {})["score"] == pytest.approx(math.log(0.63))
+    assert compute_score_brier_score("s", "1 73", "0", {}, answer_format="outcome")["score"] == pytest.approx(-(0.73 ** 2))
+    assert compute_score_rlcr("math", "<answer>4</answer>", "4", {})["score"] == -1.0
+
+
+def test_trl_reward_classes_hand_computed():
+    pytest.importorskip("trl")
+    from capo.adapters.trl import _REWARD_CLASSES, BrierScoreReward, LogScoreReward
+
+    f = LogScoreReward(answer_key="answer", verifier=_NoVerifier())
+    assert f(prompts=["P(A)="] * 2, completions=["37", "99"], answer=["1", "0"]) == pytest.approx(
+        [math.log(0.37), math.log(0.01)], rel=1e-6)
+    g = BrierScoreReward(answer_key="gold", answer_format="outcome", verifier=_NoVerifier())
+    assert g(completions=["1 73"], gold=["0"]) == pytest.approx([-(0.73 ** 2)])
+    assert _REWARD_CLASSES["log_score"] is LogScoreReward and f.__name__ == "log_score"
