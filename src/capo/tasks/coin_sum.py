@@ -25,7 +25,6 @@ its prior over the coin is uninformative, as it should be.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import time
@@ -37,7 +36,7 @@ import torch
 
 from capo.errors import ConfigError
 from capo.tasks import default as d
-from capo.tasks.problem import Problem
+from capo.tasks.problem import Problem, fill_options, question_rng
 
 __all__ = ["COIN_MODEL_DIR", "TASK_NAME", "DEFAULT_OPTIONS", "WARMUP_P_ONE", "check_options", "coin_problems",
            "format_prompt",
@@ -54,20 +53,12 @@ format_prompt = d.format_prompt  # the chain-sum prompt; the coin is part of the
 
 def check_options(options: dict | None) -> dict[str, float]:
     """The task options with defaults filled in; ConfigError naming an unknown key or a value outside [0, 1]."""
-    opts = dict(DEFAULT_OPTIONS)
-    for key, val in (options or {}).items():
-        if key not in DEFAULT_OPTIONS:
-            raise ConfigError(f"data.task_options: unknown key {key!r} for {TASK_NAME!r}; allowed keys: "
-                              f"{', '.join(DEFAULT_OPTIONS)}")
+    def value(key, val):
         if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0.0 <= float(val) <= 1.0:
             raise ConfigError(f"data.task_options.{key} must be a number in [0, 1], got {val!r}")
-        opts[key] = float(val)
-    return opts
+        return float(val)
 
-
-def _coin_rng(split: str, seed: int, i: int) -> random.Random:
-    h = hashlib.sha256(f"{TASK_NAME}/{split}/{seed}/{i}".encode()).digest()
-    return random.Random(int.from_bytes(h[:8], "big"))
+    return fill_options(TASK_NAME, DEFAULT_OPTIONS, options, value)
 
 
 def coin_problems(split: str, n: int, seed: int = 0, options: dict | None = None) -> list[Problem]:
@@ -77,7 +68,7 @@ def coin_problems(split: str, n: int, seed: int = 0, options: dict | None = None
     opts = check_options(options)
     out = []
     for i, p in enumerate(d.default_problems(split, n, seed=seed)):
-        rng = _coin_rng(split, seed, i)
+        rng = question_rng(TASK_NAME, split, seed, i)
         has_coin = rng.random() < opts["coin_frac"]
         coin = int(rng.random() < opts["p_one"]) if has_coin else None
         answer = str(int(p.answer) + (coin or 0))

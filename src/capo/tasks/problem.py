@@ -1,7 +1,11 @@
-"""The record every dataset loader produces."""
+"""The record every dataset loader produces, and the two helpers every task generated in code shares: its
+per-question random stream and the validation of its ``data.task_options``."""
 
 from __future__ import annotations
 
+import hashlib
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -17,3 +21,24 @@ class Problem:
     prompt: str
     answer: str
     meta: dict = field(default_factory=dict, compare=False)
+
+
+def question_rng(task: str, split: str, seed: int, i: int) -> random.Random:
+    """Question ``i``'s own random stream for (``task``, ``split``, ``seed``): seeded by the sha256 of the four, so
+    question i does not depend on how many are drawn and the splits and seeds draw independently."""
+    h = hashlib.sha256(f"{task}/{split}/{seed}/{i}".encode()).digest()
+    return random.Random(int.from_bytes(h[:8], "big"))
+
+
+def fill_options(task: str, defaults: dict, options: dict | None, value: Callable[[str, object], object]) -> dict:
+    """``defaults`` updated with ``options`` (a task's ``data.task_options``); ConfigError naming an unknown key.
+    ``value(key, val)`` returns the value to keep, or raises ConfigError naming ``data.task_options.<key>``."""
+    from capo.errors import ConfigError
+
+    opts = dict(defaults)
+    for key, val in (options or {}).items():
+        if key not in defaults:
+            raise ConfigError(f"data.task_options: unknown key {key!r} for {task!r}; allowed keys: "
+                              f"{', '.join(defaults)}")
+        opts[key] = value(key, val)
+    return opts

@@ -87,30 +87,20 @@ _OPTION_RANGES = {"n_categories": (1, len(LETTERS)), "rate_seed": (0, 2**32 - 1)
 def check_options(options: dict | None) -> dict[str, int]:
     """The task options with defaults filled in; ConfigError naming an unknown key or a value out of range."""
     from capo.errors import ConfigError
+    from capo.tasks.problem import fill_options
 
-    opts = dict(DEFAULT_OPTIONS)
-    for key, val in (options or {}).items():
-        if key not in DEFAULT_OPTIONS:
-            raise ConfigError(f"data.task_options: unknown key {key!r} for {TASK_NAME!r}; allowed keys: "
-                              f"{', '.join(DEFAULT_OPTIONS)}")
+    def value(key, val):
         lo, hi = _OPTION_RANGES[key]
         if isinstance(val, bool) or not isinstance(val, int) or not lo <= val <= hi:
             raise ConfigError(f"data.task_options.{key} must be an integer in [{lo}, {hi}], got {val!r}")
-        opts[key] = val
-    return opts
+        return val
+
+    return fill_options(TASK_NAME, DEFAULT_OPTIONS, options, value)
 
 
 def category_rates(n_categories: int = 20, rate_seed: int = 0) -> torch.Tensor:
     """[C] float64 true rates p_c ~ U(0, 1), numpy ``default_rng(rate_seed)``: the same for every split and seed."""
     return torch.from_numpy(np.random.default_rng(rate_seed).uniform(0, 1, size=(n_categories,)))
-
-
-def _question_rng(split: str, seed: int, i: int):
-    import hashlib
-    import random
-
-    h = hashlib.sha256(f"{TASK_NAME}/{split}/{seed}/{i}".encode()).digest()
-    return random.Random(int.from_bytes(h[:8], "big"))
 
 
 def stochastic_problems(split: str, n: int, seed: int = 0, options: dict | None = None) -> list:
@@ -129,7 +119,7 @@ def binary_problems(split: str, n: int, seed: int = 0, options: dict | None = No
 
 
 def _problems(split: str, n: int, seed: int, options: dict | None, name: str, letter: str) -> list:
-    from capo.tasks.problem import Problem
+    from capo.tasks.problem import Problem, question_rng
 
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -137,7 +127,7 @@ def _problems(split: str, n: int, seed: int, options: dict | None, name: str, le
     rates = category_rates(opts["n_categories"], opts["rate_seed"]).tolist()
     out = []
     for i in range(n):
-        rng = _question_rng(split, seed, i)
+        rng = question_rng(TASK_NAME, split, seed, i)
         c = rng.randrange(opts["n_categories"])
         a = int(rng.random() < rates[c])
         out.append(Problem(id=f"{name}-{split}-{seed}-{i}", prompt=f"{letter}({LETTERS[c]})=", answer=str(a),

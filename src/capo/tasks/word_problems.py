@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 
 from capo.errors import ConfigError
-from capo.tasks.problem import Problem
+from capo.tasks.problem import Problem, fill_options, question_rng
 
 __all__ = ["TASK_NAME", "DEFAULT_OPTIONS", "SPLITS", "EVAL_BUCKETS", "check_options", "word_problems",
            "format_prompt", "format_response", "check_trace", "TraceCheck"]
@@ -71,14 +71,12 @@ DISTRACTORS = ("{b} is {x} years old.", "{b} has {x} {j}.", "The shop has {x} {j
 
 def check_options(options: dict | None) -> dict[str, int]:
     """The task options with defaults filled in; ConfigError naming an unknown key or a bad value."""
-    opts = dict(DEFAULT_OPTIONS)
-    for key, val in (options or {}).items():
-        if key not in DEFAULT_OPTIONS:
-            raise ConfigError(f"data.task_options: unknown key {key!r} for {TASK_NAME!r}; allowed keys: "
-                              f"{', '.join(DEFAULT_OPTIONS)}")
+    def value(key, val):
         if isinstance(val, bool) or not isinstance(val, int) or val < 0:
             raise ConfigError(f"data.task_options.{key} must be a non-negative integer, got {val!r}")
-        opts[key] = val
+        return val
+
+    opts = fill_options(TASK_NAME, DEFAULT_OPTIONS, options, value)
     if not 1 <= opts["min_ops"] <= opts["max_ops"] <= 12:
         raise ConfigError(f"data.task_options: need 1 <= min_ops <= max_ops <= 12, got min_ops={opts['min_ops']}, "
                           f"max_ops={opts['max_ops']}")
@@ -86,11 +84,6 @@ def check_options(options: dict | None) -> dict[str, int]:
         raise ConfigError(f"data.task_options: need 2 <= max_start <= max_value, got max_start={opts['max_start']}, "
                           f"max_value={opts['max_value']}")
     return opts
-
-
-def _rng(split: str, seed: int, i: int) -> random.Random:
-    h = hashlib.sha256(f"{TASK_NAME}/{split}/{seed}/{i}".encode()).digest()
-    return random.Random(int.from_bytes(h[:8], "big"))
 
 
 def _split_of(skeleton: str) -> str:
@@ -154,7 +147,7 @@ def _lines(ops: list[_Op], start: int, rng_wording: list[int]) -> list[str]:
 
 def _one(split: str, seed: int, i: int, opts: dict) -> Problem | None:
     """Problem ``i`` of the (split, seed) stream, or None when its skeleton belongs to the other split."""
-    rng = _rng(split, seed, i)
+    rng = question_rng(TASK_NAME, split, seed, i)
     start = rng.randint(2, opts["max_start"])
     n_ops = rng.randint(opts["min_ops"], opts["max_ops"])
     ops, cur, done = [], start, 0
