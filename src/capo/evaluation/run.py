@@ -81,7 +81,7 @@ class EvalSettings:
     checks the values."""
 
     model: str | None = opt(None, "HF model folder, DIR/FILE.gguf, 'default' (or another model shipped for a task "
-                            "generated in code: coin_sum, word_problems, stochastic), or a Hub id", group="input")
+                            f"generated in code: {', '.join(list(GENERATED_TASKS)[1:])}), or a Hub id", group="input")
     engine: str = opt("hf", ENGINE_HELP, choices=ENGINES, group="input")
     generations: str | None = opt(None, "compute everything from responses + log-probs produced elsewhere (schema: "
                                   "docs/generations-schema.md); no model is loaded", group="input",

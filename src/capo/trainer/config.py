@@ -28,7 +28,7 @@ from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError
 from capo.rollout.engine import ENGINES, KV_CACHES, check_engine
 from capo.rollout.method_inputs import needed_data
-from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
+from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, GENERATED_TASKS
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
 
 
@@ -41,9 +41,9 @@ def knob(default, help: str, **kw):
 
 @dataclass
 class ModelConfig:
-    path: str = knob("default", "policy to train: 'default' (the embedded tiny model), 'coin_sum' (its "
-                     "calibration-collapse testbed fine-tune), 'word_problems' (the 5M reasoning testbed), a Hugging "
-                     "Face folder, a Hub id, or DIR/FILE.gguf")
+    path: str = knob("default", "policy to train: 'default' (the embedded tiny model) or the model shipped for "
+                     f"another task generated in code ({', '.join(map(repr, GENERATED_TASKS[1:]))}: the name of the "
+                     "task), a Hugging Face folder, a Hub id, or DIR/FILE.gguf")
     ref_path: str | None = knob(None, "frozen reference model for the KL term and CAPO's noise mask; None = a frozen "
                                 "copy of the initial policy")
     dtype: str = knob("float32", "parameter dtype: float32 or bfloat16")
@@ -229,7 +229,6 @@ class TrainConfig:
             raise ConfigError(f"data.dataset={d.dataset!r} is neither a built-in dataset ({', '.join(DATASET_NAMES)})"
                               f" nor an existing JSONL/parquet file{did_you_mean(d.dataset, DATASET_NAMES)}")
         if d.task_options:
-            from capo.tasks.datasets import GENERATED_TASKS
             from capo.tasks.generated import generated_task
 
             if d.dataset not in GENERATED_TASKS:
