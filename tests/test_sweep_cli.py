@@ -189,3 +189,23 @@ def test_the_report_of_a_stochastic_sweep_leads_with_the_stated_probabilities(tm
     half = stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / np.sqrt(n)
     want = f"| dr_grpo | stochastic_ece | {n} | {d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}] |"
     assert want in md
+
+
+def test_the_report_of_the_binary_sweep_leads_with_the_predicted_outcome(tmp_path):
+    """The binary variant's records carry answer_* and verbal_ece: the report leads with the predicted outcome's ECE
+    and the stated confidence's, and its paired answer_ece difference equals the records' own per-seed values."""
+    import numpy as np
+    from scipy import stats
+
+    recs = RECORDS / "stochastic_binary"
+    assert main(["sweep", "report", str(recs), "--reference", "grpo", "--effect", "0.05", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "summary.md").read_text()
+    assert "Per seed (final held-out predicted-outcome ECE / stated-confidence ECE)" in md
+    assert not (tmp_path / "plane.png").exists()
+    seeds = sorted(int(p.stem.split("seed")[1]) for p in recs.glob("grpo-seed*.json")
+                   if (recs / f"capo-seed{p.stem.split('seed')[1]}.json").is_file())
+    ece = {m: [json.loads((recs / f"{m}-seed{s}.json").read_text())["final"]["answer_ece"] for s in seeds]
+           for m in ("grpo", "capo")}
+    d, n = np.array(ece["capo"]) - np.array(ece["grpo"]), len(seeds)
+    half = stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / np.sqrt(n)
+    assert f"| capo | answer_ece | {n} | {d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}] |" in md
