@@ -49,12 +49,13 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     "core.losses": (
         ["src/capo/core/losses.py", "src/capo/core/loss_variants.py", "src/capo/core/rollout_correction.py"],
-        ["tests/core/test_losses.py", "tests/core/test_loss_variants.py", "tests/core/test_rollout_correction.py"],
+        ["tests/core/test_losses.py", "tests/core/test_loss_variants.py", "tests/core/test_rollout_correction.py",
+         "tests/core/test_losses_inputs.py"],
         [],
     ),
     "core.step": (
         ["src/capo/core/step.py", "src/capo/core/registry.py", "src/capo/core/presets.py"],
-        ["tests/core/test_advantage_step.py"],
+        ["tests/core/test_advantage_step.py", "tests/core/test_step_edges.py"],
         [],
     ),
     "core.calibration": (
