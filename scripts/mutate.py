@@ -60,7 +60,8 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     "core.calibration": (
         ["src/capo/core/calibration.py"],
-        ["tests/core/test_calibration.py", "tests/core/test_calibration_extended.py"],
+        ["tests/core/test_calibration.py", "tests/core/test_calibration_extended.py",
+         "tests/core/test_calibration_stated.py"],
         [],
     ),
     "core.voting": (
