@@ -105,3 +105,11 @@ def test_advantage_step_forwards_active_valid_and_inputs():
     res = advantage_step("seed_grpo", R, CORRECT, 2, token_logp=LP, mask=M,
                          inputs={"cluster_ids": torch.tensor([0, 0, 0, 1])}, hparams=NO_EPS)
     torch.testing.assert_close(res.advantages, torch.tensor([H, -H, 0.0, 0.0], **f64))
+
+
+def test_integer_rewards_are_refused_not_cast():
+    # the guard's zero for bad rows takes the rewards' dtype: integer rewards stay integer and the estimator refuses
+    # them (a float zero would have cast them to float32 silently)
+    with pytest.raises(TypeError, match=r"^rewards must have a floating dtype"):
+        advantage_step("grpo", torch.tensor([1, 0, 1, 0]), CORRECT, 2, token_logp=LP, mask=M)
+    assert guard_batch(torch.tensor([1, 0, 1, 0]), 2, token_logp=LP, mask=M).rewards.dtype == torch.int64
