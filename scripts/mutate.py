@@ -61,7 +61,7 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "core.calibration": (
         ["src/capo/core/calibration.py"],
         ["tests/core/test_calibration.py", "tests/core/test_calibration_extended.py",
-         "tests/core/test_calibration_stated.py"],
+         "tests/core/test_calibration_stated.py", "tests/core/test_calibration_edges.py"],
         [],
     ),
     "core.voting": (
