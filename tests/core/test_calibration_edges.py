@@ -6,7 +6,19 @@ import math
 import pytest
 import torch
 
-from capo.core.calibration import aurc, ece, paired_difference, percentile_interval, summarize
+from capo.core.calibration import (
+    auc_mean,
+    auroc,
+    aurc,
+    confidence_from_logprob,
+    debiased_l2_ce,
+    ece,
+    mce,
+    paired_difference,
+    percentile_interval,
+    reliability_curve,
+    summarize,
+)
 
 f64 = dict(dtype=torch.float64)
 
@@ -118,3 +130,49 @@ def test_summarize_bad_input_names_the_argument(case):
     args, kw, err, match = SUMMARIZE_BAD[case]
     with pytest.raises(err, match=match):
         summarize(*args, **kw)
+
+
+def test_binned_metrics_default_to_10_bins():
+    # mce on P, C: 10 bins: max(|0.5 - 0.85|, 0.3, |1 - 0.6|) = 0.4; 11 bins would give |0 - 0.89| = 0.89
+    assert mce(P, C) == pytest.approx(0.4) and mce(P, C, n_bins=11) == pytest.approx(0.89)
+    assert reliability_curve(P, C).bin_edges.numel() == 12  # 0, 0.1, ..., 1 and the repeated 1 of the [1, 1] bin
+    # four correct answers 0.81, 0.82, 0.88, 0.89: 10 bins: one bin, gap 1 - 0.85, no variance: CE 0.15;
+    # 11 bins: 0.81 alone (no estimate), the other three at 0.8633: CE sqrt(3/4 (1 - 0.8633)^2) = 0.118
+    q, ok = torch.tensor([0.81, 0.82, 0.88, 0.89], **f64), torch.ones(4, dtype=torch.bool)
+    assert debiased_l2_ce(q, ok) == pytest.approx(0.15)
+    assert debiased_l2_ce(q, ok, n_bins=11) == pytest.approx(math.sqrt(0.75 * (1 - 2.59 / 3) ** 2))
+
+
+def test_binned_metrics_put_a_float32_confidence_on_its_own_precisions_edge():
+    # float32 0.7 is 0.699999988 < 0.7: on the float32 edge 0.7 it is in bin 7 (as ECE), not bin 6
+    q = torch.tensor([0.7, 0.7, 0.65, 0.65], dtype=torch.float32)
+    c = torch.tensor([True, True, False, False])
+    assert reliability_curve(q, c).bin_count.tolist() == [0] * 6 + [2, 2] + [0] * 3
+    assert mce(q, c) == pytest.approx(0.65)  # bins {0.7, 0.7} (gap 0.3) and {0.65, 0.65} (gap 0.65)
+    assert debiased_l2_ce(q, c) == pytest.approx(math.sqrt(0.5 * 0.3**2 + 0.5 * 0.65**2), rel=1e-6)
+    assert ece(q, c) == pytest.approx(0.5 * 0.3 + 0.5 * 0.65, rel=1e-6)
+
+
+def test_empty_inputs_and_positive_logprobs_are_named():
+    with pytest.raises(ValueError, match=r"^scores is empty"):
+        auroc(torch.zeros(0), torch.zeros(0, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^scores is empty"):
+        auc_mean(torch.zeros(0), torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"got 0\.5 at index 1$"):  # the first positive one, not the first >= 0
+        confidence_from_logprob(torch.tensor([0.0, 0.5, 2.0], **f64))
+
+
+AUC_MEAN_BAD = {
+    "scores NaN": ((torch.tensor([0.1, math.nan, 0.3, 0.4]), C, G), ValueError, r"^scores contains NaN"),
+    "correct 2": ((LPM, [1, 0, 2, 1], G), ValueError, r"^correct must contain only 0/1"),
+    "scores short": ((LPM[:3], C, G), ValueError, r"^correct has shape \(4,\) but scores has shape \(3,\)"),
+    "correct short": ((LPM, C[:3], G), ValueError, r"^correct has shape \(3,\) but scores has shape \(4,\)"),
+    "group_ids short": ((LPM, C, G[:3]), ValueError, r"^group_ids has shape \(3,\) but scores has shape \(4,\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(AUC_MEAN_BAD))
+def test_auc_mean_bad_input_names_the_argument(case):
+    args, err, match = AUC_MEAN_BAD[case]
+    with pytest.raises(err, match=match):
+        auc_mean(*args)
