@@ -8,6 +8,8 @@ import torch
 
 from capo.core.calibration import (
     auc_mean,
+    bootstrap_ci,
+    bootstrap_draws,
     auroc,
     aurc,
     confidence_from_logprob,
@@ -176,3 +178,60 @@ def test_auc_mean_bad_input_names_the_argument(case):
     args, err, match = AUC_MEAN_BAD[case]
     with pytest.raises(err, match=match):
         auc_mean(*args)
+
+
+def test_reliability_bin_edges_are_float64_for_float32_confidences():
+    r = reliability_curve(torch.tensor([0.7, 0.65], dtype=torch.float32), torch.tensor([True, False]))
+    assert r.bin_edges.dtype == torch.float64
+    assert r.bin_edges[7].item() == torch.tensor(0.7, dtype=torch.float32).item()  # the float32 0.7, as float64
+
+
+def _boot_data():
+    g = torch.Generator().manual_seed(3)
+    return torch.rand(30, generator=g, **f64), torch.arange(10).repeat_interleave(3)
+
+
+def _mean(x):
+    return float(x.mean())
+
+
+def test_bootstrap_defaults_are_1000_draws_seeded_0():
+    x, gid = _boot_data()
+    torch.manual_seed(1)
+    ci = bootstrap_ci(_mean, x, group_ids=gid)
+    assert ci == bootstrap_ci(_mean, x, group_ids=gid, n_boot=1000, alpha=0.05, seed=0)
+    # on this data another n_boot or seed moves the interval, so the line above pins both defaults
+    assert bootstrap_ci(_mean, x, group_ids=gid, n_boot=1001)[0] != ci[0]
+    assert bootstrap_ci(_mean, x, group_ids=gid, seed=1)[0] != ci[0]
+    assert torch.equal(bootstrap_draws(5, 3), bootstrap_draws(5, 3, 0))
+    assert not torch.equal(bootstrap_draws(5, 3, 1), bootstrap_draws(5, 3, 0))
+
+
+def test_bootstrap_keeps_each_drawn_questions_own_rows():
+    # every question's rows sum to 4 (q0: 1 + 3, q1: 0 + 4, q2: 2 + 2): any draw of 3 questions sums to 12
+    x, gid = torch.tensor([1.0, 0.0, 3.0, 2.0, 4.0, 2.0], **f64), torch.tensor([0, 1, 0, 2, 1, 2])
+    assert bootstrap_ci(lambda v: float(v.sum()), x, group_ids=gid, n_boot=50) == (12.0, 12.0)
+
+
+def test_bootstrap_edges_of_n_boot_and_alpha():
+    x, gid = _boot_data()
+    lo, hi = bootstrap_ci(_mean, x, group_ids=gid, n_boot=1)  # one replicate: a point interval
+    assert lo == hi
+    for bad in (0, True, 1.5, "10"):
+        with pytest.raises(ValueError, match=r"^n_boot must be an int >= 1"):
+            bootstrap_ci(_mean, x, group_ids=gid, n_boot=bad)
+    for bad in (0, 0.0, 1, -0.1, "0.05"):
+        with pytest.raises(ValueError, match=r"^alpha must be in \(0, 1\)"):
+            bootstrap_ci(_mean, x, group_ids=gid, alpha=bad)
+
+
+def test_bootstrap_bad_inputs_name_the_argument():
+    x, gid = _boot_data()
+    with pytest.raises(TypeError, match=r"^group_ids must have an integer dtype"):
+        bootstrap_ci(_mean, x, group_ids=gid.double())
+    with pytest.raises(ValueError, match=r"^group_ids is empty"):
+        bootstrap_ci(_mean, x[:0], group_ids=gid[:0])
+    with pytest.raises(TypeError, match=r"^arrays\[1\] must be a torch.Tensor"):
+        bootstrap_ci(_mean, x, {}, group_ids=gid)
+    with pytest.raises(ValueError, match=r"^arrays\[0\] has shape \(29,\) but group_ids has shape \(30,\)"):
+        bootstrap_ci(_mean, x[:29], group_ids=gid)
