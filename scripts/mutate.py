@@ -72,7 +72,7 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "core.checks": (
         ["src/capo/core/checks.py"],
         ["tests/core/test_calibration.py", "tests/core/test_advantages.py", "tests/core/test_losses.py",
-         "tests/core/test_voting.py"],
+         "tests/core/test_voting.py", "tests/core/test_checks.py"],
         [],
     ),
     "rollout.step": (
