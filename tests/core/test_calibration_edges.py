@@ -235,3 +235,16 @@ def test_bootstrap_bad_inputs_name_the_argument():
         bootstrap_ci(_mean, x, {}, group_ids=gid)
     with pytest.raises(ValueError, match=r"^arrays\[0\] has shape \(29,\) but group_ids has shape \(30,\)"):
         bootstrap_ci(_mean, x[:29], group_ids=gid)
+
+
+def test_ranking_metrics_name_bad_labels():
+    from capo.core.calibration import aurc as aurc_, e_aurc, prr, selective_curve
+
+    for fn in (selective_curve, aurc_, e_aurc, prr):
+        with pytest.raises(ValueError, match=r"^correct must contain only 0/1"):
+            fn(torch.tensor([0.9, 0.1]), [1, 2])
+
+
+def test_paired_difference_interval_is_an_interval_of_replicate_means():
+    d = paired_difference(*_two_models())
+    assert d.low < d.value < d.high  # the mean of all draws at once would give low == high

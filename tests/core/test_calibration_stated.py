@@ -115,3 +115,16 @@ def test_stochastic_summary_reads_the_answers_from_chosen():
     s1 = stochastic_summary(STATED, OUTCOME, GID, RATE, chosen=chosen, n_bins=1)
     # one bin: mean 0.5 against accuracy 2/3
     assert s1["answer_ece"] == pytest.approx(1 / 6) and s1["stochastic_ece"] == pytest.approx(0.1)
+
+
+def test_summaries_default_to_10_bins():
+    # one stated mean per question, 0.81 (a = 1) and 0.89 (a = 0): with 10 bins they share [0.8, 0.9):
+    # ECE |0.85 - 0.5| = 0.35; with 11 bins they fall apart: (0.19 + 0.89) / 2 = 0.54
+    stated, outcome = torch.tensor([0.81, 0.89], **f64), torch.tensor([True, False])
+    gid, rate = torch.tensor([0, 1]), torch.tensor([0.5, 0.5], **f64)
+    m, a, p = stated_question_means(stated, outcome, gid, rate)
+    assert stated_means_summary(m, a, p)["stochastic_ece"] == pytest.approx(0.35)
+    assert stated_means_summary(m, a, p, n_bins=11)["stochastic_ece"] == pytest.approx(0.54)
+    assert stated_probability_summary(stated, outcome, gid, rate)["stochastic_ece"] == pytest.approx(0.35)
+    s = stochastic_summary(stated, outcome, gid, rate, chosen=stated)
+    assert s["stochastic_ece"] == pytest.approx(0.35) and s["answer_ece"] == pytest.approx(0.35)
