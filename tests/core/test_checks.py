@@ -151,3 +151,12 @@ def test_labels_and_group_ids():
         checks.group_ids_1d("g", [True, False])
     with pytest.raises(TypeError, match=r"^g must have an integer dtype .* got torch.float64$"):
         checks.group_ids_1d("g", [1.0, 2.0])
+
+
+def test_probs_labels_and_group_ids_name_a_non_array():
+    with pytest.raises(TypeError, match=r"^p must be a torch.Tensor, numpy array or list, got dict$"):
+        checks.probs("p", {})
+    with pytest.raises(ValueError, match=r"^c must have 1 dimension"):
+        checks.labels("c", [[1, 0]])
+    with pytest.raises(TypeError, match=r"^g must be a torch.Tensor, numpy array or list, got int$"):
+        checks.group_ids_1d("g", 3)
