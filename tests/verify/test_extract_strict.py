@@ -40,3 +40,12 @@ def test_percent_refuses_anything_else(text):
     assert extract_percent(text) is None
     assert extract_answer(text, "percent") is None
     assert extract_answer(text, "percent", fallback_last_number=True) is None
+
+
+def test_rlcr_format_and_the_last_number_fallback():
+    # "rlcr" reads the <answer> tag only (no box); an empty tag is no answer; the fallback replaces only a missing one
+    assert extract_answer("<answer>5</answer> \\boxed{3}", "rlcr") == "5"
+    assert extract_answer("\\boxed{3}", "rlcr") is None and extract_answer("\\boxed{3}", "auto") == "3"
+    assert extract_answer("<answer></answer>", "rlcr") is None
+    assert extract_answer("<answer>5</answer> 7", "rlcr", fallback_last_number=True) == "5"
+    assert extract_answer("<answer></answer> 7", "rlcr", fallback_last_number=True) == "7"
