@@ -49,17 +49,19 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     "core.losses": (
         ["src/capo/core/losses.py", "src/capo/core/loss_variants.py", "src/capo/core/rollout_correction.py"],
-        ["tests/core/test_losses.py", "tests/core/test_loss_variants.py", "tests/core/test_rollout_correction.py"],
+        ["tests/core/test_losses.py", "tests/core/test_loss_variants.py", "tests/core/test_rollout_correction.py",
+         "tests/core/test_losses_inputs.py"],
         [],
     ),
     "core.step": (
         ["src/capo/core/step.py", "src/capo/core/registry.py", "src/capo/core/presets.py"],
-        ["tests/core/test_advantage_step.py"],
+        ["tests/core/test_advantage_step.py", "tests/core/test_step_edges.py"],
         [],
     ),
     "core.calibration": (
         ["src/capo/core/calibration.py"],
-        ["tests/core/test_calibration.py", "tests/core/test_calibration_extended.py"],
+        ["tests/core/test_calibration.py", "tests/core/test_calibration_extended.py",
+         "tests/core/test_calibration_stated.py", "tests/core/test_calibration_edges.py"],
         [],
     ),
     "core.voting": (
@@ -70,7 +72,7 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "core.checks": (
         ["src/capo/core/checks.py"],
         ["tests/core/test_calibration.py", "tests/core/test_advantages.py", "tests/core/test_losses.py",
-         "tests/core/test_voting.py"],
+         "tests/core/test_voting.py", "tests/core/test_checks.py"],
         [],
     ),
     "rollout.step": (
@@ -91,7 +93,7 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     "verify.extract": (
         ["src/capo/verify/extract.py"],
-        ["tests/verify/test_extract.py"],
+        ["tests/verify/test_extract.py", "tests/verify/test_extract_strict.py"],
         [],
     ),
     # the verifier's parent side, verifier.py and the worker pool _pool.py (the worker module runs in child processes, where mutmut cannot see which test
