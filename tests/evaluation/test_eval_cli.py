@@ -83,7 +83,7 @@ def test_resume_with_different_settings_is_refused(tiny_model_dir, tiny_dataset,
         ({"--batch-size": "0"}, "--batch-size: must be an integer >= 1"),
         ({"--model": "/no/such/model"}, "model '/no/such/model': no such file or folder"),
         ({"--dataset": "/no/such/data.jsonl"}, "dataset file /no/such/data.jsonl does not exist"),
-        ({"--dataset": "gsm9k"}, r"unknown dataset 'gsm9k' \(did you mean 'gsm8k'\?\); allowed names: (default, coin_sum, word_problems, stochastic, )?gsm8k, math500"),
+        ({"--dataset": "gsm9k"}, r"unknown dataset 'gsm9k' \(did you mean 'gsm8k'\?\); allowed names: (default, coin_sum, word_problems, stochastic, stochastic_binary, )?gsm8k, math500"),
         ({"--answer-field": "nope"}, r"line 1: no field 'nope'"),
     ],
 )
