@@ -240,3 +240,23 @@ def test_comparison_resamples_the_predicted_outcome_measures(tmp_path):
     v, lo, hi = cmp.diff("grpo", "base", "answer_ece")
     assert v == pytest.approx(runs[1].metrics["answer_ece"] - runs[0].metrics["answer_ece"])
     assert lo <= v <= hi and not math.isnan(lo)
+
+
+def test_binary_build_is_deterministic_and_its_record_is_the_exact_distributions(tmp_path):
+    from safetensors.torch import load_file
+
+    from capo.tasks.default import load_default
+
+    a = st.build_binary_model(tmp_path / "a", seed=2, steps=3, batch_size=8)
+    st.build_binary_model(tmp_path / "b", seed=2, steps=3, batch_size=8)
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert a["task"] == "capo:stochastic_binary" and a["uniform_loss"] == pytest.approx(math.log(198) / 5, abs=1e-4)
+    model, tok = load_default(model_dir=tmp_path / "a")
+    dist = st.binary_distribution(model, tok, 20).flatten(1)
+    valid = dist.sum(1)
+    p1 = dist[:, 99:].sum(1) / valid
+    assert a["p_predict_1_range"] == pytest.approx([float(p1.min()), float(p1.max())], abs=1e-4)
+    assert a["valid_mass_min"] == pytest.approx(float(valid.min()), abs=1e-4)
+    with pytest.raises(ValueError, match="variant must be one of percent, outcome"):
+        st.build_stochastic_model(tmp_path / "c", variant="binary")
