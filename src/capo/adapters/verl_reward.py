@@ -5,14 +5,5 @@ module outside ``sys.modules``, so it only re-exports the installed capo's funct
 (:mod:`capo.adapters.verl_plugin`). :func:`capo.adapters.verl_plugin.preset_overrides` points here.
 """
 
-from capo.adapters.verl_plugin import (
-    compute_score,
-    compute_score_brier_score,
-    compute_score_correctness,
-    compute_score_log_score,
-    compute_score_ppo_c,
-    compute_score_rlcr,
-)
-
-__all__ = ["compute_score", "compute_score_brier_score", "compute_score_correctness", "compute_score_log_score",
-           "compute_score_ppo_c", "compute_score_rlcr"]
+from capo.adapters.verl_plugin.rewards import *  # noqa: F403 - the installed capo's reward functions
+from capo.adapters.verl_plugin.rewards import __all__  # noqa: F401 - one list of their names

@@ -826,7 +826,7 @@ def stated_means_summary(m: torch.Tensor, a: torch.Tensor, p: torch.Tensor, n_bi
     names the keys (``stochastic``: :data:`STATED_KEYS`; ``answer``: :data:`ANSWER_KEYS`)."""
     out = {f"{prefix}_questions": float(m.numel())}
     if m.numel() == 0:
-        return out | {f"{prefix}_{k}": math.nan for k in ("ece", "rate_error", "auroc", "mean_stated")}
+        return out | {k.replace("stochastic", prefix, 1): math.nan for k in STATED_KEYS[1:]}
     return out | {f"{prefix}_ece": ece(m, a, n_bins=n_bins), f"{prefix}_rate_error": float((m - p).abs().mean()),
                   f"{prefix}_auroc": auroc(m, a), f"{prefix}_mean_stated": float(m.mean())}
 

@@ -86,8 +86,9 @@ def _outcomes(golds: Sequence[str], fmt: str) -> list[bool]:
     return [str(g) == "1" for g in golds]
 
 
-def _f64(values, device) -> torch.Tensor:
-    return torch.tensor([float("nan") if v is None else v for v in values], dtype=torch.float64, device=device)
+def _nan_tensor(values, dtype, device) -> torch.Tensor:
+    """[N] of ``dtype``: the values, NaN where None."""
+    return torch.tensor([float("nan") if v is None else v for v in values], dtype=dtype, device=device)
 
 
 def _grade_stated(texts: Sequence[str], golds: Sequence[str], device) -> Graded:
@@ -99,9 +100,9 @@ def _grade_stated(texts: Sequence[str], golds: Sequence[str], device) -> Graded:
     verdicts = [Verdict.CORRECT if o else Verdict.INCORRECT for o in outcome]
     a = torch.tensor(outcome, dtype=torch.bool, device=device)
     return Graded(answers, verdicts, parses, a,
-                  torch.tensor([float("nan") if q is None else q for q in stated], dtype=torch.float32, device=device),
+                  _nan_tensor(stated, torch.float32, device),
                   torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device),
-                  outcome=a, stated=_f64(stated, device))
+                  outcome=a, stated=_nan_tensor(stated, torch.float64, device))
 
 
 def _grade_outcome(texts: Sequence[str], golds: Sequence[str], device) -> Graded:
@@ -116,7 +117,7 @@ def _grade_outcome(texts: Sequence[str], golds: Sequence[str], device) -> Graded
     stated = [None if p is None else (int(p[1]) if p[0] == "1" else 100 - int(p[1])) / 100 for p in parsed]
     return Graded(answers, verdicts, parses,
                   torch.tensor([v == Verdict.CORRECT for v in verdicts], dtype=torch.bool, device=device),
-                  torch.tensor([float("nan") if q is None else q for q in conf], dtype=torch.float32, device=device),
+                  _nan_tensor(conf, torch.float32, device),
                   torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device),
-                  outcome=torch.tensor(outcome, dtype=torch.bool, device=device), stated=_f64(stated, device),
-                  chosen=_f64([None if d is None else float(d == "1") for d in answers], device))
+                  outcome=torch.tensor(outcome, dtype=torch.bool, device=device), stated=_nan_tensor(stated, torch.float64, device),
+                  chosen=_nan_tensor([None if d is None else float(d == "1") for d in answers], torch.float64, device))

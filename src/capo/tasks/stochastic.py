@@ -194,17 +194,15 @@ def _uniform_binary(problem, rng) -> str:
 
 def _distribution_stats(variant: str, llama, tok) -> dict:
     """The shipped model's exact answer distribution against the uniform one it was trained on."""
-    if variant == "percent":
-        dist = stated_distribution(llama, tok, DEFAULT_OPTIONS["n_categories"])
-        valid = dist.sum(1)
-        tv = 0.5 * (dist - 1 / 99).abs().sum(1) + 0.5 * (1 - valid)
-        return {"tv_from_uniform_max": round(float(tv.max()), 4), "valid_mass_min": round(float(valid.min()), 4)}
-    dist = binary_distribution(llama, tok, DEFAULT_OPTIONS["n_categories"]).flatten(1)
+    n = DEFAULT_OPTIONS["n_categories"]
+    dist = (stated_distribution(llama, tok, n) if variant == "percent" else binary_distribution(llama, tok, n)).flatten(1)
     valid = dist.sum(1)
-    tv = 0.5 * (dist - 1 / 198).abs().sum(1) + 0.5 * (1 - valid)
+    tv = 0.5 * (dist - 1 / dist.shape[1]).abs().sum(1) + 0.5 * (1 - valid)
+    out = {"tv_from_uniform_max": round(float(tv.max()), 4), "valid_mass_min": round(float(valid.min()), 4)}
+    if variant == "percent":
+        return out
     p1 = dist[:, 99:].sum(1) / valid
-    return {"tv_from_uniform_max": round(float(tv.max()), 4), "valid_mass_min": round(float(valid.min()), 4),
-            "p_predict_1_range": [round(float(p1.min()), 4), round(float(p1.max()), 4)]}
+    return out | {"p_predict_1_range": [round(float(p1.min()), 4), round(float(p1.max()), 4)]}
 
 
 def build_stochastic_model(out_dir, seed: int = 0, *, steps: int | None = None, batch_size: int | None = None,

@@ -41,19 +41,12 @@ from __future__ import annotations
 from capo.adapters.verl_plugin.estimators import ESTIMATOR_FNS, ESTIMATORS
 from capo.adapters.verl_plugin.patch import register
 from capo.adapters.verl_plugin.presets import preset_overrides
-from capo.adapters.verl_plugin.rewards import (
-    compute_score,
-    compute_score_brier_score,
-    compute_score_correctness,
-    compute_score_log_score,
-    compute_score_ppo_c,
-    compute_score_rlcr,
-)
+from capo.adapters.verl_plugin import rewards as _rewards
+from capo.adapters.verl_plugin.rewards import *  # noqa: F403 - compute_score and every compute_score_* (rewards.__all__)
 from capo.adapters.verl_plugin.run import BatchContext, CapoRun, batch_context
 
-__all__ = ["ESTIMATORS", "ESTIMATOR_FNS", "BatchContext", "CapoRun", "batch_context", "compute_score",
-           "compute_score_brier_score", "compute_score_correctness", "compute_score_log_score", "compute_score_ppo_c",
-           "compute_score_rlcr", "preset_overrides", "register"]
+__all__ = ["ESTIMATORS", "ESTIMATOR_FNS", "BatchContext", "CapoRun", "batch_context", *_rewards.__all__,
+           "preset_overrides", "register"]
 
 try:  # importing this package (what verl's plugin loader does) registers everything
     register()
