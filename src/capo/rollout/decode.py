@@ -2,7 +2,7 @@
 engine's sampler when ``rollout.decode`` (:data:`capo.rollout.engine.DECODERS`) selects it.
 
 Why: at the reasoning testbed's shape a decoding step of a 5M-parameter model costs ~9 ms on an H200 under
-``generate``, almost all of it kernel launches (issue 40). Captured as a CUDA graph (``torch.compile(mode=
+``generate``, almost all of it kernel launches (docs/results.md). Captured as a CUDA graph (``torch.compile(mode=
 "reduce-overhead")``), a step's forward is one launch. ``generate`` cannot keep capo's log-prob hook inside a graph
 (a replay overwrites the logits the hook kept: the CUDA-graph error found on an H100), so here the loop is capo's:
 each step's forward returns its raw logits, and the sampled token's log-prob, the per-token statistics and the
