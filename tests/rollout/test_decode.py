@@ -94,7 +94,7 @@ def test_the_compiled_step_is_traced_whole_and_reused(models, monkeypatch):
             torch.testing.assert_close(a.gen_logp, b.gen_logp, atol=1e-6, rtol=0)
             addresses.add(tuple(layer.keys.data_ptr() for layer in compiled._decoder.cache.layers))
     assert len(addresses) == 1
-    assert compiled._decoder._step is not compiled._decoder._forward  # never fell back to eager
+    assert compiled._decoder.compiled  # never fell back to eager
 
 
 def test_a_kept_cache_never_leaks_into_the_next_rollout(models):
@@ -136,11 +136,11 @@ def test_a_failing_compiled_step_falls_back_to_the_same_numbers(models):
         calls.append(1)
         raise RuntimeError("no working Triton")
 
-    decoder._step = writes_then_fails
+    decoder._step, decoder.compiled = writes_then_fails, True  # as a compiled step
     with pytest.warns(UserWarning, match="compiled decoding step failed .*no working Triton"):
         a, _ = _sample(broken, prompts, max_new, 4)
     b, _ = _sample(eager, prompts, max_new, 4)
-    assert calls == [1] and decoder._step == decoder._forward
+    assert calls == [1] and not decoder.compiled
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.gen_logp, b.gen_logp)
 
 
@@ -203,7 +203,7 @@ def test_on_cuda_auto_runs_the_step_as_a_cuda_graph(models):
     for seed in range(3):
         a, _ = _sample(loop, prompts, max_new, seed)
         b, _ = _sample(gen, prompts, max_new, seed)
-        assert loop._decoder.graphs and loop._decoder._step is not loop._decoder._forward
+        assert loop._decoder.graphs and loop._decoder.compiled
         with torch.no_grad():
             ref = oracle_logprobs(model, a.prompt_ids, a.prompt_mask, a.response_ids, a.response_mask)
         torch.testing.assert_close(a.gen_logp, ref, atol=1e-4, rtol=0)

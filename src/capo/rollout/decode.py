@@ -17,6 +17,8 @@ left-padded prompts. Every step has the same shapes, so a graph is compiled once
 every step of every later rollout of that shape: the cache is kept between rollouts (zeroed in place, so its
 addresses, which the graph holds, do not change), its length rounded up to a multiple of :data:`CACHE_BUCKET`
 positions and the attention mask allocated for all of it (positions not yet written are hidden by causality).
+torch compiles the step once per decoder and shape; past its recompile limit (``torch._dynamo.config.
+recompile_limit``, 8 by default, counted per process) a further model or shape decodes eagerly, with torch's warning.
 
 Shapes: ``ids``/``am`` [N, P] (N = B*k rows, left-padded); tokens and log-probs [N, T] (T <= max_new_tokens).
 """
@@ -99,7 +101,8 @@ class StaticDecoder:
     def __init__(self, model, *, graphs: bool = False, backend: str | None = None):
         self.model, self.key, self.graphs = model, cache_kwarg(model), graphs
         self.cache, self._shape = None, None
-        if graphs or backend is not None:
+        self.compiled = graphs or backend is not None  # False from a compiled step's failure on (eager)
+        if self.compiled:
             kw = dict(mode="reduce-overhead") if graphs else dict(backend=backend, fullgraph=True)
             self._step = torch.compile(self._forward, dynamic=False, **kw)
         else:
@@ -118,7 +121,7 @@ class StaticDecoder:
         """One decoding step's fp32 logits [N, V] from the last tokens and their positions [N, 1]; ``written``: the
         cache positions filled before it. Where compiling or replaying the step fails (a GPU stack without a working
         Triton, say), the step runs eagerly from then on, with a warning naming the error: the same numbers, slower."""
-        if self._step is self._forward:
+        if not self.compiled:
             return self._forward(tokens, positions, mask)
         try:
             if self.graphs:
@@ -128,7 +131,7 @@ class StaticDecoder:
         except Exception as e:  # noqa: BLE001 -- any compiler failure: decode on, eagerly
             warnings.warn(f"rollout.decode: the compiled decoding step failed ({type(e).__name__}: {e}); decoding "
                           "eagerly from here on (same tokens, no CUDA graphs)", stacklevel=3)
-            self._step = self._forward
+            self.compiled, self._step = False, self._forward
             for layer in self.cache.layers:  # undo a partial write: the cache holds `written` positions
                 layer.cumulative_length.fill_(written)
             return self._forward(tokens, positions, mask)
