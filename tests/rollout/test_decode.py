@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from capo.errors import ConfigError
-from capo.rollout import HFEngine, load_model, token_logprobs
+from capo.rollout import HFEngine, load_model, sample_rollout, token_logprobs
 from capo.rollout.decode import CACHE_BUCKET, StaticDecoder, use_static_decoder
 from capo.rollout.engine import DECODERS
 from capo.tasks.generated import generated_task
@@ -48,21 +48,28 @@ def _sample(engine, prompts, max_new, seed, **kw):
 @pytest.mark.parametrize("sampling", SETTINGS, ids=["t1", "t0.7-p0.9", "greedy"])
 @pytest.mark.parametrize("name", ["tiny", "default"])
 def test_the_loop_draws_the_tokens_generate_draws(models, name, sampling, share):
+    """Against generate with transformers' SDPA attention (prefix_attention=False: the same attention the loop
+    runs): the same tokens, RNG stream and statistics, the log-probs to 1e-6 (measured: identical). The engines'
+    defaults (generate with the grouped prefix attention) differ in summation order only: tokens equal, 3e-5."""
     model, tok, prompts, max_new = models[name]
-    gen = HFEngine(model, tok, decode="generate", share_prefix=share, record_stats=True)
-    loop = HFEngine(model, tok, decode="graph", share_prefix=share, record_stats=True)
-    a, rng_a = _sample(gen, prompts, max_new, 11, **sampling)
-    b, rng_b = _sample(loop, prompts, max_new, 11, **sampling)
-    assert loop._decoder is not None and not loop._decoder.graphs  # the loop ran, eagerly (CPU)
+    common = dict(k=3, max_new_tokens=max_new, share_prefix=share, record_stats=True, **sampling)
+    torch.manual_seed(11)
+    a = sample_rollout(model, tok, prompts, prefix_attention=False, **common)
+    rng_a = torch.get_rng_state()
+    torch.manual_seed(11)
+    b = sample_rollout(model, tok, prompts, decoder=StaticDecoder(model), **common)
+    assert torch.equal(torch.get_rng_state(), rng_a)  # the same draws from the global RNG, no more and no fewer
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
     assert a.texts == b.texts and torch.equal(a.truncated, b.truncated)
-    assert torch.equal(rng_a, rng_b)  # the same draws from the global RNG, no more and no fewer
-    torch.testing.assert_close(b.gen_logp, a.gen_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(b.gen_logp, a.gen_logp, atol=1e-6, rtol=0)
     for key in a.token_stats:
-        torch.testing.assert_close(b.token_stats[key], a.token_stats[key], atol=3e-5, rtol=0)
+        torch.testing.assert_close(b.token_stats[key], a.token_stats[key], atol=1e-6, rtol=0)
     if name == "default":  # the shipped model ends responses with EOS: rows of different lengths were checked
-        assert 0 < int(b.truncated.sum()) < len(b.truncated) or not bool(b.truncated.any())
         assert len(set(b.response_mask.sum(1).tolist())) > 1
+    c, _ = _sample(HFEngine(model, tok, decode="graph", share_prefix=share), prompts, max_new, 11, **sampling)
+    d, _ = _sample(HFEngine(model, tok, decode="generate", share_prefix=share), prompts, max_new, 11, **sampling)
+    assert torch.equal(c.response_ids, d.response_ids) and torch.equal(c.response_ids, b.response_ids)
+    torch.testing.assert_close(c.gen_logp, d.gen_logp, atol=3e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["tiny", "default"])
