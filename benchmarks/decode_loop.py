@@ -8,8 +8,9 @@ adds bf16 autocast runs). Both loops sample at the same seed, so on the CPU they
 and printed: same work); on a GPU the compiled kernels' summation order may flip a near-tie in a few rows (the
 fraction of identical rows is printed). Each variant's first call is reported apart (the loop compiles its step
 there on a GPU); then ``--reps`` interleaved calls, medians reported. ``--train-steps N`` also times N trainer steps
-of the word_problems preset (``--preset``) with each loop (``time/rollout`` and ``time/step`` from its metrics, medians over
-steps after the first).
+of the word_problems preset (``--preset``) with each loop, one run after the other (``time/rollout``, and ``time/step``
+less evaluation and checkpoint, from its metrics; medians over the steps after the first). CPU runs use one thread
+(``--threads``).
 
     python benchmarks/decode_loop.py                       # testbed shape, fp32
     python benchmarks/decode_loop.py --bf16 --train-steps 4
@@ -71,6 +72,11 @@ def time_rollouts(a, model, tok, prompts: list[str], autocast: str) -> dict:
             "tokens": {v: int(o.response_mask.sum()) for v, o in outs.items()}, "same_rows": same}
 
 
+def _train_step(row: dict) -> float:
+    """A step's seconds without its evaluation and checkpoint (the last step evaluates)."""
+    return row["time/step"] - row.get("time/eval", 0.0) - row.get("time/save", 0.0)
+
+
 def time_training(a, precision: str) -> dict:
     """``a.train_steps`` steps of the ``a.preset`` preset with each loop: median time/rollout and time/step."""
     from capo.trainer.config import load_config
@@ -81,12 +87,13 @@ def time_training(a, precision: str) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             cfg = load_config(a.preset, {"run.steps": a.train_steps, "run.out_dir": tmp, "run.progress": False,
                                                 "run.eval_every": 0, "run.save_every": 0, "rollout.decode": decode,
+                                                "run.threads": a.threads, "data.n_eval": 2, "run.eval_samples": 2,
                                                 "model.autocast_bf16": precision == "bf16"})
             Trainer(cfg).train()
             rows = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines() if x.strip()]
         later = rows[1:] or rows
-        out[v] = {k: statistics.median(r[k] for r in later) for k in ("time/rollout", "time/step") if k in rows[0]}
-        out[v]["first_step_s"] = rows[0].get("time/step")
+        out[v] = {"time/rollout": statistics.median(r["time/rollout"] for r in later),
+                  "time/step": statistics.median(_train_step(r) for r in later), "first_step_s": _train_step(rows[0])}
     return out
 
 
@@ -101,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-steps", type=int, default=0, help="also time this many trainer steps per loop")
     ap.add_argument("--preset", default="word_problems", help="the training preset --train-steps runs")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (1: OpenMP's spin-waiting makes 2 "
+                    "threads many times slower on a shared machine, docs/results.md)")
     add_quick(ap, model="default", preset="default", batch=4, new_tokens=24, reps=1, train_steps=2)
     a = ap.parse_args(argv)
     from capo.rollout import load_model
@@ -108,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from capo.tasks.generated import GENERATED_TASKS, generated_task
 
     device = resolve_device(a.device)
+    torch.set_num_threads(a.threads)
     model, tok = load_model(a.model)
     model = model.to(device)
     task = generated_task(a.model if a.model in GENERATED_TASKS else "word_problems")
