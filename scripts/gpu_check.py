@@ -6,10 +6,12 @@ Run it as ``sh scripts/gpu-check.sh [--out DIR]`` on the GPU machine, from the c
    from wheels carried beside the checkout (``--wheels``, default ``wheels/``; :data:`DOWNLOAD` fetches them on a
    machine with PyPI), into ``--work``/site, with ``pip install --no-index --no-deps --target``;
 2. runs every test that has a CUDA path (:data:`CUDA_TESTS`; the test device is the GPU: tests/_device.py);
-3. runs ``benchmarks/trl_vs_capo.py`` at the reasoning testbed's shape with TRL on the GPU too;
-4. runs ``capo demo --task word_problems``;
-5. writes ``OUT/summary.json``: the machine, the wheels, and per step its command, exit status, seconds, test counts
-   and last output lines (full logs in ``OUT/logs``); the demo's own summary.json and the benchmark's ratios.
+3. runs ``benchmarks/decode_loop.py``: ``generate`` against capo's decoding loop with CUDA graphs (``rollout.decode``)
+   at the testbed's shape, fp32 and bf16, rollouts and trainer steps;
+4. runs ``benchmarks/trl_vs_capo.py`` at the reasoning testbed's shape with TRL on the GPU too;
+5. runs ``capo demo --task word_problems``;
+6. writes ``OUT/summary.json``: the machine, the wheels, and per step its command, exit status, seconds, test counts
+   and last output lines (full logs in ``OUT/logs``); the demo's own summary.json and the benchmarks' ratios.
 
 Each step has a time cap and the whole a deadline (``--budget-s``, default 480 s): a step cut short is recorded as
 timed out, and the check goes on with the next. Without a CUDA GPU it runs nothing and the summary says so (exit 2).
@@ -44,13 +46,17 @@ NEEDED = {"trl": "trl", "datasets": "datasets", "dill": "dill", "multiprocess": 
 DOWNLOAD = ("pip download --no-deps --only-binary=:all: --python-version 3.12 --dest wheels trl==1.16.0 "
             "datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 math-verify==0.9.0 latex2sympy2_extended==1.11.0 "
             "antlr4-python3-runtime==4.13.2 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0")
-CUDA_TESTS = ["tests/trainer/test_cuda.py", "tests/evaluation/test_eval_device.py", "tests/adapters/test_trl.py",
+CUDA_TESTS = ["tests/rollout/test_decode.py", "tests/trainer/test_cuda.py", "tests/evaluation/test_eval_device.py", "tests/adapters/test_trl.py",
               "tests/adapters/test_trl_methods.py", "tests/adapters/test_trl_paths.py", "tests/adapters/test_trl_cuda.py",
               "tests/adapters/test_user_script.py"]  # a user's unguarded TRL script (on the GPU there: _tiny.grpo_args)
 NOT_ON_GPU = "not two_processes"  # the multi-process TRL tests run on the CPU by construction (CI runs them)
 BENCH = ["benchmarks/trl_vs_capo.py", "--size", "testbed", "--prompts", "word_problems", "--batch", "16",
          "--new-tokens", "128", "--variants", "capo", "trl", "--reps", "1", "--steps", "2", "--warmup", "1"]
-CAPS = {"cuda_tests": 270, "trl_vs_capo": 75, "demo": 120}  # seconds per step; the deadline caps them all
+# the decoding loops at the testbed's shape (rollout.decode: generate vs capo's loop with CUDA graphs), fp32 and bf16,
+# and 3 trainer steps of the word_problems preset with each
+DECODE = ["benchmarks/decode_loop.py", "--bf16", "--train-steps", "3", "--reps", "2"]
+CAPS = {"cuda_tests": 210, "decode_loop": 120, "trl_vs_capo": 60, "demo": 90}  # seconds per step; the deadline caps
+# them all
 
 
 @dataclass
@@ -105,10 +111,10 @@ def plan(py: str, work: Path, dry: bool) -> list[Step]:
     tests = [py, "-m", "pytest", "-p", "no:cacheprovider", *CUDA_TESTS, "-k", NOT_ON_GPU]
     tests += ["--collect-only", "-q"] if dry else ["-v", "-rfEs"]
     demo = [py, "-m", "capo.cli", "demo", "--task", "word_problems", "--out", str(work / "demo")]
-    bench = [py, *BENCH]
+    bench, decode = [py, *BENCH], [py, *DECODE]
     if dry:
-        demo, bench = demo + ["--help"], bench + ["--help"]
-    return [Step("cuda_tests", tests), Step("trl_vs_capo", bench), Step("demo", demo)]
+        demo, bench, decode = demo + ["--help"], bench + ["--help"], decode + ["--help"]
+    return [Step("cuda_tests", tests), Step("decode_loop", decode), Step("trl_vs_capo", bench), Step("demo", demo)]
 
 
 def step_env(site: Path, work: Path) -> dict:
@@ -156,6 +162,9 @@ def extras(work: Path, steps: list[Step]) -> dict:
     bench = next((s for s in steps if s.name == "trl_vs_capo"), None)
     if bench is not None:
         out["trl_vs_capo_lines"] = [ln for ln in bench.tail if ln.startswith(("RATIO", "device:", "  capo", "  trl"))]
+    decode = next((s for s in steps if s.name == "decode_loop"), None)
+    if decode is not None:
+        out["decode_loop_lines"] = [ln for ln in decode.tail if ln.startswith(("RATIO", "device:", "  fp32", "  bf16"))]
     return out
 
 

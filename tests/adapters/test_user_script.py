@@ -3,7 +3,7 @@ whose process holds ~4 GB of address space as CUDA's torch effectively does, run
 
 Before 2026-11-26 the verifier's forkserver/spawn workers re-imported such a script: its whole top level ran again
 inside every worker, and the worker's absolute 4 GB address-space bound failed math-verify's import with
-MemoryError (seen on an H200 with a bf16 run). Workers are now `python -m capo.verify._worker`: the script runs
+MemoryError (seen on an H200 with a bf16 run). Workers are now fresh interpreters running capo.verify._worker: the script runs
 once and the bound is relative to the worker's own baseline.
 """
 

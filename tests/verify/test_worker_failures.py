@@ -32,6 +32,20 @@ def test_worker_imports_neither_the_callers_modules_nor_torch(one):
                            (_worker.imported_task, "test_worker_failures")], on_timeout="timeout") == ["no", "yes", "no"]
 
 
+def test_a_worker_starts_with_nothing_on_its_stderr():
+    """Its stderr is kept for error reports: a plain start must leave it empty. Launched as ``-m
+    capo.verify._worker`` it held runpy's RuntimeWarning (the package imports the module before runpy runs it as
+    __main__), which then headed every worker error report."""
+    import subprocess
+
+    from capo.verify._pool import _command
+
+    cmd, env = _command(None)
+    p = subprocess.run(cmd, env=env, input=b'{"fn": "ping", "args": []}\n', capture_output=True, timeout=60)
+    assert p.returncode == 0 and p.stderr.decode() == ""
+    assert p.stdout.decode().splitlines() == ['{"ready": true}', '{"result": true}']
+
+
 def test_worker_runs_the_same_capo_as_the_caller(one):
     import capo
 

@@ -43,7 +43,7 @@ from capo.evaluation.metrics import assign_answer_ids, compute_metrics
 import torch
 
 from capo.evaluation.report import RunInfo, draw_safely, render_report
-from capo.rollout.engine import DEVICES, ENGINES, check_engine, resolve_device
+from capo.rollout.engine import DECODERS, DEVICES, ENGINES, check_engine, resolve_device
 from capo.rollout.grading import Graded, grade
 from capo.rollout.models import AUTOCAST_MODES
 from capo.rollout.types import Sample
@@ -109,6 +109,10 @@ class EvalSettings:
                       "places itself)", choices=DEVICES)
     autocast: str = opt("auto", "bf16 autocast (auto: on for CUDA with bf16 and for bf16-capable CPUs with >= 25M "
                         "params)", choices=AUTOCAST_MODES)
+    decode: str = opt(DECODERS[0], "hf engine's decoding loop: auto = capo's static-cache loop with every step a CUDA "
+                      "graph on a GPU, transformers' generate on the CPU; graph = the loop everywhere (eager on the "
+                      "CPU); generate = transformers' generate everywhere. Same tokens and log-probs at a fixed seed",
+                      choices=DECODERS)
     answer_format: str = opt(DEFAULT_ANSWER_FORMAT, "how to extract the model's answer (auto = <answer> tag, else "
                              "last \\boxed{}, else '#### N'; percent = a stated probability 01-99 graded against a "
                              "fixed outcome, the default for --dataset stochastic; re-scoring a capo eval run reuses "
@@ -171,6 +175,9 @@ def validate_settings(s: EvalSettings) -> None:
             f"{', '.join(FILE_ANSWER_FORMATS)}")
     if s.autocast not in AUTOCAST_MODES:
         bad("--autocast", f"{s.autocast!r} is not allowed{did_you_mean(s.autocast, AUTOCAST_MODES)}; allowed values: {', '.join(AUTOCAST_MODES)}")
+    if s.decode not in DECODERS:
+        bad("--decode", f"{s.decode!r} is not allowed{did_you_mean(s.decode, DECODERS)}; allowed values: "
+            f"{', '.join(DECODERS)}")
     resolve_device(s.device)
     if not (s.verify_timeout > 0):
         bad("--verify-timeout", f"must be > 0, got {s.verify_timeout!r}")
@@ -229,7 +236,7 @@ def _float_or_none(x: torch.Tensor) -> float | None:
 
 def _token_fields(smp: Sample) -> dict:
     """The per-token lists a sampled response contributes to its row (token_logprobs and, when recorded, the
-    statistics of :data:`capo.rollout.sampling.TOKEN_STATS` as ``token_<name>``)."""
+    statistics of :data:`capo.rollout.types.TOKEN_STATS` as ``token_<name>``)."""
     out = {"token_logprobs": smp.token_logprobs}
     out.update({f"token_{k}": v for k, v in (smp.token_stats or {}).items()})
     return out
@@ -389,7 +396,8 @@ def make_engine(s: EvalSettings):
     from capo.rollout.sampling import HFEngine
 
     model, tok = load_model(s.model)
-    return HFEngine(model.to(resolve_device(s.device)), tok, autocast=s.autocast, record_stats=s.token_stats)
+    return HFEngine(model.to(resolve_device(s.device)), tok, autocast=s.autocast, record_stats=s.token_stats,
+                    decode=s.decode)
 
 
 def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, engine=None) -> None:

@@ -18,10 +18,11 @@ import torch
 from capo.errors import ConfigError
 from capo.rollout.types import Rollout
 
-__all__ = ["DEVICES", "ENGINES", "Engine", "KV_CACHES", "check_engine", "resolve_device"]
+__all__ = ["DECODERS", "DEVICES", "ENGINES", "Engine", "KV_CACHES", "check_engine", "resolve_device"]
 
 ENGINES = ("hf", "vllm")  # the one list of generation engines (config validation and `capo eval --engine`)
 KV_CACHES = ("static", "dynamic")  # the hf engine's generation KV cache (``rollout.kv_cache``); the first is default
+DECODERS = ("auto", "generate", "graph")  # the hf engine's decoding loop (``rollout.decode``); the first is default
 DEVICES = ("auto", "cpu", "cuda")  # where `capo eval`'s hf engine runs the model (the trainer follows accelerate)
 
 

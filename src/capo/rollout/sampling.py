@@ -18,16 +18,14 @@ import warnings
 import torch
 
 from capo.core.confidence import token_statistics
-from capo.rollout.engine import KV_CACHES
+from capo.rollout.decode import StaticDecoder, fill_cache, new_static_cache, use_static_decoder
+from capo.rollout.engine import DECODERS, KV_CACHES
 from capo.rollout.models import autocast_context, eos_token_ids
 from capo.rollout.prefix import cache_kwarg, grouped_prefix_attention, shared_prefix
-from capo.rollout.types import Rollout
+from capo.rollout.types import TOKEN_STATS, Rollout
 from capo.tasks.prompts import check_context
 
 __all__ = ["HFEngine", "sample_rollout"]
-
-
-TOKEN_STATS = ("entropy", "kl_uniform", "topk_conf")  # what ``record_stats`` adds (capo.core.confidence)
 
 
 class _RecordLogprobs:
@@ -83,20 +81,14 @@ def _static_cache(model, prefix, max_len: int):
     calls, as ``generate(cache_implementation="static")`` would), so the same call computes the same numbers whatever
     ran before it. ``prefix`` unchanged (None: ``generate`` builds its own dynamic cache) where the model takes no
     Cache object or this transformers has no layered static cache."""
-    from transformers import StaticCache
-
-    if not getattr(model, "_supports_default_dynamic_cache", lambda: False)():
-        return prefix
-    try:
-        cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=max_len)
-        layers = cache.layers
-    except (TypeError, AttributeError) as e:  # a transformers without the layered cache API: the growing cache
-        warnings.warn(f"rollout.kv_cache=static is not available here ({e}); sampling with the dynamic cache",
-                      stacklevel=3)
+    cache = new_static_cache(model, max_len)
+    if cache is None:
+        if getattr(model, "_supports_default_dynamic_cache", lambda: False)():
+            warnings.warn("rollout.kv_cache=static is not available with this transformers; sampling with the "
+                          "dynamic cache", stacklevel=3)
         return prefix
     if prefix is not None:
-        for static, filled in zip(layers, prefix.layers, strict=True):
-            static.update(filled.keys, filled.values)  # positions 0..P-2
+        fill_cache(cache, prefix)  # positions 0..P-2
     return cache
 
 
@@ -120,25 +112,27 @@ def _generation_cache(model, enc, k: int, max_new_tokens: int, share_prefix: boo
 @torch.no_grad()
 def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_tokens: int, temperature: float = 1.0,
                    top_p: float = 1.0, share_prefix: bool = True, record_stats: bool = False,
-                   kv_cache: str = KV_CACHES[0], prefix_attention: bool = True) -> Rollout:
-    """Sample ``k`` responses per prompt string with ``model.generate``; the one sampler of trainer and evaluation.
+                   kv_cache: str = KV_CACHES[0], prefix_attention: bool = True,
+                   decoder: StaticDecoder | None = None) -> Rollout:
+    """Sample ``k`` responses per prompt string; the one sampler of trainer and evaluation.
 
     The per-token log-probs are the policy's own (raw logits, log-softmax at temperature 1, no top-p/top-k or
-    penalties), recorded during generation by a forward hook: no extra forward pass. Sampling uses only
-    ``temperature``/``top_p`` (a fresh generation config: the model's own defaults, e.g. a repetition penalty, are
-    not applied); ``temperature == 0`` is greedy decoding. ``share_prefix``: each prompt's prefix is run once and its
-    KV cache copied to its k rows instead of k times (the knob ``rollout.share_prefix`` / eval's
-    ``share_prefix``; exact up to floating-point summation order). ``kv_cache``
-    (:data:`capo.rollout.engine.KV_CACHES`, the knob ``rollout.kv_cache``): "static" preallocates the keys/values
-    for the whole response (P + max_new_tokens positions) and writes each step in place; "dynamic" (transformers'
-    default) grows them by concatenation, which copies the whole cache at every decoding step. Same distribution;
-    the sampled tokens agreed exactly in the measured cases (docs/results.md). ``record_stats``: also record each
-    token's entropy, self-certainty and DeepConf confidence (:data:`TOKEN_STATS`, into ``Rollout.token_stats``) for the
-    confidence estimators of :mod:`capo.core.confidence`. ``prefix_attention`` (with a shared prefix): each decoding
-    step reads a group's prompt keys/values once (:class:`capo.rollout.prefix.GroupedPrefixAttention`, SDPA models);
-    False attends the k copies with SDPA, for comparison. Draws from torch's global RNG."""
-    from transformers import GenerationConfig
-
+    penalties), recorded while decoding: no extra forward pass. Sampling uses only ``temperature``/``top_p`` (a
+    fresh generation config: the model's own defaults, e.g. a repetition penalty, are not applied);
+    ``temperature == 0`` is greedy decoding. ``decoder``: sample with capo's static-cache decoding loop
+    (:class:`capo.rollout.decode.StaticDecoder`, CUDA graphs on a GPU; the same tokens and log-probs as
+    ``generate`` at a fixed seed) instead of ``model.generate`` with a log-prob hook. ``share_prefix``: each prompt's
+    prefix is run once and its KV cache copied to its k rows instead of k times (the knob ``rollout.share_prefix`` /
+    eval's ``share_prefix``; exact up to floating-point summation order). ``kv_cache``
+    (:data:`capo.rollout.engine.KV_CACHES`, the knob ``rollout.kv_cache``; ``generate`` only): "static" preallocates
+    the keys/values for the whole response (P + max_new_tokens positions) and writes each step in place; "dynamic"
+    (transformers' default) grows them by concatenation, which copies the whole cache at every decoding step. Same
+    distribution; the sampled tokens agreed exactly in the measured cases (docs/results.md). ``record_stats``: also
+    record each token's entropy, self-certainty and DeepConf confidence (:data:`TOKEN_STATS`, into
+    ``Rollout.token_stats``) for the confidence estimators of :mod:`capo.core.confidence`. ``prefix_attention``
+    (``generate`` with a shared prefix): each decoding step reads a group's prompt keys/values once
+    (:class:`capo.rollout.prefix.GroupedPrefixAttention`, SDPA models); False attends the k copies with SDPA, for
+    comparison. Draws from torch's global RNG."""
     device = next(model.parameters()).device
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)  # complete
@@ -146,6 +140,25 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     eos = eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     ids, am = enc["input_ids"].repeat_interleave(k, 0), enc["attention_mask"].repeat_interleave(k, 0)  # [N, P]
+    sampling = dict(temperature=temperature, top_p=top_p, eos=eos, pad=pad, record_stats=record_stats)
+    if decoder is not None and max_new_tokens > 0:
+        prefix = _prefix_cache(model, enc["input_ids"], enc["attention_mask"], k) \
+            if share_prefix and k > 1 and ids.shape[1] > 1 else None
+        out = decoder.decode(ids, am, prefix=prefix, prefilled=ids.shape[1] - 1 if prefix is not None else 0,
+                             max_new_tokens=max_new_tokens, **sampling)
+        resp, logp, stats = out.tokens, out.logp, out.stats
+    else:
+        resp, logp, stats = _generate(model, enc, ids, am, k=k, max_new_tokens=max_new_tokens, kv_cache=kv_cache,
+                                      share_prefix=share_prefix, prefix_attention=prefix_attention, **sampling)
+    return _rollout(tokenizer, ids, am, resp, logp, stats, eos, pad)
+
+
+def _generate(model, enc, ids, am, *, k: int, max_new_tokens: int, temperature: float, top_p: float, eos: list[int],
+              pad: int, record_stats: bool, kv_cache: str, share_prefix: bool, prefix_attention: bool):
+    """``model.generate`` with the log-prob hook: the response tokens [N, T], their log-probs [N, T] and the
+    per-token statistics (None unless ``record_stats``)."""
+    from transformers import GenerationConfig
+
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else \
         dict(do_sample=False)
     gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,  # no CUDA graphs:
@@ -165,7 +178,12 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
         model.generation_config = model_cfg
         handle.remove()
     resp = seq[:, ids.shape[1]:]  # [N, T]
-    logp = recorder.finish(seq, resp.shape[1]).to(resp.device)
+    return resp, recorder.finish(seq, resp.shape[1]).to(resp.device), recorder.finish_stats(*resp.shape)
+
+
+def _rollout(tokenizer, ids, am, resp, logp, stats, eos: list[int], pad: int) -> Rollout:
+    """The Rollout of sampled ``resp`` [N, T]: real tokens up to and including each row's first EOS, the rest
+    padding (and 0 log-prob / statistics); the texts decoded without the EOS token."""
     is_eos = torch.isin(resp, torch.tensor(eos, device=resp.device))
     mask = (is_eos.long().cumsum(-1) - is_eos.long()) == 0  # real tokens: up to and including the first EOS
     truncated = ~(is_eos & mask).any(-1)
@@ -173,11 +191,9 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     texts = tokenizer.batch_decode([r[:n].tolist() for r, n in zip(resp, n_text)], skip_special_tokens=True)
     resp = resp.masked_fill(~mask, pad)
     logp = torch.where(mask, logp, torch.zeros_like(logp))
-    stats = recorder.finish_stats(resp.shape[0], resp.shape[1])
     if stats is not None:
         stats = {k: torch.where(mask, v.to(resp.device), torch.zeros_like(logp)) for k, v in stats.items()}
     return Rollout(ids, am, resp, mask.long(), logp, texts, truncated, token_stats=stats)
-
 
 
 class HFEngine:
@@ -186,15 +202,40 @@ class HFEngine:
     ``autocast``: bf16 policy of the sampling forwards (:data:`capo.rollout.models.AUTOCAST_MODES`).
     ``share_prefix``: each prompt's prefix runs once per group (``rollout.share_prefix`` / eval's ``share_prefix``).
     ``kv_cache``: the generation KV cache, :data:`capo.rollout.engine.KV_CACHES` (``rollout.kv_cache``).
+    ``decode``: the decoding loop, :data:`capo.rollout.engine.DECODERS` (``rollout.decode``): "auto" is capo's
+    static-cache loop with CUDA graphs on a GPU (:mod:`capo.rollout.decode`) and ``generate`` on the CPU; "graph"
+    the loop everywhere (eager on the CPU); "generate" ``model.generate`` everywhere. The loop needs the static
+    cache: with ``kv_cache="dynamic"``, "auto" means ``generate``. The loop keeps its cache and compiled step
+    between calls, for the model last synced.
     """
 
     name = "hf"
 
     def __init__(self, model, tokenizer, *, autocast: str = "off", share_prefix: bool = True,
-                 record_stats: bool = False, kv_cache: str = KV_CACHES[0]):
+                 record_stats: bool = False, kv_cache: str = KV_CACHES[0], decode: str = DECODERS[0]):
+        if decode not in DECODERS:
+            raise ValueError(f"decode must be one of {DECODERS}, got {decode!r}")
+        if decode == "graph" and kv_cache != "static":
+            raise ValueError("decode='graph' decodes over a static KV cache: it needs kv_cache='static'")
         self.model, self.tokenizer, self.autocast, self.share_prefix = model, tokenizer, autocast, share_prefix
         self.record_stats = record_stats  # per-token entropy / self-certainty / DeepConf confidence (eval)
-        self.kv_cache = kv_cache
+        self.kv_cache, self.decode = kv_cache, decode
+        self._decoder: StaticDecoder | None = None
+
+    def decoder(self, device: torch.device) -> StaticDecoder | None:
+        """The static-cache decoder this engine samples with on ``device`` (None: ``generate``); made once per
+        model and kept. ValueError for decode="graph" with a model that cannot decode over a static cache."""
+        if self.kv_cache != "static" or not use_static_decoder(self.decode, device):
+            return None
+        if self._decoder is None or self._decoder.model is not self.model:
+            decoder = StaticDecoder(self.model, graphs=device.type == "cuda")
+            if not decoder.supported():
+                if self.decode == "graph":
+                    raise ValueError(f"decode='graph' needs a model that takes a static KV cache; "
+                                     f"{type(self.model).__name__} does not here: use decode='generate'")
+                return None
+            self._decoder = decoder
+        return self._decoder
 
     def sample(self, prompts: list[str], *, k: int, max_new_tokens: int, temperature: float = 1.0,
                top_p: float = 1.0, seed: int | None = None) -> Rollout:
@@ -207,7 +248,8 @@ class HFEngine:
         with autocast_context(self.autocast, device, n_params):
             return sample_rollout(self.model, self.tokenizer, prompts, k=k, max_new_tokens=max_new_tokens,
                                   temperature=temperature, top_p=top_p, share_prefix=self.share_prefix,
-                                  record_stats=self.record_stats, kv_cache=self.kv_cache)
+                                  record_stats=self.record_stats, kv_cache=self.kv_cache,
+                                  decoder=self.decoder(device))
 
     def sync_weights(self, model) -> None:
         """Nothing to copy: the engine samples with the training model. Pass the unwrapped model being trained."""

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Rollout", "Sample"]
+__all__ = ["Rollout", "Sample", "TOKEN_STATS"]
+
+TOKEN_STATS = ("entropy", "kl_uniform", "topk_conf")  # what the hf engine's ``record_stats`` adds (capo.core.confidence)
 
 
 @dataclass
@@ -41,7 +43,7 @@ class Rollout:
     token is a real, counted token), gen_logp [N, T] float32 (0 at padding), truncated [N] bool (hit
     max_new_tokens without EOS). ``texts``: the decoded responses without the EOS token. ``token_stats``: when the
     engine recorded them, per-token statistics of each step's distribution, name -> [N, T] float32 (0 at padding;
-    names in :data:`capo.rollout.sampling.TOKEN_STATS`: all three from ``hf``, ``topk_conf`` alone from ``vllm``),
+    names in :data:`TOKEN_STATS`: all three from ``hf``, ``topk_conf`` alone from ``vllm``),
     else None."""
 
     prompt_ids: torch.Tensor

@@ -12,10 +12,10 @@ from capo.sweep.spec import BASE
 
 # Settings that may differ between the records of one comparison: the method itself (every `algo.*` key), the seed,
 # and knobs that change neither the method nor the sampling distribution (where a run writes, how often it saves,
-# threads, the KV-cache layout, gradient-accumulation micro-batches, the extra step-0 evaluation, which leaves the
+# threads, the KV-cache layout and decoding loop, gradient-accumulation micro-batches, the extra step-0 evaluation, which leaves the
 # training untouched: tests/trainer). Everything else must be equal.
 FREE = ("algo", "run.seed", "run.out_dir", "run.save_every", "run.keep_checkpoints", "run.resume", "run.progress",
-        "run.threads", "run.eval_at_start", "rollout.kv_cache", "optim.micro_batch_size")
+        "run.threads", "run.eval_at_start", "rollout.kv_cache", "rollout.decode", "optim.micro_batch_size")
 
 
 def comparable(rec: dict, sections: tuple[str, ...] | None = None) -> dict:

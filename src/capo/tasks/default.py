@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from capo.tasks.problem import Problem
+from capo.tasks.problem import SPLITS, Problem, check_split
 
 __all__ = [
     "DEFAULT_MODEL_DIR",
@@ -53,7 +53,6 @@ DEFAULT_MODEL_DIR: Path = Path(str(resources.files("capo") / "assets" / "default
 TASK_NAME = "chain_sum"
 # reasoning-gym ChainSumConfig fields (besides seed/size). Difficulty varies from "4-1" to "5+8-9+7-6".
 TASK_CONFIG: dict[str, Any] = {"min_terms": 2, "max_terms": 5, "min_digits": 1, "max_digits": 1}
-SPLITS = ("train", "eval")
 # One expression in EVAL_BUCKETS goes to "eval", the rest to "train" (by sha256 of the expression).
 EVAL_BUCKETS = 8
 # reasoning-gym item i of seed s uses random.Random(s + i): keep the streams of different (split, seed) far apart.
@@ -94,8 +93,7 @@ def default_problems(split: str, n: int, seed: int = 0, options: dict | None = N
     string; ``meta`` keeps reasoning-gym's question, expression, num_terms and num_digits.
     """
     check_options(options)
-    if split not in SPLITS:
-        raise ValueError(f"split {split!r} is not allowed; allowed values: {', '.join(SPLITS)}")
+    check_split(split)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     import reasoning_gym

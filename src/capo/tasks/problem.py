@@ -1,5 +1,6 @@
-"""The record every dataset loader produces, and the two helpers every task generated in code shares: its
-per-question random stream and the validation of its ``data.task_options``."""
+"""The record every dataset loader produces, and what every task generated in code shares: its splits
+(:data:`SPLITS`, :func:`check_split`), its per-question random stream and the validation of its
+``data.task_options``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+SPLITS = ("train", "eval")  # the splits of every task generated in code
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,12 @@ class Problem:
     prompt: str
     answer: str
     meta: dict = field(default_factory=dict, compare=False)
+
+
+def check_split(split: str) -> None:
+    """ValueError naming ``split`` and the allowed ones unless it is one of :data:`SPLITS`."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} is not allowed; allowed values: {', '.join(SPLITS)}")
 
 
 def question_rng(task: str, split: str, seed: int, i: int) -> random.Random:

@@ -76,7 +76,6 @@ def score(stated: torch.Tensor, outcome: torch.Tensor, rule: str = "log") -> tor
 
 TASK_NAME = "stochastic"
 BINARY_TASK_NAME = "stochastic_binary"
-SPLITS = ("train", "eval")
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 # n_categories: categories (one letter each, at most 26); rate_seed: the draw of the true rates p_c ~ U(0, 1), shared
 # by both splits (numpy default_rng(rate_seed).uniform, as stochastic_data draws them).
@@ -119,10 +118,9 @@ def binary_problems(split: str, n: int, seed: int = 0, options: dict | None = No
 
 
 def _problems(split: str, n: int, seed: int, options: dict | None, name: str, letter: str) -> list:
-    from capo.tasks.problem import Problem, question_rng
+    from capo.tasks.problem import Problem, check_split, question_rng
 
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    check_split(split)
     opts = check_options(options)
     rates = category_rates(opts["n_categories"], opts["rate_seed"]).tolist()
     out = []

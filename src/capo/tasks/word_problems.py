@@ -33,13 +33,12 @@ import re
 from dataclasses import dataclass
 
 from capo.errors import ConfigError
-from capo.tasks.problem import Problem, fill_options, question_rng
+from capo.tasks.problem import SPLITS, Problem, check_split, fill_options, question_rng
 
 __all__ = ["TASK_NAME", "DEFAULT_OPTIONS", "SPLITS", "EVAL_BUCKETS", "check_options", "word_problems",
            "format_prompt", "format_response", "check_trace", "TraceCheck"]
 
 TASK_NAME = "word_problems"
-SPLITS = ("train", "eval")
 EVAL_BUCKETS = 8
 DEFAULT_OPTIONS: dict[str, int] = {"min_ops": 3, "max_ops": 6, "max_start": 20, "max_value": 150, "distractors": 2}
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
@@ -181,8 +180,7 @@ def word_problems(split: str, n: int, seed: int = 0, options: dict | None = None
 
     Train and eval are disjoint by skeleton (see the module docstring); eval problems are unique within a call.
     ``meta``: ``n_ops`` (computations), ``n_lines`` (trace lines), ``distractors``, ``skeleton``, ``trace`` (the gold trace)."""
-    if split not in SPLITS:
-        raise ValueError(f"split {split!r} is not allowed; allowed values: {', '.join(SPLITS)}")
+    check_split(split)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     opts = check_options(options)

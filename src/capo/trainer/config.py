@@ -26,7 +26,7 @@ from capo.core import (
 from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError
-from capo.rollout.engine import ENGINES, KV_CACHES, check_engine
+from capo.rollout.engine import DECODERS, ENGINES, KV_CACHES, check_engine
 from capo.rollout.method_inputs import needed_data
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, GENERATED_TASKS
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
@@ -84,8 +84,13 @@ class RolloutConfig:
     kv_cache: str = knob(KV_CACHES[0], "hf engine's KV cache during generation: static (preallocated for the "
                          "whole response, written in place) or dynamic (grown by concatenation, transformers' "
                          "default: copies the cache at every decoding step); same distribution, static is faster; "
-                         "under bf16 autocast always dynamic (one static cache cannot hold fp32 keys and bf16 values)",
+                         "generate under bf16 autocast always uses dynamic",
                          choices=KV_CACHES)
+    decode: str = knob(DECODERS[0], "hf engine's decoding loop: auto = capo's static-cache loop with every step a "
+                       "CUDA graph (torch.compile reduce-overhead) on a GPU, transformers' generate on the CPU; graph "
+                       "= the loop everywhere (eager on the CPU); generate = transformers' generate everywhere. Same "
+                       "tokens and log-probs at a fixed seed (tested on the CPU); the loop needs kv_cache=static "
+                       "(with dynamic, auto means generate)", choices=DECODERS)
     engine: str = knob("hf", "generation engine: " + ", ".join(ENGINES) + " (hf: Hugging Face generate with the "
                        "training model; vllm: a colocated vLLM engine that gets the new weights after every "
                        "optimizer step; needs vLLM installed and a model folder or Hub id)", choices=ENGINES)
@@ -247,6 +252,9 @@ class TrainConfig:
         if not 0 < r.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
         _choice("rollout.engine", r.engine, ENGINES)
+        _choice("rollout.decode", r.decode, DECODERS)
+        if r.decode == "graph" and r.kv_cache != "static":
+            raise ConfigError("rollout.decode=graph decodes over a static KV cache: it needs rollout.kv_cache=static")
         if r.tis_cap != 0 and not r.tis_cap >= 1:
             raise ConfigError(f"rollout.tis_cap must be 0 (off) or >= 1, got {r.tis_cap}")
         if not 0 < r.vllm_gpu_memory_utilization <= 1:

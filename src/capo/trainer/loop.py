@@ -128,7 +128,7 @@ class Trainer:
                               seed=self.cfg.run.seed + self.rank, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
                               enable_sleep_mode=r.vllm_sleep_mode)
         return HFEngine(self.acc.unwrap_model(self.model), self.tok, autocast=autocast, share_prefix=r.share_prefix,
-                        kv_cache=r.kv_cache)
+                        kv_cache=r.kv_cache, decode=r.decode)
 
     # ----------------------------------------------------------------------------------------------- the loop
     def train(self) -> dict:
@@ -415,7 +415,8 @@ class Trainer:
         probs = [self.train_set[i % len(self.train_set)] for i in range(self.rank * n, (self.rank + 1) * n)]
         ref_engine = HFEngine(self.ref, self.tok, autocast="on" if self.cfg.model.autocast_bf16 else "off",
                               share_prefix=self.cfg.rollout.share_prefix,
-                              kv_cache=self.cfg.rollout.kv_cache)  # whatever rollout.engine: HF here
+                              kv_cache=self.cfg.rollout.kv_cache,  # whatever rollout.engine: HF here
+                              decode=self.cfg.rollout.decode)
         with torch.random.fork_rng():
             torch.manual_seed(self.cfg.run.seed + 20_011 + self.rank)
             ro = self.rollout(probs, self.cfg.rollout.group_size, engine=ref_engine)

@@ -1,4 +1,4 @@
-"""The parent side of the verifier's workers: fresh interpreters running ``python -m capo.verify._worker``.
+"""The parent side of the verifier's workers: fresh interpreters running ``capo.verify._worker.main`` (:data:`LAUNCH`).
 
 Why not ``multiprocessing``: its ``spawn`` and ``forkserver`` children re-import the parent's main script. In a
 user's training script that means torch (and CUDA) in every worker -- 3.8 GB of address space on a GPU machine
@@ -44,6 +44,9 @@ class WorkerError(RuntimeError):
     exception and the tail of its traceback / stderr."""
 
 
+LAUNCH = "import sys; from capo.verify._worker import main; sys.exit(main())"  # a worker's program (argv[1]: headroom)
+
+
 def _command(memory_headroom_mb: int | None) -> tuple[list[str], dict]:
     """The worker's command line and environment: this interpreter, ``-P`` (no script or working directory on the
     path, Python >= 3.11), and the folder holding the parent's ``capo`` first on PYTHONPATH so the worker runs the
@@ -52,7 +55,9 @@ def _command(memory_headroom_mb: int | None) -> tuple[list[str], dict]:
     root = str(Path(capo.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     headroom = "none" if not memory_headroom_mb else str(int(memory_headroom_mb))
-    return [sys.executable, *flags, "-m", "capo.verify._worker", headroom], env
+    # `-m capo.verify._worker` would run the module a second time as __main__ after the package's own import of it
+    # (runpy's RuntimeWarning, in every worker's stderr and so in every error report): call its main() instead
+    return [sys.executable, *flags, "-c", LAUNCH, headroom], env
 
 
 class _Worker:

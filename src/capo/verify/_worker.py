@@ -15,7 +15,7 @@ Defence in depth against model text being executed:
    ``sympify`` on a string internally; the guard makes that path inert too.
 3. Each worker has an address-space limit, and the parent kills it after a hard wall-clock timeout.
 
-A worker is its own interpreter, started by the parent as ``python -m capo.verify._worker`` (see
+A worker is its own interpreter, started by the parent as ``python -c LAUNCH`` calling :func:`main` (see
 ``capo.verify._pool``): it never imports the parent's main script, torch or CUDA, whatever the parent has loaded.
 It speaks JSON lines over its stdin/stdout: first one line ``{"ready": true}`` (or ``{"error", "traceback"}`` when
 it cannot start), then one reply ``{"result": str}`` or ``{"error", "traceback"}`` per request ``{"fn", "args"}``;
@@ -339,7 +339,8 @@ def _serve(out, memory_headroom_mb: int | None) -> int:
 
 
 def main() -> int:
-    """Entry point of ``python -m capo.verify._worker HEADROOM_MB``: the protocol goes over a private copy of
+    """Entry point of a worker (``python -P -c LAUNCH HEADROOM_MB``, :data:`capo.verify._pool.LAUNCH`; ``python -m
+    capo.verify._worker HEADROOM_MB`` also works): the protocol goes over a private copy of
     stdout; anything else printed (by sympy, say) goes to stderr, which the parent keeps for error reports."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)

@@ -4,7 +4,7 @@ Design (why not just call ``math_verify.verify``): math-verify's own timeout use
 only in the main thread and cannot interrupt C code (sympy computing ``9**9**9**9`` as an exact integer never
 returns to the interpreter). Here every judgement runs in a worker process:
 
-* ``workers`` worker processes, each a fresh interpreter running ``python -m capo.verify._worker`` (see
+* ``workers`` worker processes, each a fresh interpreter running ``capo.verify._worker.main`` (see
   ``capo.verify._pool``): a worker never imports the caller's script, torch or CUDA, so its memory bound is
   relative to its own small baseline and a user script needs no ``__main__`` guard. One item is in flight per
   worker, so the wall-clock time of each item is known exactly.
