@@ -15,6 +15,7 @@ less evaluation and checkpoint, from its metrics; medians over the steps after t
     python benchmarks/decode_loop.py                       # testbed shape, fp32
     python benchmarks/decode_loop.py --bf16 --train-steps 4
     python benchmarks/decode_loop.py --model default --batch 8 --new-tokens 40 --reps 5
+    python benchmarks/decode_loop.py --backend inductor    # the CPU loop compiled by inductor (first call compiles)
 
 Prints ``RATIO rollout generate/loop [precision]: X`` (> 1: the loop is faster) and the train-step ratios.
 """
@@ -52,6 +53,10 @@ def time_rollouts(a, model, tok, prompts: list[str], autocast: str) -> dict:
 
     device = next(model.parameters()).device
     engines = {v: HFEngine(model, tok, autocast=autocast, decode=d) for v, d in LOOPS.items()}
+    if a.backend:  # the loop's step compiled with this torch.compile backend (fullgraph), e.g. inductor on the CPU
+        from capo.rollout.decode import StaticDecoder
+
+        engines["loop"]._decoder = StaticDecoder(model, backend=a.backend)
     times: dict[str, list[float]] = {v: [] for v in LOOPS}
     first, outs = {}, {}
     for rep in range(a.reps + 1):
@@ -108,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-steps", type=int, default=0, help="also time this many trainer steps per loop")
     ap.add_argument("--preset", default="word_problems", help="the training preset --train-steps runs")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--backend", default=None, help="compile the loop's step with this torch.compile backend "
+                    "(fullgraph; e.g. inductor on the CPU, where the loop otherwise runs eagerly); rollouts only")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (1: OpenMP's spin-waiting makes 2 "
                     "threads many times slower on a shared machine, docs/results.md)")
     add_quick(ap, model="default", preset="default", batch=4, new_tokens=24, reps=1, train_steps=2)
