@@ -94,7 +94,8 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     "verify.extract": (
         ["src/capo/verify/extract.py"],
-        ["tests/verify/test_extract.py", "tests/verify/test_extract_strict.py"],
+        ["tests/verify/test_extract.py", "tests/verify/test_extract_strict.py",
+         "tests/verify/test_extract_boxed_edges.py"],
         [],
     ),
     # the verifier's parent side, verifier.py and the worker pool _pool.py (the worker module runs in child processes, where mutmut cannot see which test
