@@ -133,6 +133,14 @@ def test_smooth_ece_matches_the_integral():
     assert worst < 1e-5  # measured 4.8e-6 (grid h <= sigma/40, linear splitting of each confidence)
 
 
+def test_smooth_ece_with_a_confidence_of_exactly_one():
+    """q = 1 is the grid's last node, where all its weight goes (the node below it takes none): within the
+    documented ~5e-6 of the integral, here where the residuals change sign close to 1 (-1 at q = 1, +0.1 at 0.9)."""
+    f, y = np.array([1.0, 0.9]), np.array([0.0, 1.0])
+    for sigma in (0.02, 0.05):  # measured 1.4e-6 and 8e-7; the last interior node's split would be 1e-5 off
+        assert abs(smooth_ece(f, y, sigma=sigma) - exact_smece(f, y, sigma)) < 5e-6
+
+
 def test_smooth_ece_matches_relplot():
     import relplot
 
