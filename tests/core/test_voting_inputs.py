@@ -1,0 +1,104 @@
+"""Inputs, names in error messages, edges and devices of the voting and confidence functions that the hand cases
+left open (mutation testing, issue 41: the ``core.voting`` survivors, docs/results.md "Mutation testing").
+
+Error messages are matched from their start (``^name ...``), so a check that names the wrong argument fails.
+"""
+
+import math
+
+import pytest
+import torch
+
+from capo.core import voting as vt
+from capo.core.confidence import ConfidenceInputs, compute_confidence, token_statistics, topk_confidence
+
+F64, I64 = torch.float64, torch.int64
+
+
+def t(x, dtype=F64):
+    return torch.tensor(x, dtype=dtype)
+
+
+A, C, G = t([0, 1, 0, -1], I64), t([1, 0, 1, 0], torch.bool), t([3, 3, 3, 3], I64)
+BAD_INPUTS = [
+    (lambda: vt.mean_at_k(t([1, 2]), t([0, 0], I64)), ValueError, r"^correct must contain only 0/1"),
+    (lambda: vt.mean_at_k(t([1, 0]), t([0.0, 0.0])), TypeError, r"^group_ids must have an integer dtype"),
+    (lambda: vt.mean_at_k(t([], torch.bool), t([], I64)), ValueError, r"^correct is empty"),
+    (lambda: vt.pass_at_k(4, 1.0, 1), TypeError, r"^c must be an int"),
+    (lambda: vt.pass_at_k(4, 1, True), TypeError, r"^k must be an int >= 1, got bool"),
+    (lambda: vt.pass_at_k_batch("4", t([1], I64), 1), TypeError, r"^n must be a torch.Tensor"),
+    (lambda: vt.pass_at_k_batch(t([4], I64), "1", 1), TypeError, r"^c must be a torch.Tensor"),
+    (lambda: vt.pass_at_k_batch(t([4], I64), t([1.0]), 1), TypeError, r"^c must have an integer dtype"),
+    (lambda: vt.pass_at_k_batch(t([4, 4], I64), t([1], I64), 1), ValueError,
+     r"^c has shape \(1,\) but n has shape \(2,\)"),
+    (lambda: vt.pass_at_k_batch(t([4, 0], I64), t([1, 0], I64), 1), ValueError,
+     r"^n must be >= 1; question 1 has n=0, c=0"),
+    (lambda: vt.pass_at_k_batch(t([4, 2], I64), t([1, 3], I64), 1), ValueError,
+     r"^c must be in \[0, n\]; question 1 has n=2, c=3"),
+    (lambda: vt.max_confidence(A, C, G, t([True, False, True, True], torch.bool)), TypeError,
+     r"^confidence must be a real-valued score"),
+    (lambda: token_statistics([0.0, 1.0]), TypeError, r"^logits must be a torch.Tensor"),
+    (lambda: token_statistics(t([0, 1], I64)), TypeError, r"^logits must have a floating dtype"),
+    (lambda: token_statistics(t([0.0, 1.0]), True), ValueError, r"^top_k must be an int in \[1, V=2\], got True"),
+    (lambda: topk_confidence([-1.0]), TypeError, r"^top_logp must be a torch.Tensor"),
+    (lambda: topk_confidence(t([-1, -2], I64)), TypeError, r"^top_logp must have a floating dtype"),
+    (lambda: topk_confidence(t(-1.0)), ValueError, r"^top_logp must have a non-empty last"),
+    (lambda: topk_confidence(torch.zeros(2, 0, dtype=F64)), ValueError, r"^top_logp must have a non-empty last"),
+    (lambda: compute_confidence("lpm", ConfidenceInputs(token_logp=t([-1.0]), mask=t([[1]], I64))), ValueError,
+     r"^token_logp must have 2 dimension"),
+    (lambda: compute_confidence("lpm", ConfidenceInputs(token_logp=t([[-1]], I64), mask=t([[1]], I64))), TypeError,
+     r"^token_logp must have a floating dtype"),
+    (lambda: compute_confidence("lpm", ConfidenceInputs(token_logp=t([[-1.0]]), mask=t([1], I64))), ValueError,
+     r"^mask must have 2 dimension"),
+    (lambda: compute_confidence("lpm", ConfidenceInputs(token_logp=t([[-1.0]]), mask=[[1]])), TypeError,
+     r"^mask must be a torch.Tensor"),
+    (lambda: compute_confidence("tail", ConfidenceInputs(topk_conf=t([[1.0]]), mask=t([[1]], I64)), k=True),
+     ValueError, r"^k must be an int >= 1, got True"),
+    (lambda: compute_confidence("bottom_group", ConfidenceInputs(topk_conf=t([[1.0]]), mask=t([[1]], I64)),
+                                fraction=True), ValueError, r"^fraction must be a number in \[0, 1\], got True"),
+]
+
+
+@pytest.mark.parametrize("call, exc, match", BAD_INPUTS)
+def test_bad_inputs_name_the_argument(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_pass_at_k_batch_of_one_question_and_of_none():
+    """One question: 1 - C(3, 2) / C(4, 2) = 1 - 3/6; no question: an empty float64 vector."""
+    got = vt.pass_at_k_batch(t([4], I64), t([1], I64), 2)
+    assert got.dtype == F64 and got.tolist() == [0.5]
+    empty = vt.pass_at_k_batch(torch.zeros(0, dtype=I64), torch.zeros(0, dtype=I64), 3)
+    assert empty.dtype == F64 and empty.shape == (0,)
+
+
+def test_token_statistics_of_one_distribution():
+    """A 1-D distribution p = (1/2, 1/4, 1/4): entropy 1.5 ln 2, KL(U || p) = -ln 3 + (ln 2 + 2 ln 4) / 3, the top 2
+    log-probs' negated mean (ln 2 + ln 4) / 2; each a 0-d tensor."""
+    st = token_statistics(torch.log(t([0.5, 0.25, 0.25])), 2)
+    ln2 = math.log(2)
+    assert st.entropy.shape == () and st.entropy.item() == pytest.approx(1.5 * ln2, abs=1e-12)
+    assert st.kl_uniform.item() == pytest.approx(-math.log(3) + 5 * ln2 / 3, abs=1e-12)
+    assert st.topk_conf.item() == pytest.approx(1.5 * ln2, abs=1e-12)
+    assert topk_confidence(t([-1.0, -3.0])).item() == 2.0  # [k] -> 0-d
+
+
+def test_token_statistics_normalized_reads_the_values_as_log_probs():
+    """normalized=True skips the log_softmax: values (0, 0) are read as log p = 0 for both tokens (entropy 0,
+    KL -ln 2), not normalised to (1/2, 1/2) (entropy ln 2, KL 0)."""
+    st = token_statistics(t([0.0, 0.0]), 1, normalized=True)
+    assert st.entropy.item() == 0.0 and st.kl_uniform.item() == pytest.approx(-math.log(2), abs=1e-15)
+    st = token_statistics(t([0.0, 0.0]), 1)
+    assert st.entropy.item() == pytest.approx(math.log(2), abs=1e-15) and st.kl_uniform.item() == 0.0
+
+
+def test_float32_tokens_give_float64_estimates_and_one_token_rows_work():
+    """float32 log-probs are widened before summing (every estimator returns float64); T = 1 works."""
+    x = ConfidenceInputs(token_logp=t([[-0.1, -0.2], [-0.3, 0.0]], torch.float32), mask=t([[1, 1], [1, 0]], I64))
+    got = compute_confidence("lpm", x)
+    want = [(float(torch.tensor(-0.1, dtype=torch.float32)) + float(torch.tensor(-0.2, dtype=torch.float32))) / 2,
+            float(torch.tensor(-0.3, dtype=torch.float32))]
+    assert got.dtype == F64 and got.tolist() == want
+    one = compute_confidence("lpm", ConfidenceInputs(token_logp=t([[-0.5], [-2.0]]), mask=t([[1], [0]], I64)))
+    assert one[0].item() == -0.5 and math.isnan(one[1].item())
