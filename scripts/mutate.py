@@ -67,7 +67,8 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     "core.voting": (
         ["src/capo/core/voting.py", "src/capo/core/confidence.py"],
-        ["tests/core/test_voting.py", "tests/core/test_voting_confidence.py", "tests/core/test_confidence.py"],
+        ["tests/core/test_voting.py", "tests/core/test_voting_confidence.py", "tests/core/test_confidence.py",
+         "tests/core/test_voting_inputs.py"],
         [],
     ),
     "core.checks": (

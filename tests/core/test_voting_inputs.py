@@ -102,3 +102,58 @@ def test_float32_tokens_give_float64_estimates_and_one_token_rows_work():
     assert got.dtype == F64 and got.tolist() == want
     one = compute_confidence("lpm", ConfidenceInputs(token_logp=t([[-0.5], [-2.0]]), mask=t([[1], [0]], I64)))
     assert one[0].item() == -0.5 and math.isnan(one[1].item())
+
+
+# seven responses of two questions (labels 3, 8), one without an answer, one missing confidence; two token rows
+VA, VC, VG = t([0, 1, 0, -1, 2, 2, 5], I64), t([1, 0, 1, 0, 1, 1, 0], torch.bool), t([3, 3, 3, 3, 8, 8, 8], I64)
+VS = t([0.9, 0.2, math.nan, 0.6, 0.3, 0.8, 0.8])
+VL, VP = t([-0.1, -0.2, -0.3, -0.4, -0.5, -0.6, -0.7]), t([0, 1, 0, 2, 0, 1, 2], I64)
+VN, VK = t([4, 6], I64), t([1, 3], I64)
+TL, TM = t([[-0.1, -0.2, -0.3, -0.4], [-1.0, -2.0, 0.0, 0.0]]), t([[1, 1, 1, 1], [1, 1, 0, 0]], I64)
+VX = ConfidenceInputs(token_logp=TL, mask=TM, entropy=-TL, kl_uniform=-TL, topk_conf=-TL, verbal=t([0.5, math.nan]),
+                      answer_ids=VA[:2], group_ids=VG[:2])
+LOGP = torch.log(t([[0.5, 0.25, 0.25], [0.1, 0.2, 0.7]]))
+
+
+def _device_cases() -> dict:
+    """Every voter and estimator on the CPU tensors above (made at import: a tensor made here would take the default
+    device); tensors come back as (device type, values)."""
+    dv = lambda x: (x.device.type, x.tolist())  # noqa: E731
+    vote = lambda v: [dv(v.chosen_answer), dv(v.chosen_index), dv(v.correct), v.accuracy, dv(v.group_labels)]  # noqa
+    stats = lambda s: [dv(s.entropy), dv(s.kl_uniform), dv(s.topk_conf)]  # noqa: E731
+    out = {
+        "mean_at_k": vt.mean_at_k(VC, VG), "mean_pass_at_k": vt.mean_pass_at_k(VC, VG, 2),
+        "pass_at_k_batch": dv(vt.pass_at_k_batch(VN, VK, 2)), "pass_at_k_batch_empty": dv(vt.pass_at_k_batch(
+            VN[:0], VK[:0], 2)),
+        "majority": vote(vt.majority_vote(VA, VC, VG)),
+        "perplexity_consistency": vote(vt.perplexity_consistency(VA, VC, VG, VL, path_ids=VP)),
+        "weighted": vote(vt.weighted_vote(VA, VC, VG, VS)), "conf_weighted": vote(vt.confidence_weighted_vote(
+            VA, VC, VG, VS)),
+        "filtered": vote(vt.filtered_vote(VA, VC, VG, VS, 0.5)),
+        "filtered_weighted": vote(vt.filtered_vote(VA, VC, VG, VS, 0.5, weighted=True)),
+        "max_confidence": vote(vt.max_confidence(VA, VC, VG, VS)),
+        "token_statistics": stats(token_statistics(LOGP, 2)),
+        "token_statistics_normalized": stats(token_statistics(LOGP, 2, normalized=True)),
+        "topk_confidence": dv(topk_confidence(LOGP)),
+    }
+    for name in ("lpm", "sum_logprob", "min_token_prob", "neg_entropy", "self_certainty", "verbal", "consistency"):
+        out[name] = dv(compute_confidence(name, VX))
+    for name, kw in (("tail", dict(k=2)), ("bottom_group", dict(window=2, fraction=0.5)),
+                     ("lowest_group", dict(window=2))):
+        for token in ("topk", "logp", "neg_entropy"):
+            out[f"{name}/{token}"] = dv(compute_confidence(name, VX, token=token, **kw))
+    return out
+
+
+def test_voters_and_estimators_compute_on_the_inputs_device_not_the_default_one():
+    """CPU inputs with torch's default device set to meta give the same values, on the CPU (see
+    tests/core/test_calibration_device.py: a tensor made without the inputs' device lands on meta)."""
+    want = _device_cases()
+    torch.set_default_device("meta")
+    try:
+        got = _device_cases()
+    finally:
+        torch.set_default_device(None)
+    assert torch.empty(1).device.type == "cpu"
+    for key in want:
+        assert str(got[key]) == str(want[key]), key  # str: NaN equals NaN
