@@ -114,6 +114,14 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["tests/trainer/test_loss_assembly.py"],
         [],
     ),
+    # the adapters' reward glue (no engine needed): the shared scoring of texts, verl's compute_score functions and
+    # TRL's reward classes (the functions named in FUNCTIONS), against hand-computed rewards and the advantages the
+    # trainer, TRL and verl must agree on
+    "adapters.rewards": (
+        ["src/capo/adapters/_common.py", "src/capo/adapters/verl_plugin/rewards.py", "src/capo/adapters/trl.py"],
+        ["tests/adapters/test_stated_rewards.py", "tests/adapters/test_method_inputs.py"],
+        [],
+    ),
 }
 
 # modules mutated in some functions only (mutmut mutant-name globs); the other functions of their files are not run
@@ -121,6 +129,11 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
 FUNCTIONS: dict[str, list[str]] = {
     "trainer.loss": [f"capo.trainer.loop.xǁTrainerǁ{f}__mutmut_*"
                      for f in ("update", "_micro_step", "_mismatch", "_micro_batches")],
+    "adapters.rewards": ["capo.adapters._common.*", "capo.adapters.verl_plugin.rewards.*",
+                         "capo.adapters.trl.x_capo_preset__mutmut_*",
+                         *(f"capo.adapters.trl.xǁ{c}ǁ*" for c in ("_TextReward", "RLCRReward", "PPOCReward",
+                                                                  "LogScoreReward", "BrierScoreReward",
+                                                                  "CorrectnessReward"))],
 }
 
 # lines (and the statements that start on them) never mutated: error messages and export lists
