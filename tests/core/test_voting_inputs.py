@@ -157,3 +157,25 @@ def test_voters_and_estimators_compute_on_the_inputs_device_not_the_default_one(
     assert torch.empty(1).device.type == "cpu"
     for key in want:
         assert str(got[key]) == str(want[key]), key  # str: NaN equals NaN
+
+
+def test_perplexity_consistency_path_ids_of_three_questions():
+    """Path id 0 and 1 in three questions are five paths: question 2's path 0 (p 0.9, answer 5) is not question 0's
+    path 1 (whatever key arithmetic would merge them). Hand result: q0 answer 1 (0.3 > 0.2), q1 answer 0, q2 5."""
+    r = vt.perplexity_consistency(t([0, 1, 0, 5, 6], I64), t([1, 0, 1, 1, 0], torch.bool), t([0, 0, 1, 2, 2], I64),
+                                  torch.log(t([0.2, 0.3, 0.6, 0.9, 0.5])), path_ids=t([0, 1, 0, 0, 1], I64))
+    assert r.chosen_answer.tolist() == [1, 0, 5] and r.chosen_index.tolist() == [1, 2, 3]
+    assert r.correct.tolist() == [False, True, True]
+
+
+@pytest.mark.parametrize("path_ids, exc, match", [
+    (t([0.0, 1.0, 0.0, 1.0]), TypeError, r"^path_ids must have an integer dtype"),
+    (t([0, 1, 0], I64), ValueError, r"^path_ids has shape \(3,\) but answer_ids has shape \(4,\)"),
+    (t([0, 1, 0, 1], I64), ValueError, r"^path_ids marks identical responses, which must share one answer id; the "
+                                       r"path of row 1 \(path_ids=1\) has answer ids 2 and 3$"),
+])
+def test_perplexity_consistency_bad_path_ids(path_ids, exc, match):
+    """Rows 0 and 2 share path 0 and answer 4 (fine); rows 1 and 3 share path 1 with answers 2 and 3: named."""
+    with pytest.raises(exc, match=match):
+        vt.perplexity_consistency(t([4, 2, 4, 3], I64), t([1, 0, 1, 0], I64), t([7, 7, 7, 7], I64),
+                                  t([-0.1, -0.2, -0.3, -0.4]), path_ids=path_ids)
