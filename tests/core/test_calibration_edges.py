@@ -12,6 +12,7 @@ from capo.core.calibration import (
     bootstrap_draws,
     auroc,
     aurc,
+    brier,
     confidence_from_logprob,
     debiased_l2_ce,
     ece,
@@ -19,6 +20,7 @@ from capo.core.calibration import (
     paired_difference,
     percentile_interval,
     reliability_curve,
+    smooth_ece,
     summarize,
 )
 
@@ -248,3 +250,11 @@ def test_ranking_metrics_name_bad_labels():
 def test_paired_difference_interval_is_an_interval_of_replicate_means():
     d = paired_difference(*_two_models())
     assert d.low < d.value < d.high  # the mean of all draws at once would give low == high
+
+
+@pytest.mark.parametrize("metric", [ece, mce, debiased_l2_ce, reliability_curve, brier, smooth_ece])
+def test_probability_metrics_name_bad_labels_and_sigma(metric):
+    with pytest.raises(ValueError, match=r"^correct must contain only 0/1 or True/False, got 2"):
+        metric([0.5, 0.5], [1, 2])
+    with pytest.raises(ValueError, match=r"^sigma must be > 0, got 0"):
+        smooth_ece([0.5, 0.5], [1, 0], sigma=0)
