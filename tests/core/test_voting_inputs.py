@@ -179,3 +179,53 @@ def test_perplexity_consistency_bad_path_ids(path_ids, exc, match):
     with pytest.raises(exc, match=match):
         vt.perplexity_consistency(t([4, 2, 4, 3], I64), t([1, 0, 1, 0], I64), t([7, 7, 7, 7], I64),
                                   t([-0.1, -0.2, -0.3, -0.4]), path_ids=path_ids)
+
+
+I32 = torch.int32
+VOTERS = {
+    "majority": lambda a, c, g, s: vt.majority_vote(a, c, g),
+    "weighted": vt.weighted_vote,
+    "confidence_weighted": vt.confidence_weighted_vote,
+    "filtered": vt.filtered_vote,
+    "max_confidence": vt.max_confidence,
+    "perplexity_consistency": lambda a, c, g, s: vt.perplexity_consistency(a, c, g, s - 1),
+}
+Q4 = t([0.2, 0.9, 0.5, 0.4])  # a score in [0, 1] for four responses (minus 1: log-probs for PC)
+
+
+@pytest.mark.parametrize("voter", VOTERS)
+@pytest.mark.parametrize("a, c, g, match", [
+    ("0 1", C, G, r"^answer_ids must be a torch.Tensor"),
+    (A, C, t([3.0, 3.0, 3.0, 3.0]), r"^group_ids must have an integer dtype"),
+    (A[:3], C, G, r"^correct has shape \(4,\) but answer_ids has shape \(3,\); they must match"),
+    (A, C[:3], G, r"^correct has shape \(3,\) but answer_ids has shape \(4,\); they must match"),
+    (t([0, -1, -2, -3], I64), C, G, r"^answer_ids must be >= -1 \(-1 = no answer\), got -2 at index 2"),
+])
+def test_voters_name_bad_inputs(voter, a, c, g, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        VOTERS[voter](a, c, g, Q4)
+
+
+@pytest.mark.parametrize("voter", VOTERS)
+def test_voters_name_an_empty_input_and_return_int64_answers_for_int32_ids(voter):
+    e = torch.zeros(0, dtype=I64)
+    with pytest.raises(ValueError, match=r"^answer_ids is empty"):
+        VOTERS[voter](e, e.bool(), e, e.to(F64))
+    r = VOTERS[voter](A.to(I32), C, G.to(I32), Q4)  # answer 0 wins by every rule (rows 0, 2; row 1 has 0.9 alone)
+    assert r.chosen_answer.dtype == I64 and r.group_labels.dtype == I64 and r.chosen_index.dtype == I64
+
+
+@pytest.mark.parametrize("voter, name", [("weighted", "weights"), ("filtered", "confidence"),
+                                         ("max_confidence", "confidence")])
+def test_score_inputs_are_named(voter, name):
+    with pytest.raises(TypeError, match=rf"^{name} must be a real-valued score"):
+        VOTERS[voter](A, C, G, t([True, False, True, True], torch.bool))
+    with pytest.raises(ValueError, match=rf"^{name} has shape \(3,\) but answer_ids has shape \(4,\)"):
+        VOTERS[voter](A, C, G, Q4[:3])
+
+
+def test_negative_weight_is_named_with_its_index():
+    with pytest.raises(ValueError, match=r"^vote weights must be finite and >= 0, got -1.0 at index 1;"):
+        vt.weighted_vote(A, C, G, t([0.5, -1.0, 0.2, 0.1]))
+    with pytest.raises(ValueError, match=r"^vote weights must be finite and >= 0, got inf at index 2;"):
+        vt.filtered_vote(A, C, G, t([0.5, 0.1, math.inf, 0.1]), 1.0, weighted=True)
