@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from _device import assert_same_on_the_meta_default_device  # tests/ is on sys.path (its conftest.py)
 from capo.core import calibration as cal
 
 F64 = torch.float64
@@ -51,15 +52,6 @@ def _metrics() -> dict:
     }
 
 
-def _same(a, b) -> bool:
-    """Equal, NaN equal to NaN, through lists, tuples and dicts."""
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
-
-
 def test_hand_values_of_the_device_case():
     """The case below, by hand: AUROC 8.5 / 9 (0.9 and 0.8 beat the three wrong, 0.6 beats two and ties one);
     per question AUC 1 (5), (1/2 + 1) / 2 (7), NaN (9: one class); Brier 0.7 / 6; AURC = mean of the selective
@@ -74,15 +66,7 @@ def test_hand_values_of_the_device_case():
 
 def test_metrics_compute_on_the_inputs_device_not_the_default_one():
     """CPU inputs with the default device set to meta give exactly the values of the CPU default."""
-    want = _metrics()
-    torch.set_default_device("meta")
-    try:
-        got = _metrics()
-    finally:
-        torch.set_default_device(None)
-    assert torch.empty(1).device.type == "cpu"
-    for key in want:
-        assert _same(got[key], want[key]), key
+    assert_same_on_the_meta_default_device(_metrics)
 
 
 @pytest.mark.parametrize("na, nb", [(1, 1), (1, 4), (5, 5), (3, 6), (9, 8), (17, 16), (4, 29)])
