@@ -227,3 +227,16 @@ def test_negative_weight_is_named_with_its_index():
         vt.weighted_vote(A, C, G, t([0.5, -1.0, 0.2, 0.1]))
     with pytest.raises(ValueError, match=r"^vote weights must be finite and >= 0, got inf at index 2;"):
         vt.filtered_vote(A, C, G, t([0.5, 0.1, math.inf, 0.1]), 1.0, weighted=True)
+
+
+def test_long_responses_with_holes_keep_their_token_order():
+    """T = 200 (where torch's unstable CPU sort reorders ties): row 0's real tokens are the even positions holding
+    0, 2, ..., 198, row 1's the first 150 holding 0..149. Tail of the last 3 real tokens: 196 and 148; the lowest
+    window of 2 real tokens in a row: (0 + 2) / 2 and (0 + 1) / 2; bottom 10% of 99 / 149 windows of 2: the 9 / 14
+    lowest, means (1 + 17) / 2 = 9 and (0.5 + 13.5) / 2 = 7."""
+    v = torch.arange(200, dtype=F64).expand(2, 200)
+    mask = torch.stack([torch.arange(200) % 2 == 0, torch.arange(200) < 150]).to(I64)
+    x = ConfidenceInputs(token_logp=v, mask=mask)
+    assert compute_confidence("tail", x, k=3, token="logp").tolist() == [196.0, 148.0]
+    assert compute_confidence("lowest_group", x, window=2, token="logp").tolist() == [1.0, 0.5]
+    assert compute_confidence("bottom_group", x, window=2, fraction=0.1, token="logp").tolist() == [9.0, 7.0]
