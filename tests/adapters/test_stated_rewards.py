@@ -69,3 +69,28 @@ def test_trl_reward_classes_hand_computed():
     g = BrierScoreReward(answer_key="gold", answer_format="outcome", verifier=_NoVerifier())
     assert g(completions=["1 73"], gold=["0"]) == pytest.approx([-(0.73 ** 2)])
     assert _REWARD_CLASSES["log_score"] is LogScoreReward and f.__name__ == "log_score"
+
+
+def test_verl_ppo_c_and_correctness_hand_computed():
+    """PPO-C: c + w (q - 0.5) when c > threshold, else c - w (q - 0.5); correctness: 1[answer equivalent], with
+    ``correct`` and ``pred`` only (mutation testing, issue 41: the ``adapters.rewards`` module)."""
+    from capo.adapters.verl_plugin import compute_score_correctness, compute_score_ppo_c
+
+    right, wrong = "<answer>4</answer><confidence>0.8</confidence>", "<answer>5</answer><confidence>0.8</confidence>"
+    r = compute_score_ppo_c("math", right, "4", {})
+    assert r["score"] == pytest.approx(1 + 0.5 * 0.3, abs=1e-6) and r["pred"] == "4"
+    assert (r["correct"], r["format_ok"]) == (1.0, 1.0) and r["confidence"] == pytest.approx(0.8)
+    assert compute_score_ppo_c("math", wrong, "4", {})["score"] == pytest.approx(-0.5 * 0.3, abs=1e-6)
+    assert compute_score_ppo_c("math", right, "4", {}, weight=1.0)["score"] == pytest.approx(1.3, abs=1e-6)
+    assert compute_score_ppo_c("math", right, "4", {}, threshold=1.0)["score"] == pytest.approx(0.85, abs=1e-6)
+    bad = compute_score_ppo_c("math", "<answer>4</answer>", "4", {})
+    assert bad["score"] == -1.0 and bad["format_ok"] == 0.0 and math.isnan(bad["confidence"])
+    assert compute_score_ppo_c("math", "<answer>4</answer>", "4", {}, format_failure_reward=-2.0)["score"] == -2.0
+
+    c = compute_score_correctness("math", r"so \boxed{4}", "4", {})
+    assert c == {"score": 1.0, "correct": 1.0, "pred": "4"}
+    assert compute_score_correctness("math", r"\boxed{5}", "4", {}) == {"score": 0.0, "correct": 0.0, "pred": "5"}
+    assert compute_score_correctness("math", "no answer", "4", {}) == {"score": 0.0, "correct": 0.0, "pred": ""}
+    # the answer format reaches the extraction ("auto" would read the box first, and no number without a marker)
+    assert compute_score_correctness("gsm8k", "\\boxed{5}\n#### 4", "4", {}, answer_format="gsm8k")["score"] == 1.0
+    assert compute_score_correctness("math", "it is 4", "4", {}, answer_format="last_number")["pred"] == "4"
