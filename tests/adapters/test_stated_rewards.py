@@ -94,3 +94,27 @@ def test_verl_ppo_c_and_correctness_hand_computed():
     # the answer format reaches the extraction ("auto" would read the box first, and no number without a marker)
     assert compute_score_correctness("gsm8k", "\\boxed{5}\n#### 4", "4", {}, answer_format="gsm8k")["score"] == 1.0
     assert compute_score_correctness("math", "it is 4", "4", {}, answer_format="last_number")["pred"] == "4"
+
+
+def test_engine_preset_fills_the_defaults_and_trl_preset_settings_by_hand():
+    """``engine_preset`` returns every field, the ones a preset leaves out at their defaults; ``capo_preset`` maps
+    GRPO to TRL's "grpo" loss with PPO's 0.2 / 0.2 clip and no KL, CAPO to its tau and the quantile mask, and hands
+    the reward its answer column and verifier."""
+    from capo.adapters._common import engine_preset
+
+    for engine in ("trl", "verl"):
+        p = engine_preset("grpo", engine)
+        assert (p["group_filter"], p["overlong_cache"], p["noise_mask"]) == (False, 0, "off")
+        assert (p["advantage_kwargs"], p["loss_kwargs"], p["reward_kwargs"]) == ({}, {}, {})
+    pytest.importorskip("trl")
+    from capo.adapters.trl import CorrectnessReward, capo_preset
+
+    cfg, grpo, fn = capo_preset("grpo")
+    assert grpo == {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.2}
+    assert (cfg.estimator, cfg.estimator_kwargs, cfg.noise_mask, cfg.mask_rule) == ("grpo", {}, False, "fixed")
+    assert isinstance(fn, CorrectnessReward) and fn.answer_key == "answer" and fn.verifier is None
+    v = _NoVerifier()
+    cfg, grpo, fn = capo_preset("capo", answer_key="gold", verifier=v)
+    assert (cfg.estimator, cfg.estimator_kwargs, cfg.noise_mask, cfg.mask_rule) == ("capo", {"tau": 0.6}, True,
+                                                                                    "quantile")
+    assert fn.answer_key == "gold" and fn.verifier is v and fn.reward_kwargs == {}
