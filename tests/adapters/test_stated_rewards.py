@@ -118,3 +118,70 @@ def test_engine_preset_fills_the_defaults_and_trl_preset_settings_by_hand():
     assert (cfg.estimator, cfg.estimator_kwargs, cfg.noise_mask, cfg.mask_rule) == ("capo", {"tau": 0.6}, True,
                                                                                     "quantile")
     assert fn.answer_key == "gold" and fn.verifier is v and fn.reward_kwargs == {}
+
+
+class _AllCorrect:
+    def verify_batch(self, answers, golds):  # every answer judged right: shows which verifier was used
+        from capo.verify import Verdict
+
+        return [Verdict.CORRECT] * len(answers)
+
+
+def test_completion_text_of_strings_messages_and_blocks():
+    from capo.adapters._common import completion_text
+
+    assert completion_text("plain") == "plain"
+    msgs = [{"role": "assistant", "content": "a"}, {"role": "tool"}, "s",
+            {"content": [{"type": "text", "text": "x"}, {"type": "image"}, "junk", {"text": "y"}]}]
+    assert completion_text(msgs) == "asxy"  # no content: ""; a bare string as is; text blocks only
+    with pytest.raises(TypeError, match=r"^a completion must be a string or a list of messages, got int"):
+        completion_text(3)
+
+
+def test_check_estimator_refuses_unknown_knobs_and_step_inputs():
+    from capo.adapters._common import check_estimator
+    from capo.errors import ConfigError
+
+    check_estimator("capo", {"tau": 0.6}, engine="trl")
+    check_estimator("grpo", None, engine="verl")
+    for hp, bad in (({"bogus": 1}, "'bogus'"), ({"rewards": 1}, "'rewards'"), ({"tau": 0.6, "bogus": 1}, "'bogus'")):
+        with pytest.raises(ConfigError, match=rf"^trl: advantage estimator 'capo' has no hyperparameter {bad}; "
+                                              r"allowed: tau, surrogate, norm, masked_partners$"):
+            check_estimator("capo", hp, engine="trl")
+
+
+def test_trl_reward_classes_pass_their_settings_on():
+    pytest.importorskip("trl")
+    from capo.adapters.trl import CorrectnessReward, LogScoreReward, PPOCReward
+    from capo.errors import ConfigError
+
+    f = LogScoreReward()
+    assert (f.answer_key, f.answer_format) == ("answer", "percent")
+    assert LogScoreReward(format_failure_reward=-5.0, verifier=_NoVerifier())(completions=["bad"], answer=["1"]) == [-5.0]
+    with pytest.raises(ConfigError, match=r"^correctness: the dataset has no column 'answer' with the gold answers; "
+                                          r"columns: gold, prompt_id\. Pass answer_key=<column>\.$"):
+        CorrectnessReward()(completions=["x"], gold=["1"], prompt_id=[0], trainer_state=1, log_extra=1, log_metric=1,
+                            environments=1)
+    assert CorrectnessReward(verifier=_AllCorrect())(completions=[r"\boxed{5}"], answer=["4"]) == [1.0]
+    right = "<answer>4</answer><confidence>0.8</confidence>"
+    g = PPOCReward(reward_kwargs={"weight": 1.0})
+    assert g(completions=[right], answer=["4"]) == pytest.approx([1.3], abs=1e-6)
+    assert g.verifier is not None  # the default verifier, made on first use and kept
+
+
+def test_verl_rlcr_log_and_brier_scores_and_their_verifier(monkeypatch):
+    from capo.adapters.verl_plugin import compute_score_correctness, rewards
+
+    v = rewards.get_verifier()
+    assert v is rewards.get_verifier() and v.workers == 1
+    right = "<answer>4</answer><confidence>0.8</confidence>"
+    assert compute_score_rlcr("math", right, "4", {})["score"] == pytest.approx(1 - 0.2 ** 2, abs=1e-6)
+    assert compute_score_rlcr("math", right, "5", {})["score"] == pytest.approx(-(0.8 ** 2), abs=1e-6)
+    assert compute_score_rlcr("math", "no tags", "4", {}, format_failure_reward=-2.0)["score"] == -2.0
+    assert compute_score_log_score("s", "bad", "1", {}, format_failure_reward=-5.0)["score"] == -5.0
+    assert compute_score_brier_score("s", "bad", "1", {}, format_failure_reward=-5.0)["score"] == -5.0
+    assert compute_score_brier_score("s", "37", "1", {})["score"] == pytest.approx(-(0.63 ** 2), abs=1e-6)
+    r = compute_score_brier_score("s", "37", "1", {})
+    assert set(r) == {"score", "correct", "pred", "confidence", "format_ok"} and r["format_ok"] == 1.0
+    monkeypatch.setattr(rewards, "get_verifier", _AllCorrect)
+    assert compute_score_correctness("math", r"\boxed{5}", "4", {})["score"] == 1.0
