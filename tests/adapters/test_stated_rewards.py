@@ -157,12 +157,16 @@ def test_trl_reward_classes_pass_their_settings_on():
 
     f = LogScoreReward()
     assert (f.answer_key, f.answer_format) == ("answer", "percent")
+    assert f.last is None  # no verdicts before the first call (the trainer reads only rewards with verdicts)
     assert LogScoreReward(format_failure_reward=-5.0, verifier=_NoVerifier())(completions=["bad"], answer=["1"]) == [-5.0]
     with pytest.raises(ConfigError, match=r"^correctness: the dataset has no column 'answer' with the gold answers; "
                                           r"columns: gold, prompt_id\. Pass answer_key=<column>\.$"):
         CorrectnessReward()(completions=["x"], gold=["1"], prompt_id=[0], trainer_state=1, log_extra=1, log_metric=1,
                             environments=1)
     assert CorrectnessReward(verifier=_AllCorrect())(completions=[r"\boxed{5}"], answer=["4"]) == [1.0]
+    # correctness has no format to fail: a failure reward given to it changes nothing
+    assert score_texts(["no answer"], ["4"], kind="correctness", verifier=_AllCorrect(),
+                       format_failure_reward=-3.0).rewards == [1.0]
     right = "<answer>4</answer><confidence>0.8</confidence>"
     g = PPOCReward(reward_kwargs={"weight": 1.0})
     assert g(completions=[right], answer=["4"]) == pytest.approx([1.3], abs=1e-6)
