@@ -61,12 +61,14 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "core.calibration": (
         ["src/capo/core/calibration.py"],
         ["tests/core/test_calibration.py", "tests/core/test_calibration_extended.py",
-         "tests/core/test_calibration_stated.py", "tests/core/test_calibration_edges.py"],
+         "tests/core/test_calibration_stated.py", "tests/core/test_calibration_edges.py",
+         "tests/core/test_calibration_device.py"],
         [],
     ),
     "core.voting": (
         ["src/capo/core/voting.py", "src/capo/core/confidence.py"],
-        ["tests/core/test_voting.py", "tests/core/test_voting_confidence.py", "tests/core/test_confidence.py"],
+        ["tests/core/test_voting.py", "tests/core/test_voting_confidence.py", "tests/core/test_confidence.py",
+         "tests/core/test_voting_inputs.py"],
         [],
     ),
     "core.checks": (
@@ -93,7 +95,8 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     "verify.extract": (
         ["src/capo/verify/extract.py"],
-        ["tests/verify/test_extract.py", "tests/verify/test_extract_strict.py"],
+        ["tests/verify/test_extract.py", "tests/verify/test_extract_strict.py",
+         "tests/verify/test_extract_boxed_edges.py"],
         [],
     ),
     # the verifier's parent side, verifier.py and the worker pool _pool.py (the worker module runs in child processes, where mutmut cannot see which test
@@ -111,6 +114,14 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["tests/trainer/test_loss_assembly.py"],
         [],
     ),
+    # the adapters' reward glue (no engine needed): the shared scoring of texts, verl's compute_score functions and
+    # TRL's reward classes (the functions named in FUNCTIONS), against hand-computed rewards and the advantages the
+    # trainer, TRL and verl must agree on
+    "adapters.rewards": (
+        ["src/capo/adapters/_common.py", "src/capo/adapters/verl_plugin/rewards.py", "src/capo/adapters/trl.py"],
+        ["tests/adapters/test_stated_rewards.py", "tests/adapters/test_method_inputs.py"],
+        [],
+    ),
 }
 
 # modules mutated in some functions only (mutmut mutant-name globs); the other functions of their files are not run
@@ -118,6 +129,11 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
 FUNCTIONS: dict[str, list[str]] = {
     "trainer.loss": [f"capo.trainer.loop.xǁTrainerǁ{f}__mutmut_*"
                      for f in ("update", "_micro_step", "_mismatch", "_micro_batches")],
+    "adapters.rewards": ["capo.adapters._common.*", "capo.adapters.verl_plugin.rewards.*",
+                         "capo.adapters.trl.x_capo_preset__mutmut_*",
+                         *(f"capo.adapters.trl.xǁ{c}ǁ*" for c in ("_TextReward", "RLCRReward", "PPOCReward",
+                                                                  "LogScoreReward", "BrierScoreReward",
+                                                                  "CorrectnessReward"))],
 }
 
 # lines (and the statements that start on them) never mutated: error messages and export lists
@@ -183,11 +199,16 @@ def score(counts: dict) -> float:
     return detected / judged if judged else float("nan")
 
 
-def run_module(module: str, work: Path, out: Path, max_children: int, rerun: bool) -> dict:
+def run_module(module: str, work: Path, out: Path, max_children: int, rerun: bool, also: list[str] = ()) -> dict:
     """Run mutmut on one module; with ``rerun``, only on the survivors recorded in ``<out>/<module>.json`` by an
-    earlier run on the same source (new tests can only kill more; the others keep their recorded status)."""
+    earlier run on the same source (new tests can only kill more; the others keep their recorded status), on the
+    mutants that run never reached ("not checked": a stopped run resumes), and on the mutants matching the
+    globs ``also`` (a function whose source changed since the record: its mutants are judged afresh)."""
     before = json.loads((out / f"{module}.json").read_text())["status"] if rerun else {}
-    names = [n for n, st in before.items() if st in ("survived", "no tests")] if rerun else FUNCTIONS.get(module, [])
+    if rerun:
+        before = {n: st for n, st in before.items() if not any(fnmatch.fnmatch(n, g) for g in also)}
+    redo = ("survived", "no tests", "not checked")
+    names = [n for n, st in before.items() if st in redo] + list(also) if rerun else FUNCTIONS.get(module, [])
     d = prepare(module, work)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
@@ -203,8 +224,8 @@ def run_module(module: str, work: Path, out: Path, max_children: int, rerun: boo
     if module in FUNCTIONS:
         new = {n: st for n, st in new.items() if any(fnmatch.fnmatch(n, g) for g in FUNCTIONS[module])}
     # a rerun that stopped early (a failed clean run, Ctrl-C) keeps the recorded status of what it did not check
-    status = {**before, **{n: st for n in names if (st := new.get(n, "not checked")) != "not checked"}} \
-        if rerun else new
+    judged = [n for n in new if n in names or any(fnmatch.fnmatch(n, g) for g in also)]
+    status = {**before, **{n: st for n in judged if (st := new[n]) != "not checked"}} if rerun else new
     survivors = [n for n, st in status.items() if st in ("survived", "no tests")]
     show = ("import sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
             "for n in sys.argv[1:]:\n    print(f'# {n}'); print(get_diff_for_mutant(n)); print()\n")
@@ -223,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "capo-mutate")
     ap.add_argument("--out", type=Path, default=ROOT / "mutation-report")
     ap.add_argument("--rerun-survivors", action="store_true",
-                    help="only re-test the survivors that an earlier run recorded in --out (same source, new tests)")
+                    help="only re-test the survivors (and the mutants not reached) that an earlier run recorded in "
+                         "--out (same source, new tests)")
+    ap.add_argument("--mutants", action="append", default=[], metavar="GLOB",
+                    help="with --rerun-survivors: also judge afresh the mutants whose names match GLOB (mutmut's "
+                         "names, e.g. 'capo.core.calibration.x_stated_means_summary__mutmut_*')")
     ap.add_argument("--list", action="store_true", help="print the module -> files / tests map and exit")
     args = ap.parse_args(argv)
     if args.list:
@@ -235,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for m in args.module or list(MODULES):
-        r = run_module(m, args.workdir, args.out, args.max_children, args.rerun_survivors)
+        r = run_module(m, args.workdir, args.out, args.max_children, args.rerun_survivors, args.mutants)
         rows.append(r)
         print(f"{m}: {score(r['counts']):.1%} {r['counts']} ({r['minutes']:.1f} min, rc {r['rc']})", flush=True)
     print(f"\n{'module':<20} {'mutants':>8} {'killed':>7} {'survived':>9} {'no tests':>9} {'score':>7} {'min':>6}")

@@ -32,3 +32,19 @@ def device_under_test() -> str:
 
 DEVICE = device_under_test()
 ON_CUDA = DEVICE == "cuda"
+
+
+def assert_same_on_the_meta_default_device(cases) -> None:
+    """``cases()`` -> a dict of results computed from CPU inputs made beforehand; with torch's default device set
+    to ``meta`` it must return the same (compared as text: NaN equals NaN). A tensor the code makes without its
+    inputs' device then lands on the meta device, holds no values, and the computation fails where it meets the
+    inputs or is read back: on a machine with one device, this is how a test sees a missing ``device=``."""
+    want = cases()
+    torch.set_default_device("meta")
+    try:
+        got = cases()
+    finally:
+        torch.set_default_device(None)
+    assert torch.empty(1).device.type == "cpu"
+    for key in want:
+        assert str(got[key]) == str(want[key]), key

@@ -43,13 +43,24 @@ def test_score_counts_timeouts_as_detected_and_no_tests_as_missed():
     assert m.counts_of({"a": "killed", "b": "survived", "c": "killed"}) == {"killed": 2, "survived": 1}
 
 
-def test_function_restrictions_name_methods_that_exist():
+def test_function_restrictions_name_functions_that_exist():
+    """Each glob of FUNCTIONS is ``<file's module>.*`` (all of one file), ``<module>.x_<function>__mutmut_*`` or
+    ``<module>.x\u01c1<Class>\u01c1<method or *>``, naming a file of the module and a function / class in it."""
     m = load()
     for module, globs in m.FUNCTIONS.items():
-        (path,) = m.MODULES[module][0]
-        source = (ROOT / path).read_text()
-        dotted = path.removeprefix("src/").removesuffix(".py").replace("/", ".")
+        files = {f.removeprefix("src/").removesuffix(".py").replace("/", "."): (ROOT / f).read_text()
+                 for f in m.MODULES[module][0]}
         for g in globs:
-            assert g.startswith(dotted + ".x\u01c1") and g.endswith("__mutmut_*"), g
-            name = g.removesuffix("__mutmut_*").rpartition("\u01c1")[2]
-            assert f"    def {name}(" in source, f"{module}: {name} is not a method of {path}"
+            dotted = next((d for d in files if g.startswith(d + ".")), None)
+            assert dotted, f"{module}: {g} names none of its files"
+            rest, source = g.removeprefix(dotted + "."), files[dotted]
+            if rest == "*":
+                continue
+            if rest.startswith("x\u01c1"):
+                cls, _, method = rest.removeprefix("x\u01c1").partition("\u01c1")
+                assert f"class {cls}(" in source or f"class {cls}:" in source, f"{module}: no class {cls}"
+                name = method.removesuffix("__mutmut_*")
+                assert name == "*" or f"    def {name}(" in source, f"{module}: {name} is not a method of {cls}"
+            else:
+                assert rest.startswith("x_") and rest.endswith("__mutmut_*"), g
+                assert f"\ndef {rest[2:].removesuffix('__mutmut_*')}(" in source, f"{module}: {g} names no function"

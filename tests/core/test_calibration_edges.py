@@ -12,6 +12,7 @@ from capo.core.calibration import (
     bootstrap_draws,
     auroc,
     aurc,
+    brier,
     confidence_from_logprob,
     debiased_l2_ce,
     ece,
@@ -19,6 +20,7 @@ from capo.core.calibration import (
     paired_difference,
     percentile_interval,
     reliability_curve,
+    smooth_ece,
     summarize,
 )
 
@@ -248,3 +250,23 @@ def test_ranking_metrics_name_bad_labels():
 def test_paired_difference_interval_is_an_interval_of_replicate_means():
     d = paired_difference(*_two_models())
     assert d.low < d.value < d.high  # the mean of all draws at once would give low == high
+
+
+@pytest.mark.parametrize("metric", [ece, mce, debiased_l2_ce, reliability_curve, brier, smooth_ece])
+def test_probability_metrics_name_bad_labels_and_sigma(metric):
+    with pytest.raises(ValueError, match=r"^correct must contain only 0/1 or True/False, got 2"):
+        metric([0.5, 0.5], [1, 2])
+    with pytest.raises(ValueError, match=r"^sigma must be > 0, got 0"):
+        smooth_ece([0.5, 0.5], [1, 0], sigma=0)
+
+
+def test_bootstrap_keeps_each_questions_rows_in_their_order():
+    """Votes break ties by first occurrence, so a replicate must hand a question's rows over in their order: 100
+    questions (200 rows: enough for torch's unstable CPU sort to reorder ties) of a right answer then a wrong one,
+    one vote each: the tie goes to the first row, every replicate's accuracy is 1."""
+    from capo.core.voting import majority_vote
+
+    a, c = torch.tensor([0, 1] * 100), torch.tensor([True, False] * 100)
+    g = torch.arange(100).repeat_interleave(2)
+    acc = lambda a, c, g: majority_vote(a, c, g).accuracy  # noqa: E731
+    assert bootstrap_ci(acc, a, c, group_ids=g, n_boot=20, pass_group_ids=True) == (1.0, 1.0)

@@ -114,8 +114,8 @@ def normalize_number(s: str) -> str:
     t = t.replace("$", "").replace(",", "").replace(" ", "")
     if re.fullmatch(r"-?\d+(?:\.\d+)?|-?\.\d+", t):
         if "." in t:
-            t = t.rstrip("0").rstrip(".") or "0"
-        if t in ("-0", ""):
+            t = t.rstrip("0").rstrip(".")
+        if t in ("", "-", "-0"):  # ".0" and "-.0" lose every digit; "-0" and "-0.0" keep a sign
             t = "0"
         return t
     return s.strip()
