@@ -99,3 +99,4 @@ def test_documented_defaults_and_knobs():
     w = Verifier(workers=3, timeout_s=0.5, max_answer_chars=10, memory_limit_mb=None, float_rounding=2)
     assert (w.workers, w.timeout_s, w.max_answer_chars, w.memory_limit_mb, w.float_rounding) == (3, 0.5, 10, None, 2)
     assert w.verify_batch(["1" * 11, "12"], ["1", "12"]) == [U, C]  # the length limit, judged without a worker
+    assert w._pool.n_started == 0 and w._pool.workers == []  # nothing was sent to a worker: none was started

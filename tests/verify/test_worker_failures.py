@@ -211,6 +211,8 @@ def test_a_verification_hard_killed_inside_verify_batch_is_timeout_and_the_other
         assert time.perf_counter() - t < 45  # the stalled item did not run its 60 s
         assert v.n_killed == 1 and v.worker_failures == []  # killed by the hard timeout, not found dead
         assert len(v.last_elapsed) == 4 and v.last_elapsed[1] >= v.timeout_s  # the 4 items sent to a worker
+        # each a time since its own dispatch (the killed item's until its kill): seconds, not a clock reading
+        assert v.last_elapsed[1] < 45 and all(0 < e < 45 for e in v.last_elapsed)
         assert v.verify_batch([r"\frac{2}{4}"], ["0.5"]) == [C]  # the replacement worker judges the next batch
 
 
@@ -273,3 +275,106 @@ def test_failed_starts_are_counted_from_the_last_good_start(tmp_path, monkeypatc
         with pytest.raises(WorkerError, match="3 verifier worker starts failed in a row"):
             v.verify("1/2", "0.5")
         assert v._pool.n_started == 1 + 3
+
+
+def test_the_wait_ends_at_the_items_hard_timeout_or_the_workers_startup_timeout():
+    # a busy worker (item 0 counts as busy) is due timeout_s after its item was sent; a starting one
+    # startup_timeout_s after it started. A deadline in the past would make the pool spin on select.
+    from types import SimpleNamespace
+
+    from capo.verify._pool import Pool
+
+    p = Pool(1, timeout_s=3.0, memory_headroom_mb=None, startup_timeout_s=60.0)  # starts nothing
+    assert p._deadline(SimpleNamespace(item=0, t_item=100.0, t_start=10.0)) == 103.0
+    assert p._deadline(SimpleNamespace(item=None, t_item=0.0, t_start=10.0)) == 70.0
+
+
+def test_a_reply_split_across_reads_waits_for_its_newline():
+    # a pipe read can end inside a reply line: the part read so far is kept, not parsed and not dropped
+    from types import SimpleNamespace
+
+    from capo.verify._pool import _Worker
+
+    r, wr = os.pipe()
+    w = object.__new__(_Worker)  # no process: only the reply buffer and the pipe
+    w._buf, w.proc = b"", SimpleNamespace(stdout=os.fdopen(r, "rb"))
+    try:
+        os.write(wr, b'{"result": "eq')
+        assert w.replies() == []
+        os.write(wr, b'ual"}\n{"ready": true}\n{"res')
+        assert w.replies() == [{"result": "equal"}, {"ready": True}]
+        os.write(wr, b'ult": "x"}\n')
+        assert w.replies() == [{"result": "x"}]
+        os.close(wr)
+        assert w.replies() is None  # the worker's output ended
+    finally:
+        w.proc.stdout.close()
+
+
+class _FakeWorker:
+    """A stand-in for a worker process in the pool's bookkeeping tests (nothing is started)."""
+
+    def __init__(self, ready=True, item=None, gone=False):
+        self.ready, self.item, self.gone, self.sent, self.killed = ready, item, gone, [], False
+        self.proc = type("Proc", (), {"poll": staticmethod(lambda: None)})()  # alive
+
+    def send(self, fn_name, args):
+        if self.gone:
+            raise BrokenPipeError
+        self.sent.append((fn_name, list(args)))
+
+    def failure(self, what, reply=None):
+        return what
+
+    def kill(self):
+        self.killed = True
+
+
+def test_dispatch_passes_busy_starting_and_gone_workers_to_reach_an_idle_one():
+    # the gone worker's task goes back to the head of the queue and then to the next idle worker, in the same pass
+    from capo.verify._pool import Pool, _Batch
+
+    p = Pool(4, timeout_s=3.0, memory_headroom_mb=None, startup_timeout_s=60.0)
+    busy, starting, gone, idle, fresh = (_FakeWorker(item=7), _FakeWorker(ready=False), _FakeWorker(gone=True),
+                                         _FakeWorker(), _FakeWorker(ready=False))
+    p.workers, p._start = [busy, starting, gone, idle], lambda: fresh
+    b = _Batch([(_worker.stall_task, 0.0), (_worker.stall_task, 1.0)], "timeout")
+    p._dispatch(b)
+    assert idle.sent == [("stall_task", [0.0])] and idle.item == 0
+    assert busy.sent == starting.sent == [] and list(b.pending) == [1]
+    assert gone.killed and p.workers == [busy, starting, fresh, idle]
+    assert p.failures == ["a verifier worker was gone when given a task"] and p.n_killed == 1
+
+
+def test_an_interrupted_batch_stops_its_busy_and_starting_workers_and_keeps_the_idle_ones():
+    # a late reply of a busy worker, or a starting one's, must not reach the next call; an idle warm worker is kept
+    from capo.verify._pool import Pool
+
+    p = Pool(3, timeout_s=3.0, memory_headroom_mb=None, startup_timeout_s=60.0)
+    busy, starting, idle = _FakeWorker(item=0), _FakeWorker(ready=False), _FakeWorker()
+    p.workers = [busy, starting, idle]
+
+    def interrupted(b):
+        raise KeyboardInterrupt
+
+    p._dispatch = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        p.run([(_worker.stall_task, 0.0)], "timeout")
+    assert p.workers == [idle] and busy.killed and starting.killed and not idle.killed
+
+
+def test_between_calls_only_a_dead_idle_warm_worker_is_replaced():
+    # a dead worker still starting is left to the batch (it is a failed start there, counted as one); a live one is
+    # kept; the pool is then topped up to its size
+    from capo.verify._pool import Pool
+
+    p = Pool(4, timeout_s=3.0, memory_headroom_mb=None, startup_timeout_s=60.0)
+    idle_dead, starting_dead, idle = _FakeWorker(), _FakeWorker(ready=False), _FakeWorker()
+    for w in (idle_dead, starting_dead):
+        w.proc = type("Proc", (), {"poll": staticmethod(lambda: -9)})()
+    new = [_FakeWorker(ready=False), _FakeWorker(ready=False)]
+    p.workers, p._start = [idle_dead, starting_dead, idle], lambda: new.pop(0)
+    p._fill()
+    assert idle_dead.killed and not starting_dead.killed and not idle.killed
+    assert p.workers[1:3] == [starting_dead, idle] and len(p.workers) == 4 and new == []
+    assert p.failures == ["a verifier worker died while idle"] and p.n_killed == 1
