@@ -35,7 +35,8 @@ from capo.rollout.engine import DECODERS
 from capo.rollout.prefix import cache_kwarg, position_ids
 from capo.rollout.types import TOKEN_STATS
 
-__all__ = ["CACHE_BUCKET", "Decoded", "StaticDecoder", "fill_cache", "new_static_cache", "use_static_decoder"]
+__all__ = ["CACHE_BUCKET", "Decoded", "StaticDecoder", "append_token_stats", "fill_cache", "new_static_cache",
+           "use_static_decoder"]
 
 CACHE_BUCKET = 64  # the static cache's length is P + max_new_tokens rounded up to a multiple of this
 
@@ -80,8 +81,17 @@ def fill_cache(cache, prefix) -> None:
         static.update(filled.keys, filled.values)
 
 
+def append_token_stats(stats: dict[str, list[torch.Tensor]], lp: torch.Tensor) -> None:
+    """Append to ``stats`` the :data:`~capo.rollout.types.TOKEN_STATS` of one step's raw temperature-1 log-softmax
+    ``lp`` [N, V] (the distribution the step's token is drawn from), each [N]."""
+    st = token_statistics(lp, normalized=True)
+    for name in TOKEN_STATS:
+        stats[name].append(getattr(st, name))
+
+
 def _processors(temperature: float, top_p: float):
-    """The logits processors ``generate`` applies for capo's config (temperature, top-p; top_k=0 adds none)."""
+    """The logits processors ``generate`` applies for capo's config (temperature, top-p; top_k=0 adds none). Neither
+    reads the tokens so far (their ``input_ids`` argument)."""
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
     procs = LogitsProcessorList()
@@ -162,22 +172,19 @@ class StaticDecoder:
         logits, mask = self._start(ids, am, prefix, prefilled, max_new_tokens)
         pos = position_ids(am)[:, -1:]  # [N, 1]: the last prompt token's position
         unfinished = torch.ones(n, dtype=torch.bool, device=ids.device)
-        seq, tokens, logps = ids, [], []
+        tokens, logps = [], []
         stats: dict[str, list[torch.Tensor]] | None = {k: [] for k in TOKEN_STATS} if record_stats else None
         for t in range(max_new_tokens):
             if t:
                 logits = self.step(tokens[-1][:, None], pos + t, mask, written=ids.shape[1] + t - 1)
             lp = torch.log_softmax(logits, dim=-1)  # the raw temperature-1 distribution the token is drawn from
-            scores = procs(seq, logits)
+            scores = procs(ids, logits)  # the processors ignore the token history (see _processors)
             nxt = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if temperature > 0 else scores.argmax(-1)
             nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
-            seq = torch.cat([seq, nxt[:, None]], dim=1)
             tokens.append(nxt)
             logps.append(lp.gather(-1, nxt[:, None]).squeeze(-1))
             if stats is not None:
-                st = token_statistics(lp, normalized=True)
-                for name in TOKEN_STATS:
-                    stats[name].append(getattr(st, name))
+                append_token_stats(stats, lp)
             unfinished &= ~torch.isin(nxt, eos_t)
             if not bool(unfinished.any()):
                 break

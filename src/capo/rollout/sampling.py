@@ -17,8 +17,7 @@ import warnings
 
 import torch
 
-from capo.core.confidence import token_statistics
-from capo.rollout.decode import StaticDecoder, fill_cache, new_static_cache, use_static_decoder
+from capo.rollout.decode import StaticDecoder, append_token_stats, fill_cache, new_static_cache, use_static_decoder
 from capo.rollout.engine import DECODERS, KV_CACHES
 from capo.rollout.models import autocast_context, eos_token_ids
 from capo.rollout.prefix import cache_kwarg, grouped_prefix_attention, shared_prefix
@@ -47,9 +46,7 @@ class _RecordLogprobs:
         logits = output.logits if hasattr(output, "logits") else output[0]
         self.prev = torch.log_softmax(logits[:, -1].float(), dim=-1)
         if self.stats is not None:
-            st = token_statistics(self.prev, normalized=True)  # the stats of the raw temperature-1 distribution
-            for name in TOKEN_STATS:
-                self.stats[name].append(getattr(st, name))
+            append_token_stats(self.stats, self.prev)
 
     def finish(self, sequences: torch.Tensor, n_new: int) -> torch.Tensor:
         if self.prev is not None and len(self.out) < n_new:
