@@ -83,22 +83,30 @@ def _train_step(row: dict) -> float:
 
 
 def time_training(a, precision: str) -> dict:
-    """``a.train_steps`` steps of the ``a.preset`` preset with each loop: median time/rollout and time/step."""
+    """``a.train_steps`` steps of the ``a.preset`` preset with each loop: median time/rollout and time/step after the
+    first step, and how many graphs torch compiled (the loop's step: one per rollout shape)."""
+    from torch._dynamo.utils import counters
+
     from capo.trainer.config import load_config
     from capo.trainer.loop import Trainer
 
     out = {}
     for v, decode in LOOPS.items():
+        torch._dynamo.reset()  # as in a fresh process: no compiled step from an earlier phase, the recompile limit anew
+        before = counters["stats"]["unique_graphs"]
         with tempfile.TemporaryDirectory() as tmp:
             cfg = load_config(a.preset, {"run.steps": a.train_steps, "run.out_dir": tmp, "run.progress": False,
-                                                "run.eval_every": 0, "run.save_every": 0, "rollout.decode": decode,
+                                                "run.eval_every": 0, "run.save_every": 0, "run.eval_at_start": False,
+                                                "rollout.decode": decode,
                                                 "run.threads": a.threads, "data.n_eval": 2, "run.eval_samples": 2,
                                                 "model.autocast_bf16": precision == "bf16"})
             Trainer(cfg).train()
             rows = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        rows = [r for r in rows if "time/step" in r]  # training steps only (not a step-0 evaluation's row)
         later = rows[1:] or rows
         out[v] = {"time/rollout": statistics.median(r["time/rollout"] for r in later),
-                  "time/step": statistics.median(_train_step(r) for r in later), "first_step_s": _train_step(rows[0])}
+                  "time/step": statistics.median(_train_step(r) for r in later), "first_step_s": _train_step(rows[0]),
+                  "compiles": counters["stats"]["unique_graphs"] - before}  # graphs torch.compile built (loop only)
     return out
 
 

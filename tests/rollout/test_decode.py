@@ -18,7 +18,7 @@ import torch
 
 from capo.errors import ConfigError
 from capo.rollout import HFEngine, load_model, sample_rollout, token_logprobs
-from capo.rollout.decode import CACHE_BUCKET, StaticDecoder, use_static_decoder
+from capo.rollout.decode import CACHE_BUCKET, MAX_CACHES, StaticDecoder, new_static_cache, use_static_decoder
 from capo.rollout.engine import DECODERS
 from capo.tasks.generated import generated_task
 from capo.trainer.config import load_config
@@ -26,6 +26,10 @@ from capo.trainer.config import load_config
 from _device import DEVICE  # noqa: E402  (tests/ is on sys.path: its conftest.py)
 from test_forward_equivalence import PROMPTS, oracle_logprobs  # noqa: E402
 
+# the default task's first 6 eval prompts at seed 3, written out: its generator (reasoning_gym) is missing on the GPU
+# image, where this file runs too (test_the_default_prompts_are_the_tasks checks them where it is installed)
+DEFAULT_PROMPTS = ["8+4+4=", "0-0+3=", "8+3+2+1=", "6-1-5+1+3=", "1-5+1-2=", "0+0="]
+DEVICE_CPU = torch.device("cpu")
 SETTINGS = [dict(temperature=1.0, top_p=1.0), dict(temperature=0.7, top_p=0.9), dict(temperature=0.0, top_p=1.0)]
 
 
@@ -33,9 +37,7 @@ SETTINGS = [dict(temperature=1.0, top_p=1.0), dict(temperature=0.7, top_p=0.9), 
 def models(tiny_model):
     """A random 2-layer Qwen2 with grouped KV heads (responses run to the length limit) and the shipped default
     Llama (responses end with EOS at different lengths), with prompts of different lengths for each."""
-    task = generated_task("default")
-    return {"tiny": (*load_model(tiny_model), PROMPTS, 12),
-            "default": (*load_model("default"), [task.prompt(p) for p in task.problems("eval", 6, seed=3)], 40)}
+    return {"tiny": (*load_model(tiny_model), PROMPTS, 12), "default": (*load_model("default"), DEFAULT_PROMPTS, 40)}
 
 
 def _sample(engine, prompts, max_new, seed, **kw):
@@ -115,7 +117,7 @@ def test_a_kept_cache_never_leaks_into_the_next_rollout(models):
     assert torch.equal(a.gen_logp, b.gen_logp)
 
 
-def test_the_cache_length_is_rounded_up_to_a_bucket_and_a_new_shape_gets_a_new_cache(models):
+def test_the_cache_length_is_rounded_up_to_a_bucket_and_a_cache_is_kept_per_row_count(models):
     model, tok, prompts, _ = models["tiny"]
     engine = HFEngine(model, tok, decode="graph")
     p = max(len(tok(x, add_special_tokens=False)["input_ids"]) for x in prompts)
@@ -128,6 +130,30 @@ def test_the_cache_length_is_rounded_up_to_a_bucket_and_a_new_shape_gets_a_new_c
     assert engine._decoder.cache is first  # same shape: the same cache, zeroed in place
     _sample(engine, prompts[:2], 12, 1)
     assert engine._decoder.cache is not first  # fewer rows: a cache of their own
+    _sample(engine, prompts, 12, 2)
+    assert engine._decoder.cache is first  # and back: the first one, still kept
+    _sample(engine, prompts, want - p + 1, 3)  # one position too many: the cache grows by a bucket
+    grown = engine._decoder.cache
+    assert grown is not first and grown.layers[0].max_cache_len == want + CACHE_BUCKET
+    _sample(engine, prompts, 12, 4)
+    assert engine._decoder.cache is grown  # a cache never shrinks: what fits decodes in it
+    for n in range(1, MAX_CACHES + 2):
+        _sample(engine, prompts[:1] * n, 2, 5)
+    assert list(engine._decoder.caches) == [(3 * n, DEVICE_CPU) for n in range(2, MAX_CACHES + 2)]  # the latest
+
+
+@pytest.mark.parametrize("name", ["tiny", "default"])
+def test_a_longer_kept_cache_gives_a_fresh_caches_numbers(models, name):
+    """Rows decoded in a cache grown by a longer rollout (more positions, hidden by the mask) get exactly the tokens
+    and log-probs a decoder with a cache of their own length gives."""
+    model, tok, prompts, max_new = models[name]
+    used, fresh = HFEngine(model, tok, decode="graph"), HFEngine(model, tok, decode="graph")
+    _sample(used, prompts, max_new + 3 * CACHE_BUCKET, 1)
+    a, _ = _sample(used, prompts, max_new, 2)
+    b, _ = _sample(fresh, prompts, max_new, 2)
+    assert used._decoder.cache.layers[0].max_cache_len > fresh._decoder.cache.layers[0].max_cache_len
+    assert torch.equal(a.response_ids, b.response_ids)
+    torch.testing.assert_close(a.gen_logp, b.gen_logp, atol=1e-6, rtol=0)  # measured: identical
 
 
 def test_a_failing_compiled_step_falls_back_to_the_same_numbers(models):
@@ -158,8 +184,8 @@ def test_bf16_autocast_decodes_with_fp32_keys_beside_bf16_values(models):
     model, tok, prompts, max_new = models["default"]
     engine = HFEngine(model, tok, decode="graph", autocast="on")
     ro, _ = _sample(engine, prompts, max_new, 1)
-    layer = engine._decoder.cache.layers[0]
-    assert (layer.keys.dtype, layer.values.dtype) == (torch.float32, torch.bfloat16)
+    layer = engine._decoder.cache.layers[0]  # values: bf16 where transformers keeps each dtype (5.24), else fp32
+    assert layer.keys.dtype == torch.float32 and layer.values.dtype in (torch.bfloat16, torch.float32)
     with torch.no_grad():
         ref = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
                              autocast_bf16=True)
@@ -234,9 +260,31 @@ def test_a_finished_row_continues_with_the_pad_token(models):
     assert (out.tokens[~after] != tok.pad_token_id).all()
 
 
+def test_the_default_prompts_are_the_tasks():
+    pytest.importorskip("reasoning_gym", reason="the default task's generator is not installed")
+    task = generated_task("default")
+    assert [task.prompt(p) for p in task.problems("eval", 6, seed=3)] == DEFAULT_PROMPTS
+
+
+def test_a_static_layer_casts_writes_to_the_dtypes_it_holds(models):
+    """A layer that holds fp32 values (transformers 5.17 allocates values in the keys' dtype; a DynamicCache prefix
+    upcasts them) takes a later bf16 write, upcast exactly; keys likewise. Without the cast: index_copy_ fails."""
+    model = models["default"][0]
+    layer = new_static_cache(model, CACHE_BUCKET).layers[0]
+    g = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(2, 4, 3, 24, generator=g) for _ in range(2))
+    layer.update(k, v)
+    k2, v2 = (torch.randn(2, 4, 1, 24, generator=g).to(torch.bfloat16) for _ in range(2))
+    keys, values = layer.update(k2, v2)
+    assert (keys.dtype, values.dtype) == (torch.float32, torch.float32)
+    assert torch.equal(values[:, :, :3], v) and torch.equal(values[:, :, 3:4], v2.float())
+    assert torch.equal(keys[:, :, 3:4], k2.float()) and not values[:, :, 4:].any()
+
+
 def test_training_with_the_loop_logs_what_training_with_generate_logs(tmp_path):
     """Two CAPO steps on the embedded default task, rollout.decode=graph against generate: the same rewards and
     lengths (the same tokens), every other logged number within float noise (the log-probs agree to 1e-5)."""
+    pytest.importorskip("reasoning_gym", reason="the default task's generator is not installed")
     from capo.trainer.loop import Trainer
 
     over = {"algo.name": "capo", "run.steps": 2, "rollout.prompts_per_step": 4, "rollout.group_size": 4,

@@ -15,10 +15,14 @@ EOS token continue with the pad token, and the loop stops after the step where e
 synchronisation per step, as ``generate``'s stop check on the CPU). Positions are those ``generate`` gives
 left-padded prompts. Every step has the same shapes, so a graph is compiled once per rollout shape and replayed at
 every step of every later rollout of that shape: the cache is kept between rollouts (zeroed in place, so its
-addresses, which the graph holds, do not change), its length rounded up to a multiple of :data:`CACHE_BUCKET`
-positions and the attention mask allocated for all of it (positions not yet written are hidden by causality).
-torch compiles the step once per decoder and shape; past its recompile limit (``torch._dynamo.config.
-recompile_limit``, 8 by default, counted per process) a further model or shape decodes eagerly, with torch's warning.
+addresses, which the graph holds, do not change), one per row count (at most :data:`MAX_CACHES`: training's and
+evaluation's), its length rounded up to a multiple of :data:`CACHE_BUCKET` positions and the attention mask
+allocated for all of it (positions not yet written are hidden by causality). A cache only grows: a rollout whose
+prompts and budget fit a kept cache decodes in it, so a training run whose prompt lengths vary from step to step
+compiles once per growth, not at every step (the reasoning testbed's 3-step timing on an H200 recompiled each step
+when the length followed each batch: docs/results.md). torch compiles the step once per decoder and shape; past its
+recompile limit (``torch._dynamo.config.recompile_limit``, 8 by default, counted per process) a further model or
+shape decodes eagerly, with torch's warning.
 
 Shapes: ``ids``/``am`` [N, P] (N = B*k rows, left-padded); tokens and log-probs [N, T] (T <= max_new_tokens).
 """
@@ -35,10 +39,11 @@ from capo.rollout.engine import DECODERS
 from capo.rollout.prefix import cache_kwarg, position_ids
 from capo.rollout.types import TOKEN_STATS
 
-__all__ = ["CACHE_BUCKET", "Decoded", "StaticDecoder", "append_token_stats", "fill_cache", "new_static_cache",
-           "use_static_decoder"]
+__all__ = ["CACHE_BUCKET", "MAX_CACHES", "Decoded", "StaticDecoder", "append_token_stats", "fill_cache",
+           "new_static_cache", "use_static_decoder"]
 
 CACHE_BUCKET = 64  # the static cache's length is P + max_new_tokens rounded up to a multiple of this
+MAX_CACHES = 4  # static caches a decoder keeps, one per row count (the oldest is dropped)
 
 
 @dataclass
@@ -68,10 +73,27 @@ def new_static_cache(model, max_len: int):
         return None
     try:
         cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=max_len)
-        cache.layers  # noqa: B018 -- the layered API (transformers >= 4.56)
+        layers = cache.layers  # the layered API (transformers >= 4.56)
     except (TypeError, AttributeError):
         return None
+    for layer in layers:
+        _writes_in_the_cache_dtype(layer)
     return cache
+
+
+def _writes_in_the_cache_dtype(layer) -> None:
+    """Make a static cache ``layer`` cast what it is given to the dtypes it holds. Under bf16 autocast RoPE returns
+    fp32 keys beside bf16 values, and some transformers versions (5.17; not 5.24) hold values in fp32: a layer
+    allocates both in the keys' dtype, and a DynamicCache prefix upcasts its values. The first bf16 write then failed
+    (index_copy_: Float and BFloat16; seen on an H200). The upcast is exact; where the dtypes agree it does nothing."""
+    update = layer.update
+
+    def cast_update(key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if layer.is_initialized:
+            key_states, value_states = key_states.to(layer.keys.dtype), value_states.to(layer.values.dtype)
+        return update(key_states, value_states, *args, **kwargs)
+
+    layer.update = cast_update
 
 
 def fill_cache(cache, prefix) -> None:
@@ -110,7 +132,7 @@ class StaticDecoder:
 
     def __init__(self, model, *, graphs: bool = False, backend: str | None = None):
         self.model, self.key, self.graphs = model, cache_kwarg(model), graphs
-        self.cache, self._shape = None, None
+        self.cache, self.caches = None, {}  # the rollout's cache; kept caches by (rows, device)
         self.compiled = graphs or backend is not None  # False from a compiled step's failure on (eager)
         if self.compiled:
             kw = dict(mode="reduce-overhead") if graphs else dict(backend=backend, fullgraph=True)
@@ -146,15 +168,27 @@ class StaticDecoder:
                 layer.cumulative_length.fill_(written)
             return self._forward(tokens, positions, mask)
 
+    def _cache_for(self, n: int, need: int, device: torch.device):
+        """A zeroed static cache of ``n`` rows and at least ``need`` positions: the kept one for ``n`` rows (reset
+        in place: the addresses a captured graph reads stay the same), or a new one rounded up to a multiple of
+        :data:`CACHE_BUCKET` where none is kept or it is too short."""
+        key = (n, device)
+        cache = self.caches.pop(key, None)  # popped and put back: the dict's order is the order of use
+        if cache is not None and cache.layers[0].max_cache_len >= need:
+            cache.reset()
+        else:
+            cache = new_static_cache(self.model, -(-need // CACHE_BUCKET) * CACHE_BUCKET)
+        self.caches[key] = cache
+        while len(self.caches) > MAX_CACHES:
+            self.caches.pop(next(iter(self.caches)))
+        return cache
+
     def _start(self, ids: torch.Tensor, am: torch.Tensor, prefix, prefilled: int, max_new_tokens: int):
-        """Reset (or allocate, for a new shape) the cache, write the shared prefix, run the prompt positions the
+        """Take a zeroed cache for the rows (:meth:`_cache_for`), write the shared prefix, run the prompt positions the
         cache lacks eagerly; the last position's fp32 logits [N, V] and the mask [N, L] every step attends."""
         n, p = ids.shape
-        length = -(-(p + max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
-        if self._shape != (n, length, ids.device):
-            self.cache, self._shape = new_static_cache(self.model, length), (n, length, ids.device)
-        else:
-            self.cache.reset()  # in place: the addresses a captured graph reads stay the same
+        self.cache = self._cache_for(n, p + max_new_tokens, ids.device)
+        length = self.cache.layers[0].max_cache_len
         if prefix is not None:
             fill_cache(self.cache, prefix)
         out = self.model(input_ids=ids[:, prefilled:], attention_mask=am, use_cache=True, logits_to_keep=1,
