@@ -6,8 +6,9 @@ A machine without a GPU has one real device, so the test makes the *default* dev
 ``torch.set_default_device("meta")`` while the inputs stay on the CPU. A tensor that the code allocates without
 ``device=`` (or with ``device=None``) then lands on the meta device, holds no values, and the computation fails
 where it meets the CPU inputs or is read back; on a GPU the same mistake puts a CPU tensor next to CUDA inputs.
-Not covered here: ``bootstrap_ci`` / ``bootstrap_draws`` (they resample on the CPU by design, with a CPU
-generator) and ``e_aurc`` / ``prr`` (their perfect-ranking AURC is a CPU-side helper); their ``aurc`` is.
+The bootstrap (``bootstrap_draws``, ``bootstrap_ci``, ``paired_difference``) resamples on the CPU by design, with a
+CPU generator, and ``e_aurc`` / ``prr`` compute their perfect-ranking AURC on the CPU: each pins its device, so a
+default device set to a GPU (or meta) changes nothing there either.
 """
 
 import math
@@ -49,6 +50,11 @@ def _metrics() -> dict:
         "summarize": cal.summarize(torch.log(S), C, G, verbal_conf=V),
         "stated_question_means": [t.tolist() for t in cal.stated_question_means(S, C, G, S / 2)],
         "stochastic_summary": cal.stochastic_summary(S, C, G, S / 2, chosen=C.to(F64)),
+        "e_aurc": cal.e_aurc(S, C), "prr": cal.prr(S, C),
+        "bootstrap_draws": cal.bootstrap_draws(3, 4, seed=1).tolist(),
+        "bootstrap_ci": cal.bootstrap_ci(cal.brier, S, C, group_ids=G, n_boot=20, seed=2),
+        "bootstrap_ci_groups": cal.bootstrap_ci(lambda s, c, g: cal.auc_mean(s, c, g).value, S, C, group_ids=G,
+                                                n_boot=20, seed=3, pass_group_ids=True),
     }
 
 

@@ -516,7 +516,7 @@ def aurc(confidence, correct) -> float:
 
 def _aurc_optimal(n: int, n_err: int) -> float:
     """AURC of a perfect ranking (every correct response above every error): (1/N) sum_{k=N-E+1}^{N} (k-(N-E))/k."""
-    k = torch.arange(n - n_err + 1, n + 1, dtype=F64)
+    k = torch.arange(n - n_err + 1, n + 1, dtype=F64, device="cpu")
     return float(((k - (n - n_err)) / k).sum() / n)
 
 
@@ -569,7 +569,7 @@ def _generator(seed) -> torch.Generator:
         return seed
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int or a torch.Generator, got {type(seed).__name__}")
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator(device="cpu").manual_seed(seed)
 
 
 def _check_boot(n_boot, alpha) -> None:
@@ -583,7 +583,8 @@ def bootstrap_draws(n_groups: int, n_boot: int, seed: int | torch.Generator = 0)
     """[n_boot, n_groups] question indices, each row one replicate's draw of n_groups questions uniformly with
     replacement: the one resampling scheme of every prompt bootstrap in capo (:func:`bootstrap_ci`, the model
     comparison). ``seed``: an int or a CPU ``torch.Generator`` (advanced in place)."""
-    return torch.randint(n_groups, (n_boot, n_groups), generator=_generator(seed))
+    gen = _generator(seed)
+    return torch.randint(n_groups, (n_boot, n_groups), generator=gen, device=gen.device)
 
 
 def percentile_interval(values: torch.Tensor, alpha: float = 0.05) -> tuple[float, float]:
@@ -644,11 +645,11 @@ def bootstrap_ci(
     order = torch.argsort(inv, stable=True)  # rows grouped by question
     counts = torch.bincount(inv, minlength=n_groups)  # [G]
     starts = torch.cumsum(counts, 0) - counts
-    j = torch.arange(int(counts.max()))  # [M]
+    j = torch.arange(int(counts.max()), device="cpu")  # [M]
     valid = j[None, :] < counts[:, None]  # [G, M]
-    table = order[torch.where(valid, starts[:, None] + j[None, :], torch.zeros((), dtype=torch.int64))]  # [G, M]
-    new_ids = torch.arange(n_groups)[:, None].expand_as(table)  # [G, M] draw position -> new question label
-    values = torch.empty(n_boot, dtype=F64)
+    table = order[torch.where(valid, starts[:, None] + j[None, :], 0)]  # [G, M]
+    new_ids = torch.arange(n_groups, device="cpu")[:, None].expand_as(table)  # [G, M] draw position -> new question label
+    values = torch.empty(n_boot, dtype=F64, device="cpu")
     for b, draw in enumerate(bootstrap_draws(n_groups, n_boot, gen)):  # draw: [G] question indices
         keep = valid[draw]  # [G, M]
         rows = table[draw][keep]  # [N'] response rows of the drawn questions, in draw order
