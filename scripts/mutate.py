@@ -122,6 +122,16 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["tests/adapters/test_stated_rewards.py", "tests/adapters/test_method_inputs.py"],
         [],
     ),
+    # the TRL adapter's training glue (the functions named in FUNCTIONS: CapoGRPOTrainer's methods, the config's,
+    # mask_thresholds): what builds capo's step inputs inside TRL's loop and hands the advantages back. Each test
+    # trains TRL's GRPOTrainer on a tiny model for a few steps (seconds); the multi-process tests run under
+    # `accelerate launch`, where mutmut cannot see which test reached a function, so they are left out
+    "adapters.trl": (
+        ["src/capo/adapters/trl.py"],
+        ["tests/adapters/test_trl.py", "tests/adapters/test_trl_paths.py", "tests/adapters/test_trl_methods.py",
+         "tests/adapters/test_trl_internals.py", "tests/adapters/test_calib_paths.py"],
+        ["-k", "not two_processes"],
+    ),
 }
 
 # modules mutated in some functions only (mutmut mutant-name globs); the other functions of their files are not run
@@ -134,6 +144,8 @@ FUNCTIONS: dict[str, list[str]] = {
                          *(f"capo.adapters.trl.xǁ{c}ǁ*" for c in ("_TextReward", "RLCRReward", "PPOCReward",
                                                                   "LogScoreReward", "BrierScoreReward",
                                                                   "CorrectnessReward"))],
+    "adapters.trl": ["capo.adapters.trl.xǁCapoGRPOTrainerǁ*", "capo.adapters.trl.xǁCapoAdvantageConfigǁ*",
+                     "capo.adapters.trl.x_mask_thresholds__mutmut_*"],
 }
 
 # lines (and the statements that start on them) never mutated: error messages and export lists
