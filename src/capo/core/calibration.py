@@ -648,7 +648,7 @@ def bootstrap_ci(
     j = torch.arange(int(counts.max()), device="cpu")  # [M]
     valid = j[None, :] < counts[:, None]  # [G, M]
     table = order[torch.where(valid, starts[:, None] + j[None, :], 0)]  # [G, M]
-    new_ids = torch.arange(n_groups, device="cpu")[:, None].expand_as(table)  # [G, M] draw position -> new question label
+    new_ids = torch.arange(n_groups, device="cpu")[:, None].expand_as(table)  # [G, M] draw position -> new label
     values = torch.empty(n_boot, dtype=F64, device="cpu")
     for b, draw in enumerate(bootstrap_draws(n_groups, n_boot, gen)):  # draw: [G] question indices
         keep = valid[draw]  # [G, M]
