@@ -148,6 +148,10 @@ FUNCTIONS: dict[str, list[str]] = {
                      "capo.adapters.trl.x_mask_thresholds__mutmut_*"],
 }
 
+# mutmut stops a mutant's tests after (their estimated time + 1 s) x multiplier x 2 seconds (default multiplier 15):
+# the verifier's mutants that make the pool wait forever (a deadline never reached) hung 25 min each at the default
+TIMEOUT_MULTIPLIER: dict[str, float] = {"verify.verifier": 3.0}
+
 # lines (and the statements that start on them) never mutated: error messages and export lists
 DO_NOT_MUTATE_PATTERNS = [r"^\s*raise \w+(Error|Exception)\(", r"^__all__\b"]
 
@@ -156,9 +160,11 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
           37: "caught by type check", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}
 
 
-def mutmut_section(files: list[str], tests: list[str], pytest_args: list[str]) -> str:
+def mutmut_section(files: list[str], tests: list[str], pytest_args: list[str],
+                   timeout_multiplier: float | None = None) -> str:
     """The ``[tool.mutmut]`` TOML section of one module's scratch copy."""
     q = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
+    timeout = "" if timeout_multiplier is None else f"timeout_multiplier = {float(timeout_multiplier)}\n"
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["src"]\n'
@@ -168,6 +174,7 @@ def mutmut_section(files: list[str], tests: list[str], pytest_args: list[str]) -
         f"pytest_add_cli_args = {q(['-p', 'no:cacheprovider', '-m', 'not slow', *pytest_args])}\n"
         'process_isolation = "forkserver"\n'  # torch is not fork-safe after the stats run
         "use_git_change_detection = false\n"
+        + timeout
     )
 
 
@@ -185,7 +192,8 @@ def prepare(module: str, work: Path) -> Path:
     shutil.copytree(ROOT / "src", d / "src", ignore=ignore)
     shutil.copytree(ROOT / "tests", d / "tests", ignore=ignore)
     text = (ROOT / "pyproject.toml").read_text()
-    (d / "pyproject.toml").write_text(text + mutmut_section(files, tests, pytest_args))
+    (d / "pyproject.toml").write_text(text + mutmut_section(files, tests, pytest_args,
+                                                                TIMEOUT_MULTIPLIER.get(module)))
     return d
 
 

@@ -23,8 +23,11 @@ def test_every_module_names_existing_files_and_tests():
             assert (ROOT / f).is_file(), f"{name}: {f} does not exist"
         assert all(f.startswith("src/capo/") and f.endswith(".py") for f in files), name
         assert all(t.startswith("tests/") for t in tests), name
-        section = tomllib.loads(m.mutmut_section(files, tests, pytest_args))["tool"]["mutmut"]
+        section = tomllib.loads(m.mutmut_section(files, tests, pytest_args, m.TIMEOUT_MULTIPLIER.get(name)))
+        section = section["tool"]["mutmut"]
         assert section["only_mutate"] == files and section["pytest_add_cli_args_test_selection"] == tests
+        assert section.get("timeout_multiplier") == m.TIMEOUT_MULTIPLIER.get(name)
+    assert set(m.TIMEOUT_MULTIPLIER) <= set(m.MODULES)
 
 
 def test_the_issue_41_scope_is_configured():
