@@ -129,7 +129,8 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "adapters.trl": (
         ["src/capo/adapters/trl.py"],
         ["tests/adapters/test_trl.py", "tests/adapters/test_trl_paths.py", "tests/adapters/test_trl_methods.py",
-         "tests/adapters/test_trl_internals.py", "tests/adapters/test_calib_paths.py"],
+         "tests/adapters/test_trl_internals.py", "tests/adapters/test_calib_paths.py",
+         "tests/adapters/test_trl_reference.py"],
         ["-k", "not two_processes"],
     ),
 }

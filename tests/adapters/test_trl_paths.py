@@ -242,6 +242,25 @@ def test_two_processes_equal_one(tiny_model_dir, tmp_path):
     del mask
 
 
+def test_trls_own_reference_at_beta_nonzero_serves_the_mask(tiny_model_dir, tmp_path):
+    """beta != 0 at temperature 1: TRL keeps its own frozen reference and computes its per-token log-probs, and
+    capo's noise mask reads those (no reference of its own, no extra forward). After the first update the policy
+    differs from the reference, so the second batch's mask tells them apart (mutation testing, issue 41: a wrong
+    key for TRL's log-probs went unnoticed)."""
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    cfg = CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=2, learning_rate=5e-2, beta=0.04, temperature=1.0)
+    assert tr._capo_ref is None and tr.ref_model is not None  # TRL's reference, not capo's
+    tr.train()
+    _check_capo(tr, thresholds=(1.3, 1.9))
+    last = tr.records[-1]
+    assert not torch.allclose(last["lp"], last["ref"], atol=1e-4), "the policy did not move: the test is vacuous"
+    ppl = torch.exp(-sequence_logprob_mean(last["ref"], last["out"]["completion_mask"]))
+    assert torch.allclose(last["batch"]["ref_ppl"].double(), ppl, rtol=1e-6, atol=0)  # TRL's are float32
+    assert "time/capo_ref_forward_s" not in tr._metrics["train"]
+
+
 def test_peft_reference_is_the_base_model(tiny_model_dir, tmp_path):
     """PEFT (LoRA via TRL's peft_config), beta = 0: the reference is TRL's convention -- the "ref" adapter if present,
     else adapters disabled -- here the base model. After the first update the LoRA policy differs from the base, so
