@@ -111,6 +111,37 @@ def test_capo_with_rlcr_reward_reads_the_verdicts(tiny_model_dir, tmp_path):
                                                          for t in rec["texts"]]))
 
 
+def test_gdpo_with_the_rlcr_reward_alone_normalises_rlcrs_two_terms(tiny_model_dir, tmp_path):
+    """GDPO with RLCRReward as the only reward function: its components are RLCR's correctness and Brier terms (from
+    the recorded verdicts, confidences and format flags), each normalised in its group, not the one summed reward
+    (mutation testing, issue 41: the RLCR-alone rule could be dropped unnoticed)."""
+    from capo.adapters.trl import CapoAdvantageConfig, RLCRReward
+    from capo.core import ADVANTAGES, rlcr_components
+
+    class Keep(RLCRReward):
+        def __call__(self, *a, **kw):
+            out = super().__call__(*a, **kw)
+            self.history = getattr(self, "history", []) + [self.last]
+            return out
+
+    reward = Keep(answer_key="answer")
+    cfg = CapoAdvantageConfig(estimator="gdpo", noise_mask=False, calibration_metrics=False)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, reward=reward, max_steps=2)
+    tr.train()
+    assert len(reward.history) == len(tr.records) == 2
+    differs = 0
+    for rec, last in zip(tr.records, reward.history, strict=True):
+        comp = rlcr_components(torch.tensor(last.correct), confidence=torch.tensor(last.confidence).float(),
+                               format_ok=torch.tensor(last.format_ok)).double()
+        rewards = rec["batch"]["rewards"]
+        want = ADVANTAGES.get("gdpo")(rewards, G, components=comp)
+        got = rec["out"]["advantages"].double()
+        torch.testing.assert_close(got, want, rtol=0, atol=TOL)
+        one = ADVANTAGES.get("gdpo")(rewards, G, components=rewards[:, None])
+        differs += int(((want - one).abs() > 1e-4).sum())
+    assert differs > 0, "two terms equalled the summed reward on every row: the test would not see the rule"
+
+
 def test_truncated_completions_are_no_partners_and_quantile_mask(tiny_model_dir, tmp_path):
     """mask_truncated_completions=True zeroes a truncated row's mask: it must not enter pairs as a maximally
     confident partner (lpm 0). Quantile mask: thresholds from the first batch's PPL_ref, then frozen."""

@@ -1,6 +1,7 @@
-"""The TRL adapter's reference-model plumbing, method by method, with TRL's helpers replaced by recorders: what
+"""The TRL adapter's plumbing, method by method, with TRL's helpers and accelerate replaced by recorders: what
 ``CapoGRPOTrainer`` hands to TRL when it builds its own frozen reference (``_capo_prepare_ref``), the chunk size of
-its extra log-prob forwards, and the refusal of multimodal batches. The end-to-end paths (a reference from a path, a
+its extra log-prob forwards, how rows are padded and gathered across processes, and the refusal of multimodal
+batches. The end-to-end paths (a reference from a path, a
 PEFT base, TRL's own reference at beta != 0) are trained for real in test_trl_paths.py; these pin the arguments
 those runs cannot tell apart on one CPU process (mutation testing, issue 41: each test here failed on the mutants
 it names, checked by hand: docs/results.md, "Mutation testing").
@@ -136,3 +137,44 @@ def test_multimodal_batches_are_refused_by_either_key(key):
     CapoGRPOTrainer._capo_check_text_only(None, _batch())  # text only: nothing to say
     with pytest.raises(CapoError, match="multimodal inputs are not supported"):
         CapoGRPOTrainer._capo_check_text_only(None, {**_batch(), key: torch.zeros(1)})
+
+
+class _TwoProcessAccelerator:
+    """As accelerate on 2 processes where the other one's completions were 5 tokens long: ``pad_across_processes``
+    pads ``dim`` to 5 with ``pad_index`` (accelerate's semantics), ``gather`` returns this process's rows."""
+
+    def pad_across_processes(self, x, dim=0, pad_index=0):
+        shape = list(x.shape)
+        shape[dim] = 5
+        out = x.new_full(shape, pad_index)
+        out.narrow(dim, 0, x.shape[dim]).copy_(x)
+        return out
+
+    def gather(self, x):
+        return x
+
+
+def test_rows_are_gathered_padded_along_the_tokens_with_zeros():
+    """``_capo_gather_rows``: completions padded per process to the longest one (dim 1) with 0 -- a padded mask
+    position must be 0 (not a token) -- log-probs in float64, the mask kept an integer mask; None stays None."""
+    tr = SimpleNamespace(accelerator=_TwoProcessAccelerator())
+    mask, lp = _batch()["completion_mask"], torch.tensor([[-1.0, -2.0, -3.0], [-4.0, 0.0, 0.0]])
+    got_mask, got_lp = (CapoGRPOTrainer._capo_gather_rows(tr, x) for x in (mask, lp))
+    assert got_mask.tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]] and got_mask.dtype == torch.long
+    assert got_lp.dtype == torch.float64 and got_lp.tolist() == [[-1, -2, -3, 0, 0], [-4, 0, 0, 0, 0]]
+    assert CapoGRPOTrainer._capo_gather_rows(tr, None) is None
+
+
+def test_the_extra_old_logprob_forward_keeps_the_batch_size_and_times_itself():
+    """``_capo_old_logps`` where TRL kept no old log-probs: the policy scored in chunks of the given size, the time
+    it took logged as a duration (seconds, not a clock reading)."""
+    fwd = _Recorder(result="lp")
+    tr = SimpleNamespace(model="policy", _capo_token_logps=fwd, _capo_policy_head=contextlib.nullcontext,
+                         _capo_temperature=lambda: 1.0, temperature=0.7)
+    tr._capo_check_text_only = lambda out: CapoGRPOTrainer._capo_check_text_only(tr, out)
+    timings = {}
+    assert CapoGRPOTrainer._capo_old_logps(tr, _batch(), 6, timings) == "lp"
+    (model, out, bs), kw = fwd.calls[0]
+    assert len(fwd.calls) == 1 and model == "policy" and bs == 6 and kw == {} and torch.equal(
+        out["completion_ids"], _batch()["completion_ids"])
+    assert 0 <= timings["time/capo_extra_forward_s"] < 60
