@@ -111,10 +111,12 @@ def test_capo_with_rlcr_reward_reads_the_verdicts(tiny_model_dir, tmp_path):
                                                          for t in rec["texts"]]))
 
 
-def test_gdpo_with_the_rlcr_reward_alone_normalises_rlcrs_two_terms(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("fail", [None, -0.25])
+def test_gdpo_with_the_rlcr_reward_alone_normalises_rlcrs_two_terms(tiny_model_dir, tmp_path, fail):
     """GDPO with RLCRReward as the only reward function: its components are RLCR's correctness and Brier terms (from
-    the recorded verdicts, confidences and format flags), each normalised in its group, not the one summed reward
-    (mutation testing, issue 41: the RLCR-alone rule could be dropped unnoticed)."""
+    the recorded verdicts, confidences and format flags; a malformed output gets the format-failure reward, -1 or
+    the one given), each normalised in its group, not the one summed reward (mutation testing, issue 41: the
+    RLCR-alone rule, the format flags and the failure reward could each be dropped unnoticed)."""
     from capo.adapters.trl import CapoAdvantageConfig, RLCRReward
     from capo.core import ADVANTAGES, rlcr_components
 
@@ -124,15 +126,18 @@ def test_gdpo_with_the_rlcr_reward_alone_normalises_rlcrs_two_terms(tiny_model_d
             self.history = getattr(self, "history", []) + [self.last]
             return out
 
-    reward = Keep(answer_key="answer")
+    reward = Keep(answer_key="answer", format_failure_reward=fail)
     cfg = CapoAdvantageConfig(estimator="gdpo", noise_mask=False, calibration_metrics=False)
-    tr = _trainer(tiny_model_dir, tmp_path, cfg, reward=reward, max_steps=2)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, reward=reward, max_steps=2, max_completion_length=6)
     tr.train()
     assert len(reward.history) == len(tr.records) == 2
-    differs = 0
+    assert not any(k.startswith("calib/") for k in tr._metrics["train"])  # calibration_metrics=False
+    formats, differs = set(), 0
     for rec, last in zip(tr.records, reward.history, strict=True):
+        formats |= set(last.format_ok)
         comp = rlcr_components(torch.tensor(last.correct), confidence=torch.tensor(last.confidence).float(),
-                               format_ok=torch.tensor(last.format_ok)).double()
+                               format_ok=torch.tensor(last.format_ok),
+                               format_failure_reward=-1.0 if fail is None else fail).double()
         rewards = rec["batch"]["rewards"]
         want = ADVANTAGES.get("gdpo")(rewards, G, components=comp)
         got = rec["out"]["advantages"].double()
@@ -140,6 +145,41 @@ def test_gdpo_with_the_rlcr_reward_alone_normalises_rlcrs_two_terms(tiny_model_d
         one = ADVANTAGES.get("gdpo")(rewards, G, components=rewards[:, None])
         differs += int(((want - one).abs() > 1e-4).sum())
     assert differs > 0, "two terms equalled the summed reward on every row: the test would not see the rule"
+    assert formats == {True, False}, "every output well formed, or none: the format flags would not matter"
+
+
+def test_gdpo_with_two_reward_functions_normalises_each_with_trls_weights(tiny_model_dir, tmp_path):
+    """GDPO with two reward functions: one component per function (TRL's gathered rewards per function, unscored =
+    0), combined with TRL's reward_weights; a weights hyperparameter given to capo wins over them."""
+    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
+    from capo.core import ADVANTAGES
+
+    def digit(completions, **kwargs):  # a second reward, not a function of the first: the first digit / 9
+        return [int(m.group()) / 9 if (m := re.search(r"\d", c)) else 0.0 for c in completions]
+
+    class Rpf(CapoGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            self.seen = getattr(self, "seen", []) + [(self._capo_rewards_per_func.double().cpu(),
+                                                      out["advantages"].double().cpu())]
+            return out
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for hp, weights in [({}, [1.0, 0.5]), ({"weights": [0.2, 1.0]}, [0.2, 1.0])]:
+        tr = Rpf(model=tiny_model_dir, reward_funcs=[seven_reward, digit], processing_class=tok,
+                 args=_args(tmp_path / str(weights), reward_weights=[1.0, 0.5]), train_dataset=_dataset(),
+                 capo=CapoAdvantageConfig(estimator="gdpo", estimator_kwargs=hp, noise_mask=False))
+        tr.train()
+        differs = 0
+        for rpf, got in tr.seen:
+            rewards = (rpf * torch.tensor([1.0, 0.5], dtype=torch.float64)).nansum(1)
+            want = ADVANTAGES.get("gdpo")(rewards, G, components=torch.nan_to_num(rpf), weights=weights)
+            torch.testing.assert_close(got, want, rtol=0, atol=TOL)
+            one = ADVANTAGES.get("gdpo")(rewards, G, components=rewards[:, None])
+            differs += int(((want - one).abs() > 1e-4).sum())
+        assert differs > 0, "per-function components equalled the summed reward: the test would not see them"
 
 
 def test_truncated_completions_are_no_partners_and_quantile_mask(tiny_model_dir, tmp_path):
