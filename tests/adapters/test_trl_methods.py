@@ -81,7 +81,9 @@ def test_trl_ace_without_a_reference_says_what_to_pass(tiny_model_dir, tmp_path)
                                           r"reference-model log-probs.*Pass ref_model=<model or path>"):
         CapoGRPOTrainer(model=model, reward_funcs=_tiny.seven_reward, args=_tiny.grpo_args(tmp_path / "out"),
                         train_dataset=_tiny.dataset(), processing_class=tok, capo=CapoAdvantageConfig(estimator="ace"))
-    with pytest.raises(ConfigError, match="'seed_grpo' needs the extracted answers.*use capo's CorrectnessReward"):
+    # the step's message names the engine (StepSpec.engine) and its hint (the adapter's _HINTS)
+    with pytest.raises(ConfigError, match="^CapoGRPOTrainer: advantage estimator 'seed_grpo' needs the extracted "
+                                          "answers.*use capo's CorrectnessReward"):
         tr = CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=_tiny.seven_reward,
                              args=_tiny.grpo_args(tmp_path / "out", max_steps=1), train_dataset=_tiny.dataset(),
                              processing_class=tok, capo=CapoAdvantageConfig(estimator="seed_grpo"))
