@@ -154,7 +154,9 @@ def test_gdpo_with_two_reward_functions_normalises_each_with_trls_weights(tiny_m
     from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
     from capo.core import ADVANTAGES
 
-    def digit(completions, **kwargs):  # a second reward, not a function of the first: the first digit / 9
+    def digit(completions, completion_ids, **kwargs):  # a second reward, not a function of the first: the first
+        # digit / 9; it reads TRL's token ids too (the override must hand them on)
+        assert len(completion_ids) == len(completions) and all(len(i) > 0 for i in completion_ids)
         return [int(m.group()) / 9 if (m := re.search(r"\d", c)) else 0.0 for c in completions]
 
     class Rpf(CapoGRPOTrainer):
