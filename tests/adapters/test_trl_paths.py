@@ -184,6 +184,26 @@ def test_gdpo_with_two_reward_functions_normalises_each_with_trls_weights(tiny_m
         assert differs > 0, "per-function components equalled the summed reward: the test would not see them"
 
 
+def test_trls_evaluation_runs_capos_step_with_its_own_group_size_and_logs_under_eval(tiny_model_dir, tmp_path):
+    """``trainer.evaluate()``: the policy in eval mode, groups of ``num_generations_eval`` (2 here, 4 in training),
+    capo's step and calibration metrics logged under TRL's "eval" metrics, not "train"."""
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    cfg = CapoAdvantageConfig(estimator="capo", noise_mask=False)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=1, num_generations_eval=2, per_device_eval_batch_size=8)
+    tr.train()
+    train_calib = list(tr._metrics["train"]["calib/accuracy"])
+    metrics = tr.evaluate(_dataset())
+    rec = tr.records[-1]
+    assert rec["batch"]["group_size"] == 2 and len(rec["texts"]) == 8
+    real = rec["out"]["completion_mask"].bool().any(-1)
+    want = compute_advantages("capo", rec["batch"]["rewards"], 2, correct=rec["batch"]["correct"], keep=real,
+                              scores=sequence_logprob_mean(rec["lp"], rec["out"]["completion_mask"]), partners=real,
+                              tau=0.6)
+    torch.testing.assert_close(rec["batch"]["advantages"].double(), want, rtol=0, atol=TOL)
+    assert "eval_calib/accuracy" in metrics and list(tr._metrics["train"]["calib/accuracy"]) == train_calib
+
+
 def test_truncated_completions_are_no_partners_and_quantile_mask(tiny_model_dir, tmp_path):
     """mask_truncated_completions=True zeroes a truncated row's mask: it must not enter pairs as a maximally
     confident partner (lpm 0). Quantile mask: thresholds from the first batch's PPL_ref, then frozen."""
