@@ -162,8 +162,8 @@ def test_gdpo_with_two_reward_functions_normalises_each_with_trls_weights(tiny_m
     class Rpf(CapoGRPOTrainer):
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
-            self.seen = getattr(self, "seen", []) + [(self._capo_rewards_per_func.double().cpu(),
-                                                      out["advantages"].double().cpu())]
+            rpf, adv = self._capo_rewards_per_func.double().cpu(), out["advantages"].double().cpu()
+            self.seen = getattr(self, "seen", []) + [(rpf, adv, self.capo_last_batch["rewards"])]
             return out
 
     from transformers import AutoTokenizer
@@ -175,8 +175,9 @@ def test_gdpo_with_two_reward_functions_normalises_each_with_trls_weights(tiny_m
                  capo=CapoAdvantageConfig(estimator="gdpo", estimator_kwargs=hp, noise_mask=False))
         tr.train()
         differs = 0
-        for rpf, got in tr.seen:
+        for rpf, got, used in tr.seen:
             rewards = (rpf * torch.tensor([1.0, 0.5], dtype=torch.float64)).nansum(1)
+            torch.testing.assert_close(used, rewards, rtol=0, atol=1e-7)  # the reward the step read: TRL's weights
             want = ADVANTAGES.get("gdpo")(rewards, G, components=torch.nan_to_num(rpf), weights=weights)
             torch.testing.assert_close(got, want, rtol=0, atol=TOL)
             one = ADVANTAGES.get("gdpo")(rewards, G, components=rewards[:, None])
@@ -190,12 +191,15 @@ def test_trls_evaluation_runs_capos_step_with_its_own_group_size_and_logs_under_
     from capo.adapters.trl import CapoAdvantageConfig
 
     cfg = CapoAdvantageConfig(estimator="capo", noise_mask=False)
-    tr = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=1, num_generations_eval=2, per_device_eval_batch_size=8)
+    tr = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=1, num_generations_eval=2, per_device_eval_batch_size=4)
+    chunks, forward = [], tr._capo_token_logps
+    tr._capo_token_logps = lambda model, out, batch_size: chunks.append(batch_size) or forward(model, out, batch_size)
     tr.train()
+    assert chunks == [8]  # the extra old-log-prob forward in chunks of per_device_train_batch_size
     train_calib = list(tr._metrics["train"]["calib/accuracy"])
     metrics = tr.evaluate(_dataset())
     rec = tr.records[-1]
-    assert rec["batch"]["group_size"] == 2 and len(rec["texts"]) == 8
+    assert rec["batch"]["group_size"] == 2 and len(rec["texts"]) == 4 and set(chunks[1:]) == {4}
     real = rec["out"]["completion_mask"].bool().any(-1)
     want = compute_advantages("capo", rec["batch"]["rewards"], 2, correct=rec["batch"]["correct"], keep=real,
                               scores=sequence_logprob_mean(rec["lp"], rec["out"]["completion_mask"]), partners=real,
