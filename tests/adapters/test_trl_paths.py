@@ -187,25 +187,34 @@ def test_gdpo_with_two_reward_functions_normalises_each_with_trls_weights(tiny_m
 
 def test_trls_evaluation_runs_capos_step_with_its_own_group_size_and_logs_under_eval(tiny_model_dir, tmp_path):
     """``trainer.evaluate()``: the policy in eval mode, groups of ``num_generations_eval`` (2 here, 4 in training),
-    capo's step and calibration metrics logged under TRL's "eval" metrics, not "train"."""
+    the extra forwards (old log-probs, capo's own reference) in chunks of the eval batch size, capo's step (with its
+    noise mask) and calibration metrics logged under TRL's "eval" metrics, not "train"; ``capo_last_batch`` holds
+    the documented keys."""
     from capo.adapters.trl import CapoAdvantageConfig
 
-    cfg = CapoAdvantageConfig(estimator="capo", noise_mask=False)
+    cfg = CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9)
     tr = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=1, num_generations_eval=2, per_device_eval_batch_size=4)
     chunks, forward = [], tr._capo_token_logps
     tr._capo_token_logps = lambda model, out, batch_size: chunks.append(batch_size) or forward(model, out, batch_size)
     tr.train()
-    assert chunks == [8]  # the extra old-log-prob forward in chunks of per_device_train_batch_size
-    train_calib = list(tr._metrics["train"]["calib/accuracy"])
+    assert chunks == [8, 8]  # old log-probs and the reference, in chunks of per_device_train_batch_size
+    logged = [h for h in tr.state.log_history if "calib/accuracy" in h]
+    assert len(logged) == 1 and 0 <= logged[0]["time/capo_ref_forward_s"] < 60  # a duration, not a clock reading
     metrics = tr.evaluate(_dataset())
     rec = tr.records[-1]
-    assert rec["batch"]["group_size"] == 2 and len(rec["texts"]) == 4 and set(chunks[1:]) == {4}
-    real = rec["out"]["completion_mask"].bool().any(-1)
-    want = compute_advantages("capo", rec["batch"]["rewards"], 2, correct=rec["batch"]["correct"], keep=real,
-                              scores=sequence_logprob_mean(rec["lp"], rec["out"]["completion_mask"]), partners=real,
-                              tau=0.6)
+    assert rec["batch"]["group_size"] == 2 and len(rec["texts"]) == 4 and set(chunks[2:]) == {4}
+    mask = rec["out"]["completion_mask"]
+    real = mask.bool().any(-1)
+    keep = capo_noise_mask(torch.exp(-sequence_logprob_mean(rec["ref"], mask)), rec["batch"]["correct"], low=1.3,
+                           high=1.9)
+    want = compute_advantages("capo", rec["batch"]["rewards"], 2, correct=rec["batch"]["correct"], keep=keep & real,
+                              scores=sequence_logprob_mean(rec["lp"], mask), partners=real, tau=0.6)
     torch.testing.assert_close(rec["batch"]["advantages"].double(), want, rtol=0, atol=TOL)
-    assert "eval_calib/accuracy" in metrics and list(tr._metrics["train"]["calib/accuracy"]) == train_calib
+    assert "eval_calib/accuracy" in metrics and "eval_time/capo_ref_forward_s" in metrics
+    assert [h for h in tr.state.log_history if "calib/accuracy" in h] == logged  # nothing more under "train"
+    assert set(tr.capo_last_batch) == {"rewards", "correct", "valid", "scores", "keep", "ref_ppl", "mask_thresholds",
+                                       "advantages", "trl_advantages_local", "process_slice", "group_size"}
+    assert tr.capo_last_batch["process_slice"] == slice(0, 4) and tr.capo_last_batch["valid"].all()
 
 
 def test_truncated_completions_are_no_partners_and_quantile_mask(tiny_model_dir, tmp_path):
