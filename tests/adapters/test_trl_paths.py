@@ -217,6 +217,36 @@ def test_trls_evaluation_runs_capos_step_with_its_own_group_size_and_logs_under_
     assert tr.capo_last_batch["process_slice"] == slice(0, 4) and tr.capo_last_batch["valid"].all()
 
 
+def test_tokens_a_tool_wrote_are_left_out_of_capos_scores(tiny_model_dir, tmp_path, monkeypatch):
+    """With TRL's tool calling, ``tool_mask`` marks the completion tokens a tool wrote (0): capo's log-prob scores
+    read the model's own tokens only (completion mask x tool mask), as TRL's loss does. Simulated: TRL's batch gains
+    a tool mask hiding each row's last 3 tokens."""
+    from trl import GRPOTrainer
+
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    generate = GRPOTrainer._generate_and_score_completions
+
+    def with_tools(self, inputs):
+        out = generate(self, inputs)
+        out["tool_mask"] = torch.ones_like(out["completion_mask"])
+        out["tool_mask"][:, -3:] = 0
+        return out
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", with_tools)
+    tr = _trainer(tiny_model_dir, tmp_path, CapoAdvantageConfig(estimator="capo", noise_mask=False), max_steps=2)
+    tr.train()
+    differs = 0
+    for rec in tr.records:
+        b, out = rec["batch"], rec["out"]
+        own = {**rec, "out": {**out, "completion_mask": out["completion_mask"] * out["tool_mask"]}}
+        want = _expected(own, correct=b["correct"], rewards=b["rewards"], lp=rec["lp"])
+        torch.testing.assert_close(out["advantages"].double(), want, rtol=0, atol=TOL)
+        whole = _expected(rec, correct=b["correct"], rewards=b["rewards"], lp=rec["lp"])
+        differs += int(((want - whole).abs() > 1e-4).sum())
+    assert differs > 0, "the tool tokens changed no advantage: the test would not see them counted"
+
+
 def test_truncated_completions_are_no_partners_and_quantile_mask(tiny_model_dir, tmp_path):
     """mask_truncated_completions=True zeroes a truncated row's mask: it must not enter pairs as a maximally
     confident partner (lpm 0). Quantile mask: thresholds from the first batch's PPL_ref, then frozen."""
