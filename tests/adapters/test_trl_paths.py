@@ -247,6 +247,24 @@ def test_tokens_a_tool_wrote_are_left_out_of_capos_scores(tiny_model_dir, tmp_pa
     assert differs > 0, "the tool tokens changed no advantage: the test would not see them counted"
 
 
+def test_construction_passes_trls_positional_arguments_and_names_itself_in_errors(tiny_model_dir, tmp_path):
+    """GRPOTrainer's positional arguments after ``args`` (the training set) reach TRL; no batch is recorded before
+    training; a bad estimator setting is refused with a message that starts with the trainer's name."""
+    from transformers import AutoTokenizer
+
+    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
+    from capo.errors import ConfigError
+
+    tok, data = AutoTokenizer.from_pretrained(tiny_model_dir), _dataset()
+    tr = CapoGRPOTrainer(tiny_model_dir, seven_reward, _args(tmp_path), data, processing_class=tok,
+                         capo=CapoAdvantageConfig(estimator="grpo"))
+    assert tr.train_dataset is data and tr.capo_last_batch is None
+    for bad in (dict(estimator="grpoo"), dict(estimator="grpo", estimator_kwargs={"tauu": 1.0})):
+        with pytest.raises(ConfigError, match="^CapoGRPOTrainer: advantage estimator "):
+            CapoGRPOTrainer(tiny_model_dir, seven_reward, _args(tmp_path), data, processing_class=tok,
+                            capo=CapoAdvantageConfig(**bad))
+
+
 def test_truncated_completions_are_no_partners_and_quantile_mask(tiny_model_dir, tmp_path):
     """mask_truncated_completions=True zeroes a truncated row's mask: it must not enter pairs as a maximally
     confident partner (lpm 0). Quantile mask: thresholds from the first batch's PPL_ref, then frozen."""
