@@ -77,7 +77,17 @@ def test_trl_ace_without_a_reference_says_what_to_pass(tiny_model_dir, tmp_path)
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    with pytest.raises(ConfigError, match=r"estimator 'ace' \(an input it reads is built from them\) needs "
+    with pytest.raises(ConfigError, match=r"^CapoGRPOTrainer: CAPO's noise mask needs reference-model log-probs, "
+                                          r"and nothing supplies them: .* or pass `model` as a path, or set "
+                                          r"CapoAdvantageConfig\(noise_mask=False\)\.$"):
+        CapoGRPOTrainer(model=model, reward_funcs=_tiny.seven_reward, args=_tiny.grpo_args(tmp_path / "out"),
+                        train_dataset=_tiny.dataset(), processing_class=tok, capo=CapoAdvantageConfig())
+    with pytest.raises(ConfigError, match="^CapoGRPOTrainer: mask_rule='bogus' is not allowed"):
+        CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=_tiny.seven_reward, args=_tiny.grpo_args(tmp_path / "out"),
+                        train_dataset=_tiny.dataset(), processing_class=tok,
+                        capo=CapoAdvantageConfig(mask_rule="bogus"))
+    with pytest.raises(ConfigError, match=r"^CapoGRPOTrainer: estimator 'ace' \(an input it reads is built from "
+                                          r"them\) needs "
                                           r"reference-model log-probs.*Pass ref_model=<model or path>"):
         CapoGRPOTrainer(model=model, reward_funcs=_tiny.seven_reward, args=_tiny.grpo_args(tmp_path / "out"),
                         train_dataset=_tiny.dataset(), processing_class=tok, capo=CapoAdvantageConfig(estimator="ace"))

@@ -131,7 +131,7 @@ def test_gdpo_with_the_rlcr_reward_alone_normalises_rlcrs_two_terms(tiny_model_d
     tr = _trainer(tiny_model_dir, tmp_path, cfg, reward=reward, max_steps=2, max_completion_length=6)
     tr.train()
     assert len(reward.history) == len(tr.records) == 2
-    assert not any(k.startswith("calib/") for k in tr._metrics["train"])  # calibration_metrics=False
+    assert tr.state.log_history and not any(k.startswith("calib/") for h in tr.state.log_history for k in h)
     formats, differs = set(), 0
     for rec, last in zip(tr.records, reward.history, strict=True):
         formats |= set(last.format_ok)
@@ -198,6 +198,9 @@ def test_trls_evaluation_runs_capos_step_with_its_own_group_size_and_logs_under_
     tr._capo_token_logps = lambda model, out, batch_size: chunks.append(batch_size) or forward(model, out, batch_size)
     tr.train()
     assert chunks == [8, 8]  # old log-probs and the reference, in chunks of per_device_train_batch_size
+    first = tr.records[0]  # training: groups of num_generations (4), not the evaluation's 2
+    assert first["batch"]["group_size"] == G
+    _check_capo(tr, thresholds=(1.3, 1.9))
     logged = [h for h in tr.state.log_history if "calib/accuracy" in h]
     assert len(logged) == 1 and 0 <= logged[0]["time/capo_ref_forward_s"] < 60  # a duration, not a clock reading
     metrics = tr.evaluate(_dataset())
