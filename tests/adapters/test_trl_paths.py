@@ -56,6 +56,7 @@ def _trainer(tiny_model_dir, tmp_path, cfg, reward=seven_reward, trainer_kw=None
             raw["ref"] = raw_token_logps(self.probe_ref, out)
             self.records = getattr(self, "records", [])
             self.records.append({"out": cpu_copy(out), "batch": dict(self.capo_last_batch), "texts": texts, **raw,
+                                 "rpf": self._capo_rewards_per_func.double().cpu(),
                                  "table": list(self._logs["advantages"])[-out["completion_ids"].size(0):]})
             return out
 
@@ -151,7 +152,7 @@ def test_gdpo_with_the_rlcr_reward_alone_normalises_rlcrs_two_terms(tiny_model_d
 def test_gdpo_with_two_reward_functions_normalises_each_with_trls_weights(tiny_model_dir, tmp_path):
     """GDPO with two reward functions: one component per function (TRL's gathered rewards per function, unscored =
     0), combined with TRL's reward_weights; a weights hyperparameter given to capo wins over them."""
-    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
+    from capo.adapters.trl import CapoAdvantageConfig
     from capo.core import ADVANTAGES
 
     def digit(completions, completion_ids, **kwargs):  # a second reward, not a function of the first: the first
@@ -159,23 +160,14 @@ def test_gdpo_with_two_reward_functions_normalises_each_with_trls_weights(tiny_m
         assert len(completion_ids) == len(completions) and all(len(i) > 0 for i in completion_ids)
         return [int(m.group()) / 9 if (m := re.search(r"\d", c)) else 0.0 for c in completions]
 
-    class Rpf(CapoGRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            out = super()._generate_and_score_completions(inputs)
-            rpf, adv = self._capo_rewards_per_func.double().cpu(), out["advantages"].double().cpu()
-            self.seen = getattr(self, "seen", []) + [(rpf, adv, self.capo_last_batch["rewards"])]
-            return out
-
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     for hp, weights in [({}, [1.0, 0.5]), ({"weights": [0.2, 1.0]}, [0.2, 1.0])]:
-        tr = Rpf(model=tiny_model_dir, reward_funcs=[seven_reward, digit], processing_class=tok,
-                 args=_args(tmp_path / str(weights), reward_weights=[1.0, 0.5]), train_dataset=_dataset(),
-                 capo=CapoAdvantageConfig(estimator="gdpo", estimator_kwargs=hp, noise_mask=False))
+        cfg = CapoAdvantageConfig(estimator="gdpo", estimator_kwargs=hp, noise_mask=False)
+        tr = _trainer(tiny_model_dir, tmp_path / str(weights), cfg, reward=[seven_reward, digit],
+                      reward_weights=[1.0, 0.5])
         tr.train()
         differs = 0
-        for rpf, got, used in tr.seen:
+        for rec in tr.records:
+            rpf, got, used = rec["rpf"], rec["out"]["advantages"].double(), rec["batch"]["rewards"]
             rewards = (rpf * torch.tensor([1.0, 0.5], dtype=torch.float64)).nansum(1)
             torch.testing.assert_close(used, rewards, rtol=0, atol=1e-7)  # the reward the step read: TRL's weights
             want = ADVANTAGES.get("gdpo")(rewards, G, components=torch.nan_to_num(rpf), weights=weights)
