@@ -378,3 +378,60 @@ def test_between_calls_only_a_dead_idle_warm_worker_is_replaced():
     assert idle_dead.killed and not starting_dead.killed and not idle.killed
     assert p.workers[1:3] == [starting_dead, idle] and len(p.workers) == 4 and new == []
     assert p.failures == ["a verifier worker died while idle"] and p.n_killed == 1
+
+
+def test_kills_add_to_the_count_of_earlier_batches():
+    # ``n_killed`` counts every worker killed or found dead over the verifier's life: each path adds one
+    from capo.verify._pool import Pool, _Batch
+
+    p = Pool(2, timeout_s=3.0, memory_headroom_mb=None, startup_timeout_s=60.0)
+    p._start = lambda: _FakeWorker(ready=False)
+    p.n_killed = 5  # from earlier batches
+    dead = _FakeWorker()
+    dead.proc = type("Proc", (), {"poll": staticmethod(lambda: -9)})()
+    p.workers = [dead, _FakeWorker()]
+    p._fill()  # found dead while idle
+    assert p.n_killed == 6
+    p.workers = [_FakeWorker(gone=True), _FakeWorker()]
+    p._dispatch(_Batch([(_worker.stall_task, 0.0)], "timeout"))  # gone when given a task
+    assert p.n_killed == 7
+
+
+def test_two_items_past_the_hard_timeout_in_one_pass_kill_two_workers():
+    # both busy workers are over time at the same check: each item is on_timeout with its own elapsed time, each
+    # worker killed and replaced, and both kills counted
+    from capo.verify._pool import Pool, _Batch
+
+    p = Pool(3, timeout_s=3.0, memory_headroom_mb=None, startup_timeout_s=60.0)
+    fresh = [_FakeWorker(ready=False), _FakeWorker(ready=False)]
+    p._start = lambda: fresh.pop(0)
+    now = time.monotonic()
+    late0, late2, on_time = _FakeWorker(item=0), _FakeWorker(item=2), _FakeWorker(item=1)
+    late0.t_item, late2.t_item, on_time.t_item = now - 10.0, now - 5.0, now
+    p.workers = [late0, on_time, late2]
+    b = _Batch([(_worker.stall_task, 60.0)] * 3, "timeout")
+    p._enforce_deadlines(b)
+    assert b.results == ["timeout", None, "timeout"] and p.n_killed == 2
+    assert 10.0 <= b.elapsed[0] < 20.0 and 5.0 <= b.elapsed[2] < 15.0 and b.elapsed[1] == 0.0
+    assert late0.killed and late2.killed and not on_time.killed and fresh == []
+    assert p.workers[1] is on_time and all(not w.ready for w in (p.workers[0], p.workers[2]))
+
+
+def test_a_death_read_in_a_wait_does_not_hold_back_the_other_workers_replies():
+    # two workers readable after one wait: the first's output ended (it died mid-item), the second has its result.
+    # The death is handled (item requeued, worker replaced) and the result is taken in the same pass.
+    from capo.verify._pool import Pool, _Batch
+
+    p = Pool(2, timeout_s=3.0, memory_headroom_mb=None, startup_timeout_s=60.0)
+    fresh = _FakeWorker(ready=False)
+    p._start = lambda: fresh
+    died, answered = _FakeWorker(item=0), _FakeWorker(item=1)
+    died.replies, answered.replies = (lambda: None), (lambda: [{"result": "equal"}])
+    died.t_item = answered.t_item = time.monotonic()
+    p.workers = [died, answered]
+    b = _Batch([(_worker.stall_task, 0.0), (_worker.stall_task, 0.0)], "timeout")
+    b.pending.clear()  # both dispatched
+    p._collect(b, [died, answered])
+    assert b.results == [None, "equal"] and answered.item is None and list(b.pending) == [0] and b.tries == [1, 0]
+    assert died.killed and p.workers == [fresh, answered] and p.n_killed == 1
+    assert p.failures == ["a verifier worker died while judging stall_task"]
