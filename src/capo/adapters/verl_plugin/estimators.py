@@ -185,36 +185,41 @@ def _step_batch(ctx, verl_name: str, opts, token_level_rewards, response_mask, i
     return batch, rows
 
 
-def _make_estimator(verl_name: str):
+def _estimate(verl_name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+              config) -> torch.Tensor:
+    """The body of the verl estimator ``verl_name`` (:func:`_make_estimator`): [N, T] advantages."""
     core_name = ESTIMATORS[verl_name]
     engine = f"verl estimator {verl_name!r} (algorithm.capo)"
+    hp = _hparams(config)
+    opts = _options(hp, core_name, config)
+    check_estimator(core_name, hp, engine=engine)
+    ctx = current_batch()
+    if ctx is None and (needs_scores(core_name) or needed_data(core_name, reward=opts["reward"])
+                        or opts["noise_mask"]):
+        raise ConfigError(
+            f"verl estimator {verl_name!r} was called outside verl's compute_advantage, so it cannot see the "
+            "batch's old_log_probs/ref_log_prob: load the plugin through verl (entry point group verl.plugins, "
+            "VERL_USE_EXTERNAL_PLUGINS not 'none') or call capo.adapters.verl_plugin.register() before "
+            "importing verl.trainer.ppo.ray_trainer"
+        )
+    batch, rows = _step_batch(ctx, verl_name, opts, token_level_rewards, response_mask, index)
+    spec = StepSpec(core_name, hparams=hp, reward=opts["reward"],
+                    reward_kwargs={"format_failure_reward": opts["format_failure_reward"]},
+                    mask=ctx.run.mask(opts, engine) if opts["noise_mask"] else None, engine=engine, hints=_HINTS)
+    step = step_advantages(batch, spec)
+    if ctx is not None:
+        ctx.metrics.update(step.metrics)
+    out = torch.zeros(token_level_rewards.shape[0], dtype=step.result.advantages.dtype)
+    out[rows] = step.result.advantages
+    return out.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask  # [N, T]
 
+
+def _make_estimator(verl_name: str):
     def estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index=None, config=None,
                   **unused) -> tuple[torch.Tensor, torch.Tensor]:
         """capo core's advantage on verl's batch: [N, T] rewards and mask -> ([N, T] advantages, [N, T] returns).
         Padding rows (uid ``pad...``) get advantage 0 and take no part."""
-        hp = _hparams(config)
-        opts = _options(hp, core_name, config)
-        check_estimator(core_name, hp, engine=engine)
-        ctx = current_batch()
-        if ctx is None and (needs_scores(core_name) or needed_data(core_name, reward=opts["reward"])
-                            or opts["noise_mask"]):
-            raise ConfigError(
-                f"verl estimator {verl_name!r} was called outside verl's compute_advantage, so it cannot see the "
-                "batch's old_log_probs/ref_log_prob: load the plugin through verl (entry point group verl.plugins, "
-                "VERL_USE_EXTERNAL_PLUGINS not 'none') or call capo.adapters.verl_plugin.register() before "
-                "importing verl.trainer.ppo.ray_trainer"
-            )
-        batch, rows = _step_batch(ctx, verl_name, opts, token_level_rewards, response_mask, index)
-        spec = StepSpec(core_name, hparams=hp, reward=opts["reward"],
-                        reward_kwargs={"format_failure_reward": opts["format_failure_reward"]},
-                        mask=ctx.run.mask(opts, engine) if opts["noise_mask"] else None, engine=engine, hints=_HINTS)
-        step = step_advantages(batch, spec)
-        if ctx is not None:
-            ctx.metrics.update(step.metrics)
-        out = torch.zeros(token_level_rewards.shape[0], dtype=step.result.advantages.dtype)
-        out[rows] = step.result.advantages
-        advantages = out.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask  # [N, T]
+        advantages = _estimate(verl_name, token_level_rewards, response_mask, index, config)
         return advantages, advantages
 
     estimator.__capo_verl__ = True

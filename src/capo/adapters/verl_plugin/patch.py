@@ -56,32 +56,38 @@ def _mark(wrapper, original):
     return wrapper
 
 
+def _compute_advantage(original, data, adv_estimator, *args, **kwargs):
+    """verl's compute_advantage ``original``, with the batch (and the current run, or a run of this call) shown to
+    capo's estimators; the batch metrics go to ``meta_info["capo_metrics"]`` (the legacy trainer does not log
+    them)."""
+    name = _name(adv_estimator)
+    _check_name(name)
+    if name not in ESTIMATORS:
+        return original(data, adv_estimator, *args, **kwargs)
+    ctx, own = _V1_CALL.get(), False
+    if ctx is not None:  # inside the v1 trainer's advantage step: its context, its run
+        ctx.data = data
+    else:
+        run = CapoRun.current()
+        own = run is None  # outside any run (e.g. called by hand): a run of this call only
+        ctx = BatchContext(data, run=run or CapoRun(), temperature=data.meta_info.get("temperature"))
+    try:
+        with batch_context(ctx):
+            out = original(data, adv_estimator, *args, **kwargs)
+    finally:
+        if own:
+            ctx.run.close()
+    out.meta_info["capo_metrics"] = dict(ctx.metrics)
+    return out
+
+
 def _wrap(original):
-    """verl's compute_advantage, with the batch (and the current run, or a run of this call) shown to capo's
-    estimators; the batch metrics go to ``meta_info["capo_metrics"]`` (the legacy trainer does not log them)."""
+    """verl's compute_advantage wrapped by :func:`_compute_advantage`."""
     if getattr(original, "__capo_wrapped__", False):
         return original
 
     def compute_advantage(data, adv_estimator, *args, **kwargs):
-        name = _name(adv_estimator)
-        _check_name(name)
-        if name not in ESTIMATORS:
-            return original(data, adv_estimator, *args, **kwargs)
-        ctx, own = _V1_CALL.get(), False
-        if ctx is not None:  # inside the v1 trainer's advantage step: its context, its run
-            ctx.data = data
-        else:
-            run = CapoRun.current()
-            own = run is None  # outside any run (e.g. called by hand): a run of this call only
-            ctx = BatchContext(data, run=run or CapoRun(), temperature=data.meta_info.get("temperature"))
-        try:
-            with batch_context(ctx):
-                out = original(data, adv_estimator, *args, **kwargs)
-        finally:
-            if own:
-                ctx.run.close()
-        out.meta_info["capo_metrics"] = dict(ctx.metrics)
-        return out
+        return _compute_advantage(original, data, adv_estimator, *args, **kwargs)
 
     return _mark(compute_advantage, original)
 
@@ -109,26 +115,31 @@ def _v1_extra(extra_fields, key: str) -> list:
     return out
 
 
+def _v1_compute_advantage(original, self, batch, metrics):
+    """verl v1's ``PPOTrainer._compute_advantage`` ``original``: it reads only the tensors it needs from
+    TransferQueue, so the reward function's verdicts (``extra_fields``) are fetched here; the trainer owns the run;
+    the batch metrics join the step metrics."""
+    if _name(self.config.algorithm.adv_estimator) not in ESTIMATORS:
+        return original(self, batch, metrics)
+    tq = sys.modules[_TARGET_V1].tq
+    extra = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+    ctx = BatchContext(None, run=CapoRun.of(self), temperature=self.config.actor_rollout_ref.rollout.temperature,
+                       extra={k: _v1_extra(extra["extra_fields"], k) for k in REWARD_KEYS})
+    token = _V1_CALL.set(ctx)
+    try:
+        return original(self, batch, metrics)
+    finally:
+        _V1_CALL.reset(token)
+        metrics.update(ctx.metrics)
+
+
 def _wrap_v1(original):
-    """verl v1's ``PPOTrainer._compute_advantage``: it reads only the tensors it needs from TransferQueue, so the
-    reward function's verdicts (``extra_fields``) are fetched here; the trainer owns the run; the batch metrics
-    join the step metrics."""
+    """verl v1's ``PPOTrainer._compute_advantage`` wrapped by :func:`_v1_compute_advantage`."""
     if getattr(original, "__capo_wrapped__", False):
         return original
 
     def _compute_advantage(self, batch, metrics):
-        if _name(self.config.algorithm.adv_estimator) not in ESTIMATORS:
-            return original(self, batch, metrics)
-        tq = sys.modules[_TARGET_V1].tq
-        extra = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-        ctx = BatchContext(None, run=CapoRun.of(self), temperature=self.config.actor_rollout_ref.rollout.temperature,
-                           extra={k: _v1_extra(extra["extra_fields"], k) for k in REWARD_KEYS})
-        token = _V1_CALL.set(ctx)
-        try:
-            return original(self, batch, metrics)
-        finally:
-            _V1_CALL.reset(token)
-            metrics.update(ctx.metrics)
+        return _v1_compute_advantage(original, self, batch, metrics)
 
     return _mark(_compute_advantage, original)
 
