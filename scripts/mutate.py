@@ -5,7 +5,9 @@ Each module in ``MODULES`` is mutated in its own scratch copy of the repository 
 ``<workdir>/<module>``, a ``[tool.mutmut]`` section appended to the copied pyproject.toml), against only the test
 files that exercise it, so one module takes minutes rather than the whole suite per mutant (a module listed in
 ``FUNCTIONS`` is mutated in the functions named there only). mutmut then runs, for
-each mutant, only the tests that call the mutated function. The script prints a table of scores and writes each
+each mutant, only the tests that call the mutated function. A module listed in ``ENGINE_TESTS`` (the verl plugin) runs
+its survivors again in the engine's own environment (``.venv-verl``, created by ``scripts/engine-env.sh`` if missing,
+mutmut installed in it), against the tests that need the engine. The script prints a table of scores and writes each
 module's surviving mutants (with their diffs) to ``<out>/<module>.survivors.txt``.
 
     python scripts/mutate.py                       # every module (hours on 2 cores: docs/results.md,
@@ -133,6 +135,23 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
          "tests/adapters/test_trl_reference.py"],
         ["-k", "not two_processes"],
     ),
+    # the verl plugin's glue (the functions named in FUNCTIONS): the estimator body that builds capo's step inputs
+    # from verl's batch (groups from uids, padding rows, verdicts, log-probs, reward extras) and the compute_advantage
+    # wrappers that show the batch to it. Run here against the tests that call the estimator with a stand-in for
+    # verl's DataProto, then (ENGINE_TESTS) the survivors inside verl itself, in .venv-verl
+    "adapters.verl": (
+        ["src/capo/adapters/verl_plugin/estimators.py", "src/capo/adapters/verl_plugin/patch.py"],
+        ["tests/adapters/test_method_inputs.py", "tests/adapters/test_calib_paths.py"],
+        [],
+    ),
+}
+
+# modules whose tests also run in an engine's own environment (``sh scripts/engine-env.sh <engine>``, which pins
+# what capo's main environment cannot hold): the mutants the main run leaves alive are run again there, in a scratch
+# copy of their own, against these tests; a mutant either run detects is detected
+ENGINE_TESTS: dict[str, dict[str, tuple[list[str], list[str]]]] = {
+    "adapters.verl": {"verl": (["tests/adapters/test_verl.py", "tests/adapters/test_method_inputs.py",
+                                "tests/adapters/test_calib_paths.py"], [])},
 }
 
 # modules mutated in some functions only (mutmut mutant-name globs); the other functions of their files are not run
@@ -147,6 +166,13 @@ FUNCTIONS: dict[str, list[str]] = {
                                                                   "CorrectnessReward"))],
     "adapters.trl": ["capo.adapters.trl.xǁCapoGRPOTrainerǁ*", "capo.adapters.trl.xǁCapoAdvantageConfigǁ*",
                      "capo.adapters.trl.x_mask_thresholds__mutmut_*"],
+    # not _make_estimator, _wrap, _patch_module, register: they run once, when the plugin loads (at import, before
+    # mutmut selects a mutant); the per-call bodies they install are the functions below
+    "adapters.verl": [*(f"capo.adapters.verl_plugin.estimators.x_{f}__mutmut_*"
+                        for f in ("_hparams", "_options", "_padding_rows", "_grouped_rows", "_ctx_values", "_verdicts",
+                                  "_floats", "_check_temperature", "_log_probs", "_step_batch", "_estimate")),
+                      *(f"capo.adapters.verl_plugin.patch.x_{f}__mutmut_*"
+                        for f in ("_name", "_check_name", "_compute_advantage", "_v1_extra", "_v1_compute_advantage"))],
 }
 
 # mutmut stops a mutant's tests after (their estimated time + 1 s) x multiplier x 2 seconds (default multiplier 15):
@@ -179,14 +205,17 @@ def mutmut_section(files: list[str], tests: list[str], pytest_args: list[str],
     )
 
 
-def prepare(module: str, work: Path) -> Path:
-    """A scratch copy of src/ and tests/ with the module's mutmut configuration; returns its directory."""
+def prepare(module: str, work: Path, engine: str | None = None) -> Path:
+    """A scratch copy of src/ and tests/ with the module's mutmut configuration (with ``engine``: its tests in that
+    engine's environment, ``ENGINE_TESTS``); returns its directory."""
     files, tests, pytest_args = MODULES[module]
+    if engine is not None:
+        tests, pytest_args = ENGINE_TESTS[module][engine]
     missing = [t for t in tests if not (ROOT / t).is_file()]
     if missing:  # an older checkout (a "before" measurement): its own tests only
         print(f"{module}: test files not in this checkout, left out: {' '.join(missing)}", flush=True)
         tests = [t for t in tests if t not in missing]
-    d = work / module
+    d = work / (module if engine is None else f"{module}@{engine}")
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
@@ -196,6 +225,18 @@ def prepare(module: str, work: Path) -> Path:
     (d / "pyproject.toml").write_text(text + mutmut_section(files, tests, pytest_args,
                                                                 TIMEOUT_MULTIPLIER.get(module)))
     return d
+
+
+def engine_python(engine: str) -> str:
+    """The interpreter of the engine's environment, created if missing (``scripts/engine-env.sh``, idempotent), with
+    this environment's mutmut version installed in it."""
+    subprocess.run(["sh", str(ROOT / "scripts" / "engine-env.sh"), engine], check=True)
+    python = str(ROOT / f".venv-{engine}" / "bin" / "python")
+    if subprocess.call([python, "-c", "import mutmut"], stderr=subprocess.DEVNULL) != 0:
+        from importlib.metadata import version
+
+        subprocess.run([python, "-m", "pip", "install", "--quiet", f"mutmut=={version('mutmut')}"], check=True)
+    return python
 
 
 def statuses(d: Path) -> dict[str, str]:
@@ -220,36 +261,66 @@ def score(counts: dict) -> float:
     return detected / judged if judged else float("nan")
 
 
+def _mutmut(module: str, engine: str | None, names: list[str] | None, work: Path, out: Path,
+            max_children: int) -> tuple[int, dict[str, str], Path]:
+    """mutmut on the mutants ``names`` (all of the module's with an empty list; none with None) in a fresh scratch
+    copy, in the main environment or the engine's; returns its exit status, the statuses of the module's mutants
+    and the copy's directory."""
+    d = prepare(module, work, engine)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    rc = 0
+    if names is not None:
+        python = sys.executable if engine is None else engine_python(engine)
+        with (out / (f"{module}.log" if engine is None else f"{module}@{engine}.log")).open("w") as log:
+            rc = subprocess.call([python, "-m", "mutmut", "run", "--max-children", str(max_children), *names],
+                                 cwd=d, env=env, stdout=log, stderr=subprocess.STDOUT)
+    new = statuses(d)
+    if module in FUNCTIONS:
+        new = {n: st for n, st in new.items() if any(fnmatch.fnmatch(n, g) for g in FUNCTIONS[module])}
+    return rc, new, d
+
+
+def _engine_passes(module: str, status: dict[str, str], work: Path, out: Path, max_children: int) -> int:
+    """Run the mutants ``status`` holds alive (survived, no tests) again in each engine environment of the module
+    (``ENGINE_TESTS``); a mutant detected there is detected, one that survives there has tests. Updates ``status``,
+    returns the worst exit status."""
+    rc = 0
+    for engine in ENGINE_TESTS.get(module, {}):
+        alive = [n for n, st in status.items() if st in ("survived", "no tests")]
+        if not alive:
+            break
+        erc, new, _ = _mutmut(module, engine, alive, work, out, max_children)
+        rc = rc or erc
+        for n in alive:
+            st = new.get(n, "not checked")
+            if st in DETECTED or (st == "survived" and status[n] == "no tests"):
+                status[n] = st
+    return rc
+
+
 def run_module(module: str, work: Path, out: Path, max_children: int, rerun: bool, also: list[str] = ()) -> dict:
-    """Run mutmut on one module; with ``rerun``, only on the survivors recorded in ``<out>/<module>.json`` by an
-    earlier run on the same source (new tests can only kill more; the others keep their recorded status), on the
-    mutants that run never reached ("not checked": a stopped run resumes), and on the mutants matching the
-    globs ``also`` (a function whose source changed since the record: its mutants are judged afresh)."""
+    """Run mutmut on one module (and its survivors in the module's engine environments); with ``rerun``, only on the
+    survivors recorded in ``<out>/<module>.json`` by an earlier run on the same source (new tests can only kill
+    more; the others keep their recorded status), on the mutants that run never reached ("not checked": a stopped
+    run resumes), and on the mutants matching the globs ``also`` (a function whose source changed since the record:
+    its mutants are judged afresh)."""
     before = json.loads((out / f"{module}.json").read_text())["status"] if rerun else {}
     if rerun:
         before = {n: st for n, st in before.items() if not any(fnmatch.fnmatch(n, g) for g in also)}
     redo = ("survived", "no tests", "not checked")
     names = [n for n, st in before.items() if st in redo] + list(also) if rerun else FUNCTIONS.get(module, [])
-    d = prepare(module, work)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    mutmut = [sys.executable, "-m", "mutmut"]
     t0 = time.monotonic()
-    rc = 0
-    if names or not rerun:
-        with (out / f"{module}.log").open("w") as log:
-            rc = subprocess.call(mutmut + ["run", "--max-children", str(max_children), *names], cwd=d, env=env,
-                                 stdout=log, stderr=subprocess.STDOUT)
-    minutes = (time.monotonic() - t0) / 60
-    new = statuses(d)
-    if module in FUNCTIONS:
-        new = {n: st for n, st in new.items() if any(fnmatch.fnmatch(n, g) for g in FUNCTIONS[module])}
+    rc, new, d = _mutmut(module, None, names if names or not rerun else None, work, out, max_children)
     # a rerun that stopped early (a failed clean run, Ctrl-C) keeps the recorded status of what it did not check
     judged = [n for n in new if n in names or any(fnmatch.fnmatch(n, g) for g in also)]
     status = {**before, **{n: st for n in judged if (st := new[n]) != "not checked"}} if rerun else new
+    rc = rc or _engine_passes(module, status, work, out, max_children)
+    minutes = (time.monotonic() - t0) / 60
     survivors = [n for n, st in status.items() if st in ("survived", "no tests")]
     show = ("import sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
             "for n in sys.argv[1:]:\n    print(f'# {n}'); print(get_diff_for_mutant(n)); print()\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     with (out / f"{module}.survivors.txt").open("w") as f:  # one process for all diffs (`mutmut show` is slow)
         subprocess.run([sys.executable, "-c", show, *survivors], cwd=d, env=env, stdout=f, stderr=subprocess.STDOUT)
     res = {"module": module, "rc": rc, "minutes": minutes, "rerun": rerun, "counts": counts_of(status),
@@ -277,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m}\n  mutate: {' '.join(files)}\n  tests:  {' '.join(tests)}")
             if m in FUNCTIONS:
                 print(f"  only:   {' '.join(FUNCTIONS[m])}")
+            for engine, (tests, _) in ENGINE_TESTS.get(m, {}).items():
+                print(f"  then in .venv-{engine}, the survivors against: {' '.join(tests)}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -28,6 +28,12 @@ def test_every_module_names_existing_files_and_tests():
         assert section["only_mutate"] == files and section["pytest_add_cli_args_test_selection"] == tests
         assert section.get("timeout_multiplier") == m.TIMEOUT_MULTIPLIER.get(name)
     assert set(m.TIMEOUT_MULTIPLIER) <= set(m.MODULES)
+    engines = (ROOT / "scripts" / "engine-env.sh").read_text()
+    for name, by_engine in m.ENGINE_TESTS.items():
+        assert name in m.MODULES, name
+        for engine, (tests, _) in by_engine.items():
+            assert f"\n    {engine}) REQ=" in engines, f"{name}: scripts/engine-env.sh makes no {engine} environment"
+            assert tests and all((ROOT / t).is_file() for t in tests), f"{name}: {tests}"
 
 
 def test_the_issue_41_scope_is_configured():
