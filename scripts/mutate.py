@@ -141,7 +141,8 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     # verl's DataProto, then (ENGINE_TESTS) the survivors inside verl itself, in .venv-verl
     "adapters.verl": (
         ["src/capo/adapters/verl_plugin/estimators.py", "src/capo/adapters/verl_plugin/patch.py"],
-        ["tests/adapters/test_method_inputs.py", "tests/adapters/test_calib_paths.py"],
+        ["tests/adapters/test_verl_glue.py", "tests/adapters/test_method_inputs.py",
+         "tests/adapters/test_calib_paths.py"],
         [],
     ),
 }
@@ -151,8 +152,8 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
 # copy of their own, against these tests; a mutant either run detects is detected
 ENGINE_TESTS: dict[str, dict[str, tuple[list[str], list[str]]]] = {
     # the two tests of the example files (examples/verl, not in the scratch copy) judge nothing of the glue
-    "adapters.verl": {"verl": (["tests/adapters/test_verl.py", "tests/adapters/test_method_inputs.py",
-                                "tests/adapters/test_calib_paths.py"],
+    "adapters.verl": {"verl": (["tests/adapters/test_verl.py", "tests/adapters/test_verl_glue.py",
+                                "tests/adapters/test_method_inputs.py", "tests/adapters/test_calib_paths.py"],
                                ["-k", "not reward_file_loaded_by_path and not example_launch_script"])},
 }
 
