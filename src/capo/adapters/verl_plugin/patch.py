@@ -32,7 +32,8 @@ REWARD_KEYS = ("correct", "confidence", "format_ok", "pred")
 _TARGET = "verl.trainer.ppo.ray_trainer"
 _TARGET_V1 = "verl.trainer.ppo.v1.trainer_base"
 _lock = threading.Lock()
-# the v1 trainer's context of the advantage step under way (set by _wrap_v1 for the duration of one call)
+# the v1 trainer's context of the advantage step under way (set by _v1_compute_advantage for the duration of one
+# call)
 _V1_CALL: contextvars.ContextVar = contextvars.ContextVar("capo_verl_v1", default=None)
 
 
