@@ -264,20 +264,26 @@ def score(counts: dict) -> float:
     return detected / judged if judged else float("nan")
 
 
+def _env() -> dict[str, str]:
+    """The environment of mutmut and its helpers: offline, one thread, and no PYTHONPATH (the scratch copy's src/
+    must come first)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    return env
+
+
 def _mutmut(module: str, engine: str | None, names: list[str] | None, work: Path, out: Path,
             max_children: int) -> tuple[int, dict[str, str], Path]:
     """mutmut on the mutants ``names`` (all of the module's with an empty list; none with None) in a fresh scratch
     copy, in the main environment or the engine's; returns its exit status, the statuses of the module's mutants
     and the copy's directory."""
     d = prepare(module, work, engine)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     rc = 0
     if names is not None:
         python = sys.executable if engine is None else engine_python(engine)
-        with (out / (f"{module}.log" if engine is None else f"{module}@{engine}.log")).open("w") as log:
+        with (out / f"{d.name}.log").open("w") as log:  # <module>.log, or <module>@<engine>.log
             rc = subprocess.call([python, "-m", "mutmut", "run", "--max-children", str(max_children), *names],
-                                 cwd=d, env=env, stdout=log, stderr=subprocess.STDOUT)
+                                 cwd=d, env=_env(), stdout=log, stderr=subprocess.STDOUT)
     new = statuses(d)
     if module in FUNCTIONS:
         new = {n: st for n, st in new.items() if any(fnmatch.fnmatch(n, g) for g in FUNCTIONS[module])}
@@ -323,9 +329,8 @@ def run_module(module: str, work: Path, out: Path, max_children: int, rerun: boo
     survivors = [n for n, st in status.items() if st in ("survived", "no tests")]
     show = ("import sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
             "for n in sys.argv[1:]:\n    print(f'# {n}'); print(get_diff_for_mutant(n)); print()\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     with (out / f"{module}.survivors.txt").open("w") as f:  # one process for all diffs (`mutmut show` is slow)
-        subprocess.run([sys.executable, "-c", show, *survivors], cwd=d, env=env, stdout=f, stderr=subprocess.STDOUT)
+        subprocess.run([sys.executable, "-c", show, *survivors], cwd=d, env=_env(), stdout=f, stderr=subprocess.STDOUT)
     res = {"module": module, "rc": rc, "minutes": minutes, "rerun": rerun, "counts": counts_of(status),
            "status": status}
     (out / f"{module}.json").write_text(json.dumps(res, indent=1))

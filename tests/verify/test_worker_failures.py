@@ -314,9 +314,10 @@ def test_a_reply_split_across_reads_waits_for_its_newline():
 class _FakeWorker:
     """A stand-in for a worker process in the pool's bookkeeping tests (nothing is started)."""
 
-    def __init__(self, ready=True, item=None, gone=False):
+    def __init__(self, ready=True, item=None, gone=False, dead=False):
         self.ready, self.item, self.gone, self.sent, self.killed = ready, item, gone, [], False
-        self.proc = type("Proc", (), {"poll": staticmethod(lambda: None)})()  # alive
+        code = -9 if dead else None  # a process killed from outside, or one still running
+        self.proc = type("Proc", (), {"poll": staticmethod(lambda: code)})()
 
     def send(self, fn_name, args):
         if self.gone:
@@ -369,9 +370,7 @@ def test_between_calls_only_a_dead_idle_warm_worker_is_replaced():
     from capo.verify._pool import Pool
 
     p = Pool(4, timeout_s=3.0, memory_headroom_mb=None, startup_timeout_s=60.0)
-    idle_dead, starting_dead, idle = _FakeWorker(), _FakeWorker(ready=False), _FakeWorker()
-    for w in (idle_dead, starting_dead):
-        w.proc = type("Proc", (), {"poll": staticmethod(lambda: -9)})()
+    idle_dead, starting_dead, idle = _FakeWorker(dead=True), _FakeWorker(ready=False, dead=True), _FakeWorker()
     new = [_FakeWorker(ready=False), _FakeWorker(ready=False)]
     p.workers, p._start = [idle_dead, starting_dead, idle], lambda: new.pop(0)
     p._fill()
@@ -387,9 +386,7 @@ def test_kills_add_to_the_count_of_earlier_batches():
     p = Pool(2, timeout_s=3.0, memory_headroom_mb=None, startup_timeout_s=60.0)
     p._start = lambda: _FakeWorker(ready=False)
     p.n_killed = 5  # from earlier batches
-    dead = _FakeWorker()
-    dead.proc = type("Proc", (), {"poll": staticmethod(lambda: -9)})()
-    p.workers = [dead, _FakeWorker()]
+    p.workers = [_FakeWorker(dead=True), _FakeWorker()]
     p._fill()  # found dead while idle
     assert p.n_killed == 6
     p.workers = [_FakeWorker(gone=True), _FakeWorker()]
