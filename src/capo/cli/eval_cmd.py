@@ -97,12 +97,12 @@ def _extraction_settings(args) -> None:
 
 
 def _task_default(args, key: str, default):
-    """The default of an extraction setting for ``--dataset``: a generated task's own answer format when it needs
-    one (``stochastic``: percent), else ``default``."""
-    from capo.tasks.generated import GENERATED_TASKS
+    """The default of an extraction setting for ``--dataset``: the first of the answer formats the dataset needs
+    (``stochastic``: percent; ``facts``: short), else ``default``."""
+    from capo.tasks.datasets import required_answer_formats
 
-    task = GENERATED_TASKS.get(args.dataset) if not args.generations else None
-    return task.answer_format if key == "answer_format" and task and task.answer_format else default
+    needed = required_answer_formats(args.dataset) if not args.generations else None
+    return needed[0] if key == "answer_format" and needed else default
 
 
 def _default_out(args) -> Path:

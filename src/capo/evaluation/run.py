@@ -49,7 +49,7 @@ from capo.rollout.models import AUTOCAST_MODES
 from capo.rollout.types import Sample
 from capo.rundir import Progress, atomic_write_text, read_jsonl_rows, run_lock
 from capo.settings import opt
-from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS
+from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, required_answer_formats
 from capo.tasks.generated import GENERATED_TASKS
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, Verifier
 
@@ -166,10 +166,10 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--batch-size", f"must be an integer >= 1, got {s.batch_size!r}")
     if s.answer_format not in ANSWER_FORMATS:
         bad("--answer-format", f"{s.answer_format!r} is not allowed{did_you_mean(s.answer_format, ANSWER_FORMATS)}; allowed values: {', '.join(ANSWER_FORMATS)}")
-    needed = GENERATED_TASKS[s.dataset].answer_format if s.dataset in GENERATED_TASKS else None
-    if s.generations is None and needed is not None and s.answer_format != needed:
-        bad("--answer-format", f"the {s.dataset!r} task's responses are graded with {needed!r} (its default); got "
-            f"{s.answer_format!r}")
+    needed = required_answer_formats(s.dataset)
+    if s.generations is None and needed is not None and s.answer_format not in needed:
+        bad("--answer-format", f"the {s.dataset!r} task's responses are graded with {' or '.join(map(repr, needed))} "
+            f"(default {needed[0]!r}); got {s.answer_format!r}")
     if s.dataset_answer_format not in FILE_ANSWER_FORMATS:
         bad("--dataset-answer-format", f"{s.dataset_answer_format!r} is not allowed; allowed values: "
             f"{', '.join(FILE_ANSWER_FORMATS)}")

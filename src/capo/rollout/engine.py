@@ -78,7 +78,9 @@ def check_engine(name: str, model: str | None, *, flag: str = "--engine") -> Non
         raise ConfigError(f"{flag}=vllm cannot run the embedded default model: its head_dim is 24, which vLLM's CPU "
                           "attention rejects, and it is built in memory, not a model folder. Use --engine hf "
                           "(rollout.engine=hf), or give a Hugging Face model folder or Hub id")
-    if model is not None and Path(model).suffix == ".gguf":
+    from capo.rollout.models import resolve_model_spec
+
+    if model is not None and Path(resolve_model_spec(model)).suffix == ".gguf":
         raise ConfigError(f"{flag}=vllm needs a Hugging Face model folder or Hub id, not a GGUF file ({model}): "
                           "save it as a folder first (load it with capo.rollout.load_model and save_pretrained) "
                           "or use --engine hf")

@@ -20,7 +20,13 @@ states a confidence that the prediction is right, ``D NN`` (:func:`capo.verify.e
 digit D, ``correct`` = D equals the gold outcome, ``confidence`` = NN / 100 (the stated P(correct), RLCR's
 ``confidence``), ``format_ok`` = it parsed (an unparsed response is UNPARSABLE, never correct); no verifier call.
 
-For both formats ``Graded`` also carries the stochastic-outcome columns the per-question measures read
+With ``answer_format="short"`` / ``"rlcr_short"`` (facts, :mod:`capo.tasks.facts`) the answer is a short free text
+(the first line, or RLCR's ``<answer>`` tag) judged against the gold's ``|``-separated alternatives by normalised text
+match (:mod:`capo.verify.short`; no verifier call): ``correct`` = it matches, UNPARSABLE where the response gives no
+answer (a refusal, a long sentence, a cut one); ``confidence`` = RLCR's ``<confidence>`` (``rlcr_short``; NaN for
+``short``); ``format_ok`` = an answer was found (and, for ``rlcr_short``, RLCR's tags are well formed).
+
+For ``percent`` and ``outcome`` ``Graded`` also carries the stochastic-outcome columns the per-question measures read
 (:func:`capo.core.calibration.stochastic_summary`): ``outcome`` (the fixed outcome a), ``stated`` (the probability of
 a = 1 the response states: the percent, or NN / 100 for D = 1 and 1 - NN / 100 for D = 0) and, for ``outcome``,
 ``chosen`` (the predicted outcome D as 1.0 / 0.0).
@@ -35,6 +41,7 @@ import torch
 
 from capo.verify import (DEFAULT_ANSWER_FORMAT, RlcrParse, Verdict, Verifier, extract_answer, extract_outcome,
                          extract_percent, extract_rlcr)
+from capo.verify.short import SHORT_FORMATS, judge_short
 
 __all__ = ["Graded", "grade"]
 
@@ -68,6 +75,8 @@ def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, ans
         return _grade_stated(texts, golds, device)
     if answer_format == "outcome":
         return _grade_outcome(texts, golds, device)
+    if answer_format in SHORT_FORMATS:
+        return _grade_short(texts, golds, answer_format, device)
     parses = [extract_rlcr(t) for t in texts]
     answers = [extract_answer(t, answer_format, fallback_last_number=fallback_last_number) for t in texts]
     verdicts = verifier.verify_batch(answers, [str(g) for g in golds])
@@ -121,3 +130,18 @@ def _grade_outcome(texts: Sequence[str], golds: Sequence[str], device) -> Graded
                   torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device),
                   outcome=torch.tensor(outcome, dtype=torch.bool, device=device), stated=_nan_tensor(stated, torch.float64, device),
                   chosen=_nan_tensor([None if d is None else float(d == "1") for d in answers], torch.float64, device))
+
+
+def _grade_short(texts: Sequence[str], golds: Sequence[str], fmt: str, device) -> Graded:
+    """The ``short`` / ``rlcr_short`` formats: a short free-text answer against the gold's alternatives (module
+    docstring). No verifier call."""
+    answers = [extract_answer(t, fmt) for t in texts]
+    judged = [judge_short(a, str(g)) for a, g in zip(answers, golds)]
+    verdicts = [Verdict.UNPARSABLE if j is None else Verdict.CORRECT if j else Verdict.INCORRECT for j in judged]
+    tags = [extract_rlcr(t) if fmt == "rlcr_short" else RlcrParse(a, None, a is not None)
+            for t, a in zip(texts, answers)]
+    parses = [RlcrParse(a, p.confidence, p.format_ok and a is not None) for a, p in zip(answers, tags)]
+    return Graded(answers, verdicts, parses,
+                  torch.tensor([v == Verdict.CORRECT for v in verdicts], dtype=torch.bool, device=device),
+                  _nan_tensor([p.confidence for p in parses], torch.float32, device),
+                  torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device))

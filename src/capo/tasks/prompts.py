@@ -10,9 +10,15 @@ SYSTEM_RLCR = ("Solve the problem step by step inside <think></think>. Then give
                "your confidence that it is correct as a number between 0 and 1 in <confidence></confidence>.")
 
 
-def default_system(answer_format: str) -> str:
-    """The built-in system message for an answer format (RLCR tags, else ``\\boxed{}``)."""
-    return SYSTEM_RLCR if answer_format == "rlcr" else SYSTEM_BOXED
+SYSTEM_RLCR_SHORT = ("Answer the question inside <answer></answer>, then give your confidence that the answer is "
+                     "correct, a number between 0 and 1, inside <confidence></confidence>.")
+
+
+def default_system(answer_format: str) -> str | None:
+    """The built-in system message for an answer format: RLCR's tags (``rlcr``; ``rlcr_short``: around a short
+    answer), none for ``short`` (the chat template's own: the facts pilot's choice, docs/results.md), else
+    ``\\boxed{}``."""
+    return {"rlcr": SYSTEM_RLCR, "rlcr_short": SYSTEM_RLCR_SHORT, "short": None}.get(answer_format, SYSTEM_BOXED)
 
 
 def _bos(tokenizer) -> str:

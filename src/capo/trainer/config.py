@@ -329,13 +329,14 @@ SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)}
 
 
 def _task_answer_format(d) -> None:
-    """A generated task that needs its own answer format (``stochastic``: percent) is only trained with it."""
-    from capo.tasks.generated import GENERATED_TASKS
+    """A dataset graded with its own answer formats (``stochastic``: percent; ``facts``: short, rlcr_short) is only
+    trained with one of them."""
+    from capo.tasks.datasets import required_answer_formats
 
-    needed = GENERATED_TASKS[d.dataset].answer_format if d.dataset in GENERATED_TASKS else None
-    if needed is not None and d.answer_format != needed:
+    needed = required_answer_formats(d.dataset)
+    if needed is not None and d.answer_format not in needed:
         raise ConfigError(f"data.answer_format={d.answer_format!r}: the {d.dataset!r} task's responses are graded "
-                          f"with {needed!r}; set data.answer_format: {needed}")
+                          f"with {' or '.join(map(repr, needed))}; set data.answer_format: {needed[0]}")
 
 
 def _check_model(key: str, spec: str) -> None:

@@ -19,7 +19,7 @@ def load_problems(data, seed: int) -> tuple[list[Problem], list[Problem]]:
 
     kw = dict(prompt_field=data.prompt_field, answer_field=data.answer_field)
     builtin = datasets.BUILTIN_DATASETS.get(data.dataset)
-    if builtin is not None and "train" in builtin["local"]:
+    if data.dataset in datasets.CODE_DATASETS or (builtin is not None and "train" in builtin["local"]):
         train = datasets.load_problems(data.dataset, split="train", limit=data.n_train, **kw)
         held = datasets.load_problems(data.dataset, split="test", limit=data.n_eval, **kw)
         return train, held

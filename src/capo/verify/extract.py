@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from capo.verify.short import SHORT_FORMATS, extract_short
+
 __all__ = [
     "ANSWER_FORMATS",
     "RlcrParse",
@@ -236,7 +238,7 @@ def extract_outcome(text: str | None) -> tuple[str, str] | None:
     return None if m is None else (m.group(1), m.group(2))
 
 
-ANSWER_FORMATS = ("auto", "boxed", "gsm8k", "rlcr", "last_number", "percent", "outcome")
+ANSWER_FORMATS = ("auto", "boxed", "gsm8k", "rlcr", "last_number", "percent", "outcome", *SHORT_FORMATS)
 # The default of every answer-format setting (trainer, capo eval, graders, TRL/verl reward functions).
 DEFAULT_ANSWER_FORMAT = "auto"
 
@@ -246,7 +248,8 @@ def extract_answer(text: str | None, fmt: str = DEFAULT_ANSWER_FORMAT, *, fallba
 
     ``fmt``: ``"boxed"`` (last ``\\boxed{}``), ``"gsm8k"`` (``#### N``), ``"rlcr"`` (``<answer>`` tag),
     ``"last_number"``, ``"percent"`` (a stated probability 01-99, :func:`extract_percent`), ``"outcome"`` (the
-    predicted outcome of ``D NN``, :func:`extract_outcome`), or ``"auto"``: the RLCR ``<answer>`` tag if present, else the last box, else ``#### N``.
+    predicted outcome of ``D NN``, :func:`extract_outcome`), ``"short"`` (a short free-text answer, facts:
+    :func:`capo.verify.short.extract_short`), ``"rlcr_short"`` (the same inside RLCR's ``<answer>`` tag), or ``"auto"``: the RLCR ``<answer>`` tag if present, else the last box, else ``#### N``.
     With ``fallback_last_number`` the last number in the text is used when nothing else was found (the
     "flexible extract" of lm-eval's GSM8K task).
     """
@@ -268,6 +271,8 @@ def extract_answer(text: str | None, fmt: str = DEFAULT_ANSWER_FORMAT, *, fallba
     elif fmt == "outcome":
         parsed = extract_outcome(text)  # strict, as percent
         return None if parsed is None else parsed[0]
+    elif fmt in SHORT_FORMATS:  # strict, no number fallback: a refusal or a long sentence is no answer
+        return extract_short(text if fmt == "short" else extract_rlcr(text).answer)
     else:
         ans = extract_rlcr(text).answer
         if ans is None:
