@@ -191,8 +191,9 @@ def _eval_args(s, out: Path) -> list[str]:
     """``capo eval``'s arguments for the settings of :func:`eval_settings`."""
     return ["eval", "--model", s.model, "--dataset", s.dataset, "--split", s.split, "--limit", str(s.limit),
             "-k", str(s.k), "--temperature", str(s.temperature), "--max-new-tokens", str(s.max_new_tokens),
-            "--batch-size", str(s.batch_size), "--seed", str(s.seed), *([] if s.chat_template else ["--no-chat-template"]),
-            "--system-prompt", s.system_prompt, "--answer-format", s.answer_format, "--n-boot", str(s.n_boot),
+            "--batch-size", str(s.batch_size), "--seed", str(s.seed),
+            *([] if s.chat_template else ["--no-chat-template"]), "--system-prompt", s.system_prompt,
+            "--answer-format", s.answer_format, "--n-boot", str(s.n_boot),
             *([] if s.token_stats else ["--no-token-stats"]), "--autocast", s.autocast, "--out", str(out),
             "--no-progress"]
 
@@ -218,7 +219,8 @@ def run_dir_problem(job: Job, cfg: dict) -> str | None:
     else:
         return None
     now, then = flat_config(cfg, BOOKKEEPING), flat_config(then, BOOKKEEPING)
-    diff = [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(then)) if now.get(k) != then.get(k)]
+    diff = [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(then))
+            if now.get(k) != then.get(k)]
     diff += [f"eval.{k}: {then_eval.get(k)!r} -> {v!r}" for k, v in job.eval.items() if then_eval.get(k) != v]
     if not diff:
         return None

@@ -48,7 +48,7 @@ class Job:
 
     @property
     def settings(self) -> dict:
-        """What the settings hash is taken over (the base jobs' hash also covers ``base: true``), as a record keeps it."""
+        """What the settings hash is taken over (a base job's also covers ``base: true``), as a record keeps it."""
         return {"preset": self.preset, "overrides": self.overrides, "eval": self.eval}
 
     @property
