@@ -469,3 +469,109 @@ def test_a_finished_job_without_auc_mean_is_reported(capsys):
     fut.set_result({"wall_s": 60.0, "final": {"accuracy": 0.25, "auc_mean": 0.75}})
     assert _report_job(SimpleNamespace(name="capo-seed0"), fut, commit=False) == 0
     assert "done capo-seed0 in 1.0 min: accuracy 0.250 auc_mean 0.750" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_run_folder_trained_with_other_settings_is_refused_never_evaluated_as_this_job(tmp_path, capsys):
+    """Issue 52: a record is written only for a model trained with the record's settings. After a sweep ran, its run
+    folder (final checkpoint) is refused for (1) a job of another method or seed whose folder holds a copy of it
+    (with its settings mark, and without one, as a folder from before the mark or from `capo train` by hand), and
+    (2) the user's sequence: change optim.lr, see the record stale, delete it, run again -- which re-evaluated the
+    old model and recorded it under the new lr. Refused before anything runs: exit 2, the folder named, no record."""
+    import shutil
+
+    one = {**SPEC, "steps": 1, "methods": {"grpo": {"algo.name": "grpo"}}}
+    spec_path = _write(tmp_path, one)
+    assert _run(tmp_path, spec_path) == 0
+    runs, rec_dir = tmp_path / "runs" / "tiny", tmp_path / "records" / "tiny"
+    trained = runs / "grpo-seed3"
+    assert (trained / "checkpoints" / "step-000001").is_dir()
+    evaluated = (trained / "eval" / "metrics.json").read_bytes()
+    # (1) the same folder under another method's and another seed's name
+    shutil.copytree(trained, runs / "capo-seed3")
+    shutil.copytree(trained, runs / "grpo-seed4")
+    for copy in (runs / "capo-seed3", runs / "grpo-seed4"):  # killed after training, before its evaluation
+        shutil.rmtree(copy / "eval")
+        (copy / runner.RUN_RECORD).unlink()
+    (runs / "grpo-seed4" / runner.RUN_SETTINGS).unlink()  # no mark: its config.yaml is compared instead
+    capsys.readouterr()
+    assert _run(tmp_path, _write(tmp_path, {**one, "methods": SPEC["methods"], "seeds": [3, 4]})) == 2
+    err = capsys.readouterr().err
+    assert f"{runs / 'capo-seed3'} was trained with other settings" in err and "algo.name: 'grpo' -> 'capo'" in err
+    assert f"{runs / 'grpo-seed4'} was trained with other settings" in err and "run.seed: 3 -> 4" in err
+    assert sorted(p.name for p in rec_dir.iterdir()) == ["grpo-seed3.json"]  # nothing evaluated, nothing recorded
+    # (2) the learning rate changed after the run
+    new_lr = _write(tmp_path, {**one, "overrides": {**SPEC["overrides"], "optim.lr": 1e-4}})
+    assert _run(tmp_path, new_lr) == 0
+    assert "stale record" in capsys.readouterr().out
+    (rec_dir / "grpo-seed3.json").unlink()
+    assert _run(tmp_path, new_lr) == 2
+    err = capsys.readouterr().err
+    assert f"{trained} was trained with other settings (optim.lr: 0.0003 -> 0.0001)" in err
+    assert not (rec_dir / "grpo-seed3.json").exists()
+    assert (trained / "eval" / "metrics.json").read_bytes() == evaluated  # the old model was not evaluated again
+
+
+def test_the_run_folder_is_marked_with_its_settings_before_training_and_bookkeeping_may_change(tmp_path, monkeypatch):
+    """The settings mark is written before `capo train` starts (a run killed at step 1 carries it); a job whose
+    settings differ from the mark's only in bookkeeping knobs (save cadence, threads) resumes in that folder."""
+    job = spec.jobs(SPEC, tmp_path / "runs", tmp_path / "records")[0]
+    marks = []
+
+    def killed(args, log):
+        marks.append(json.loads((job.run_dir / runner.RUN_SETTINGS).read_text()))
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(runner, "_capo", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        runner.run_job(job)
+    assert marks[0]["settings_hash"] == job.settings_hash and marks[0]["config"]["rollout"]["group_size"] == 4
+    assert marks[0]["settings"] == {"preset": "default", "overrides": job.overrides, "eval": job.eval}
+    resumed = spec.jobs({**SPEC, "save_every": 5, "overrides": {**SPEC["overrides"], "run.threads": 2}},
+                        tmp_path / "runs", tmp_path / "records")[0]
+    assert resumed.settings_hash != job.settings_hash
+    with pytest.raises(RuntimeError, match="killed"):  # it trains (here: is killed again), not refused
+        runner.run_job(resumed)
+    assert marks[1] == marks[0]  # the mark keeps the settings the folder started with
+    other = spec.jobs({**SPEC, "overrides": {**SPEC["overrides"], "rollout.group_size": 2}}, tmp_path / "runs",
+                      tmp_path / "records")[0]
+    with pytest.raises(CapoError, match=r"rollout.group_size: 4 -> 2"):
+        runner.run_job(other)
+    assert len(marks) == 2
+
+
+def test_bookkeeping_knobs_do_not_make_a_record_stale(tmp_path):
+    """A record stays done when the spec changes only knobs that cannot change a result (records.FREE outside the
+    method and the seed: save cadence, threads, ...); any other change still makes it stale. The hash itself is
+    unchanged (committed records keep theirs)."""
+    j = spec.jobs(SPEC, tmp_path / "runs", tmp_path / "records")[0]
+    j.record.parent.mkdir(parents=True)
+    j.record.write_text(json.dumps({"settings_hash": j.settings_hash, "settings": {
+        "preset": j.preset, "overrides": j.overrides, "eval": j.eval}}))
+    free = spec.jobs({**SPEC, "save_every": 5, "overrides": {**SPEC["overrides"], "run.threads": 2,
+                                                             "optim.micro_batch_size": 4}},
+                     tmp_path / "runs", tmp_path / "records")[0]
+    assert free.settings_hash != j.settings_hash and spec.state(free) == "done"
+    for changed in ({"optim.lr": 1e-3}, {"algo.advantage_kwargs": {"tau": 0.5}}, {"rollout.temperature": 0.7}):
+        other = dict(SPEC, methods={"grpo": {**SPEC["methods"]["grpo"], **changed}})
+        assert spec.state(spec.jobs(other, tmp_path / "runs", tmp_path / "records")[0]) == "stale", changed
+
+
+def test_a_corrupt_record_is_reported_and_never_rewritten(tmp_path, capsys, monkeypatch):
+    """A truncated record (a kill mid-copy, a merge's conflict markers) is 'corrupt' under status, and run refuses
+    to start (exit 2) instead of training the job again and overwriting the file."""
+    spec_path = _write(tmp_path, SPEC)
+    job = spec.jobs(SPEC, tmp_path / "runs", tmp_path / "records")[0]
+    job.record.parent.mkdir(parents=True)
+    torn = '{"sweep": "tiny", "method": "grpo", "seed": 3, "settings_ha'
+    job.record.write_text(torn)
+    monkeypatch.setattr(runner, "_train_eval_record", lambda j: pytest.fail(f"{j.name} ran"))
+    assert spec.state(job) == "corrupt"
+    argv = [str(spec_path), "--runs-root", str(tmp_path / "runs"), "--records-root", str(tmp_path / "records")]
+    assert main(["sweep", "status", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["corrupt grpo-seed3", "todo   capo-seed3"]
+    assert f"{job.record}: corrupt record (not valid JSON" in err and "nothing was run" in err
+    assert _run(tmp_path, spec_path) == 2
+    assert f"{job.record}: corrupt record" in capsys.readouterr().err
+    assert job.record.read_text() == torn

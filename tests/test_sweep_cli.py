@@ -60,11 +60,13 @@ def test_committed_records_are_done_under_status_from_the_repository_root(name, 
     assert len(lines) == n_jobs and all(ln.startswith("done ") for ln in lines), lines
 
 
-def test_status_elsewhere_reads_that_directorys_records(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # no sweeps/records here: every job is still to run
+def test_status_elsewhere_reads_that_directorys_records_and_says_it_has_none(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no sweeps/records here: every job is still to run, and status says why
     assert main(["sweep", "status", str(ROOT / "sweeps" / "word_methods.yaml")]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    *lines, note = capsys.readouterr().out.splitlines()
     assert len(lines) == 27 and all(ln.startswith("todo ") for ln in lines)
+    assert note == (f"note: no records folder sweeps/records/word_methods in {tmp_path}: no job has a record here; "
+                    "run from the folder that holds the sweep's records (a repository's root) or pass --records-root")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -209,3 +211,29 @@ def test_the_report_of_the_binary_sweep_leads_with_the_predicted_outcome(tmp_pat
     d, n = np.array(ece["capo"]) - np.array(ece["grpo"]), len(seeds)
     half = stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / np.sqrt(n)
     assert f"| capo | answer_ece | {n} | {d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}] |" in md
+
+
+def test_a_spec_is_checked_whole_before_any_job_starts(tmp_path, monkeypatch, capsys):
+    """Every job's overrides through `capo train`'s config validation, its evaluation through `capo eval`'s, the
+    seeds, the output folders: all problems at once, exit 2, nothing run or written (it trained job after job and
+    failed each with its reason in its sweep.log; a --records-root that is a file failed after training)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner, "_capo", lambda *a: pytest.fail("a job started"))
+    body = {"name": "bad", "preset": "default", "steps": 2,
+            "methods": {"typo": {"algo.nmae": "grpo"}, "unknown": {"algo.name": "nosuch"}, "fine": {}},
+            "seeds": [-1, 2, 2], "eval": {"problems": 0}}
+    (tmp_path / "bad.yaml").write_text(json.dumps(body))
+    (tmp_path / "records").write_text("a file, not a folder")
+    for action in ("run", "status"):
+        assert main(["sweep", action, "bad.yaml", "--records-root", "records"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("capo sweep: error: bad.yaml: 6 problems, nothing was run:"), err
+        for message in ("typo-seed-1, typo-seed2: capo train: command line: unknown key algo.nmae (did you mean "
+                        "'name'?)",
+                        "unknown-seed-1, unknown-seed2: capo train: algo.name='nosuch' is not known",
+                        "fine-seed-1: capo train: run.seed must be >= 0, got -1",
+                        "fine-seed2: capo eval: eval.problems (--limit): must be an integer >= 1, got 0",
+                        "seeds: 2 given more than once",
+                        "--records-root records: not a directory"):
+            assert message in err, (message, err)
+    assert not (tmp_path / "runs").exists()

@@ -64,11 +64,17 @@ ACTIONS = {  # name -> (settings, help, description)
     "run": (SweepRunSettings, "run a sweep's jobs not done yet (resumable; one job per core)",
             "Train each (method, seed) job of SPEC with `capo train` (resuming from its last checkpoint), evaluate "
             "the final checkpoint with `capo eval` on the held-out split and write one small record per run. Jobs "
-            "whose record has their settings hash are skipped, so running it again continues a cut-off sweep; a job "
-            "another live process holds (RUN_DIR/sweep.lock) is skipped too. Exit 1 when a job failed."),
-    "status": (SweepStatusSettings, "list each job of a sweep as done, todo or stale",
-               "One line per job of SPEC: done (its record has the job's settings hash), todo (no record) or stale "
-               "(a record from other settings: the spec was edited; delete it to rerun)."),
+            "whose record has their settings are skipped, so running it again continues a cut-off sweep; a job "
+            "another live process holds (RUN_DIR/sweep.lock) is skipped too. Before any job starts, every job's "
+            "settings are checked as `capo train` and `capo eval` check them, with the seeds, the records, the run "
+            "folders (one trained with other settings is never resumed or evaluated as the job's) and the output "
+            "folders: any problem, all listed, exit 2 and nothing run. Exit 1 when a job failed."),
+    "status": (SweepStatusSettings, "list each job of a sweep as done, todo, stale or corrupt",
+               "One line per job of SPEC: done (its record has the job's settings; knobs that cannot change a result, "
+               "such as run.save_every or run.threads, may differ), todo (no record), stale (a record from other "
+               "settings: the spec was edited; delete it to rerun) or corrupt (a file that is no record: restore or "
+               "delete it); a note when the records folder does not exist here; then, exit 2, what would stop "
+               "`capo sweep run` (the checks it makes before any job starts)."),
     "report": (SweepReportSettings, "tables, power analysis and figures from a sweep's records",
                "Pair every method with --reference by training seed: mean difference, 95% t-interval over seeds, "
                "paired t-test p, Holm-adjusted p over the methods, the seeds needed for --effect at 80% power, the "
@@ -99,20 +105,36 @@ def run(ns) -> int:
     args = from_namespace(cls, ns)
     if ns.sweep_command == "report":
         return _report(args)
-    from capo.sweep.spec import jobs, load_spec, state
+    from capo.sweep.spec import jobs, load_spec
 
     spec = load_spec(Path(args.spec))
     all_jobs = jobs(spec, Path(args.runs_root), Path(args.records_root))
     if ns.sweep_command == "status":
-        for j in all_jobs:
-            print(f"{state(j):6} {j.name}")
-        return 0
+        return _status(spec, all_jobs, args)
     return _run(spec, all_jobs, args)
+
+
+def _status(spec: dict, all_jobs: list, args: SweepStatusSettings) -> int:
+    """One line per job, a note when the records folder does not exist here, then what would stop `run` (exit 2)."""
+    import os
+
+    from capo.sweep import preflight
+    from capo.sweep.spec import state
+
+    for j in all_jobs:
+        print(f"{state(j):6} {j.name}")
+    folder = Path(args.records_root) / spec["name"]
+    if not folder.exists():
+        print(f"note: no records folder {folder} in {os.getcwd()}: no job has a record here; run from the folder "
+              "that holds the sweep's records (a repository's root) or pass --records-root")
+    preflight.check(Path(args.spec), spec, all_jobs, Path(args.runs_root), Path(args.records_root))
+    return 0
 
 
 def _run(spec: dict, all_jobs: list, args: SweepRunSettings) -> int:
     import os
 
+    from capo.sweep import preflight
     from capo.sweep.runner import run_sweep
 
     n_jobs = args.jobs if args.jobs is not None else os.cpu_count() or 1
@@ -120,6 +142,7 @@ def _run(spec: dict, all_jobs: list, args: SweepRunSettings) -> int:
         raise ConfigError(f"--jobs must be >= 1, got {n_jobs}")
     if args.max_runs is not None and args.max_runs < 0:
         raise ConfigError(f"--max-runs must be >= 0, got {args.max_runs}")
+    preflight.check(Path(args.spec), spec, all_jobs, Path(args.runs_root), Path(args.records_root))
     return run_sweep(spec["name"], all_jobs, n_jobs, args.commit, args.max_runs)
 
 

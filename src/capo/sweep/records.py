@@ -8,23 +8,28 @@ import json
 from pathlib import Path
 
 from capo.errors import DataError
-from capo.sweep.spec import BASE
+from capo.sweep.spec import BASE, BOOKKEEPING
 
 # Settings that may differ between the records of one comparison: the method itself (every `algo.*` key), the seed,
-# and knobs that change neither the method nor the sampling distribution (where a run writes, how often it saves,
-# threads, the KV-cache layout and decoding loop, gradient-accumulation micro-batches, the extra step-0 evaluation, which leaves the
-# training untouched: tests/trainer). Everything else must be equal.
-FREE = ("algo", "run.seed", "run.out_dir", "run.save_every", "run.keep_checkpoints", "run.resume", "run.progress",
-        "run.threads", "run.eval_at_start", "rollout.kv_cache", "rollout.decode", "optim.micro_batch_size")
+# and the knobs that change neither the method nor the sampling distribution (:data:`capo.sweep.spec.BOOKKEEPING`:
+# where a run writes, how often it saves, threads, the KV-cache layout and decoding loop, gradient-accumulation
+# micro-batches, the extra step-0 evaluation). Everything else must be equal.
+FREE = ("algo", "run.seed", *BOOKKEEPING)
+
+
+def flat_config(config: dict, leave_out: tuple[str, ...] = (), sections: tuple[str, ...] | None = None) -> dict:
+    """A resolved training config as {"section.key": value}, sorted, without the keys (or whole sections) named in
+    ``leave_out``; only ``sections`` when given."""
+    flat = {f"{sec}.{k}": v for sec, body in (config or {}).items()
+            if isinstance(body, dict) and (sections is None or sec in sections) for k, v in body.items()}
+    return {k: v for k, v in sorted(flat.items()) if k not in leave_out and k.split(".")[0] not in leave_out}
 
 
 def comparable(rec: dict, sections: tuple[str, ...] | None = None) -> dict:
     """What must agree for records to enter one comparison: the preset, the final evaluation and every training
     setting of the record's config outside :data:`FREE` (only ``sections`` of the config when given), and the device
     it ran on (a GPU's sampling stream and float summation differ from a CPU's)."""
-    cfg = {f"{sec}.{k}": v for sec, body in (rec.get("config") or {}).items()
-           if isinstance(body, dict) and (sections is None or sec in sections) for k, v in body.items()}
-    cfg = {k: v for k, v in sorted(cfg.items()) if k not in FREE and k.split(".")[0] not in FREE}
+    cfg = flat_config(rec.get("config") or {}, FREE, sections)
     settings = rec.get("settings") or {}
     device = (rec.get("machine") or {}).get("device", "cpu")  # records before 2026-11-25 name none: all ran on a CPU
     return {"preset": settings.get("preset"), "eval": settings.get("eval"), "device": device, "config": cfg}

@@ -15,6 +15,12 @@ spec -- started to use another core, or by mistake -- skips the jobs another liv
 into the same folder; a lock left by a process that died is taken over. The record is also kept in the run folder
 (``RUN_DIR/record.json``): a process whose records folder lacks it (a second checkout sharing the runs root) copies
 that one, byte for byte, instead of evaluating the finished run again under its own name and wall time.
+
+A record is written only for a model trained with the record's settings: before ``capo train`` starts, the run folder
+is marked with the job's settings, their hash and the resolved training config (``RUN_DIR/settings.json``), and a
+folder started with other settings -- the same job before its spec was edited, or another method's or seed's
+checkpoints -- is refused (:func:`run_dir_problem`), never resumed or evaluated as this job's. A folder from before
+the mark is judged by the ``config.yaml`` its last ``capo train`` wrote.
 """
 
 from __future__ import annotations
@@ -28,13 +34,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from capo.sweep.spec import BASE, Job, state
+from capo.errors import DataError
+from capo.sweep.records import flat_config
+from capo.sweep.spec import BASE, BOOKKEEPING, Job, record_state, same_settings
 
 TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "train/masked_frac", "calib/auc_mean",
                 "calib/auroc", "calib/ece",
                 "policy/entropy", "policy/kl", "time/step")
 RUN_RECORD = "record.json"  # a finished run's record, kept in its run folder too (read by checkouts sharing the folder)
 LOCK = "sweep.lock"
+RUN_SETTINGS = "settings.json"  # the run folder's settings mark: the job's settings, their hash and resolved config
+EVAL_FLAGS = {"problems": "--limit", "k": "-k", "batch_size": "--batch-size", "seed": "--seed"}  # spec eval -> flag
 
 
 def _capo(args: list[str], log: Path) -> None:
@@ -92,7 +102,9 @@ def run_job(job: Job) -> dict | str:
     if holder is not None:
         return f"run by another sweep process ({holder})"
     try:
-        now = state(job)
+        now, why = record_state(job)
+        if now == "corrupt":
+            raise DataError(corrupt_record(job, why))
         if now != "todo":
             return f"finished by another sweep process ({now} record {job.record})"
         return _train_eval_record(job)
@@ -100,16 +112,26 @@ def run_job(job: Job) -> dict | str:
         (job.run_dir / LOCK).unlink(missing_ok=True)
 
 
+def corrupt_record(job: Job, why: str) -> str:
+    return (f"{job.record}: corrupt record ({why}); restore it (e.g. `git checkout -- {job.record}`) or delete it "
+            "to run the job again")
+
+
 def _train_eval_record(job: Job) -> dict:
     kept = job.run_dir / RUN_RECORD
     text = kept.read_text() if kept.exists() else ""
-    if text and _settings_hash_of(text) == job.settings_hash:  # finished by a process with another records folder
+    if text and _is_record_of(text, job):  # finished by a process with another records folder
         _write_record(job.record, text)
         return json.loads(text)
+    resolved = resolved_config(job)
+    problem = run_dir_problem(job, resolved)
+    if problem:
+        raise DataError(problem)
+    _mark(job, resolved)
     log = job.run_dir / "sweep.log"
     t0 = time.perf_counter()
     cfg, model = _train(job, log)
-    _capo(_eval_args(job, cfg, model), log)
+    _capo(_eval_args(eval_settings(job, cfg, model), job.run_dir / "eval"), log)
     record = build_record(job, cfg, time.perf_counter() - t0)
     text = json.dumps(record, separators=(",", ":")) + "\n"
     _write_record(kept, text)
@@ -117,32 +139,105 @@ def _train_eval_record(job: Job) -> dict:
     return record
 
 
+def train_flags(job: Job) -> dict[str, str]:
+    """The ``--SECTION.FIELD VALUE`` overrides ``capo train`` gets for the job (after ``--config PRESET``)."""
+    return {**{k: str(v) for k, v in job.overrides.items()}, "run.out_dir": str(job.run_dir), "run.progress": "false"}
+
+
+def resolved_config(job: Job) -> dict:
+    """The job's training config resolved and validated as ``capo train`` does (:class:`ConfigError` when it would
+    refuse it); a base job: the preset's with the spec's common overrides."""
+    from capo.trainer.config import load_config
+
+    flags = job.overrides if job.method == BASE else train_flags(job)
+    return json.loads(json.dumps(load_config(job.preset, flags).to_dict()))
+
+
+def final_model(job: Job, cfg: dict) -> str:
+    """The model the job's final evaluation reads: its last checkpoint, or a base job's initial model."""
+    if job.method == BASE:
+        return cfg["model"]["path"]
+    return str(job.run_dir / "checkpoints" / f"step-{cfg['run']['steps']:06d}")
+
+
 def _train(job: Job, log: Path) -> tuple[dict, str]:
     """Train the job's model with ``capo train`` (a base job: none, the preset's initial model with its settings
     resolved as ``capo train`` would); returns the resolved config and the model ``capo eval`` evaluates."""
     if job.method == BASE:
-        from capo.trainer.config import load_config
-
-        cfg = json.loads(json.dumps(load_config(job.preset, job.overrides).to_dict()))
-        return cfg, cfg["model"]["path"]
+        cfg = resolved_config(job)
+        return cfg, final_model(job, cfg)
     import yaml
 
-    flags = [x for k, v in job.overrides.items() for x in (f"--{k}", str(v))]
-    _capo(["train", "--config", job.preset, *flags, "--run.out_dir", str(job.run_dir), "--run.progress", "false"], log)
+    flags = [x for k, v in train_flags(job).items() for x in (f"--{k}", v)]
+    _capo(["train", "--config", job.preset, *flags], log)
     cfg = yaml.safe_load((job.run_dir / "config.yaml").read_text())
-    return cfg, str(job.run_dir / "checkpoints" / f"step-{cfg['run']['steps']:06d}")
+    return cfg, final_model(job, cfg)
 
 
-def _eval_args(job: Job, cfg: dict, model: str) -> list[str]:
-    """``capo eval``'s arguments for the job's final held-out evaluation, sampled as the run trained."""
+def eval_settings(job: Job, cfg: dict, model: str):
+    """The job's final held-out evaluation as ``capo eval`` settings (:class:`capo.evaluation.run.EvalSettings`),
+    sampled as the run trained, in the precision it trained in."""
+    from capo.evaluation.run import EvalSettings
+
     ev = job.eval
-    return ["eval", "--model", model, "--dataset", cfg["data"]["dataset"], "--split", "test",
-            "--limit", str(ev["problems"]), "-k", str(ev["k"]), "--temperature", str(cfg["rollout"]["temperature"]),
-            "--max-new-tokens", str(cfg["rollout"]["max_new_tokens"]), "--batch-size", str(ev["batch_size"]),
-            "--seed", str(ev["seed"]), "--no-chat-template", "--system-prompt", "",
-            "--answer-format", cfg["data"]["answer_format"], "--n-boot", "0", "--no-token-stats",
-            "--autocast", "on" if cfg["model"].get("autocast_bf16") else "off",  # the precision it trained in
-            "--out", str(job.run_dir / "eval"), "--no-progress"]
+    return EvalSettings(model=model, dataset=cfg["data"]["dataset"], split="test", limit=ev["problems"], k=ev["k"],
+                        temperature=cfg["rollout"]["temperature"], max_new_tokens=cfg["rollout"]["max_new_tokens"],
+                        batch_size=ev["batch_size"], seed=ev["seed"], chat_template=False, system_prompt="",
+                        answer_format=cfg["data"]["answer_format"], n_boot=0, token_stats=False,
+                        autocast="on" if cfg["model"].get("autocast_bf16") else "off")
+
+
+def _eval_args(s, out: Path) -> list[str]:
+    """``capo eval``'s arguments for the settings of :func:`eval_settings`."""
+    return ["eval", "--model", s.model, "--dataset", s.dataset, "--split", s.split, "--limit", str(s.limit),
+            "-k", str(s.k), "--temperature", str(s.temperature), "--max-new-tokens", str(s.max_new_tokens),
+            "--batch-size", str(s.batch_size), "--seed", str(s.seed),
+            *([] if s.chat_template else ["--no-chat-template"]), "--system-prompt", s.system_prompt,
+            "--answer-format", s.answer_format, "--n-boot", str(s.n_boot),
+            *([] if s.token_stats else ["--no-token-stats"]), "--autocast", s.autocast, "--out", str(out),
+            "--no-progress"]
+
+
+def run_dir_problem(job: Job, cfg: dict) -> str | None:
+    """Why the job must not train or evaluate in its run folder, or None (a new folder, or one started with this
+    job's settings up to :data:`BOOKKEEPING`): the folder's mark names another resolved training config or final
+    evaluation; a folder without a mark that holds training output is judged by its ``config.yaml``."""
+    d = job.run_dir
+    mark = d / RUN_SETTINGS
+    if mark.exists():
+        try:
+            stored = json.loads(mark.read_text())
+            then, then_eval = stored["config"], stored["settings"]["eval"]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+            return f"{mark}: unreadable settings mark ({e!r}); move or delete {d} to train the job anew"
+    elif (d / "config.yaml").exists():
+        import yaml
+
+        then, then_eval = yaml.safe_load((d / "config.yaml").read_text()), job.eval  # capo eval checks its own
+    elif (d / "checkpoints").exists() or (d / "metrics.jsonl").exists():
+        return f"{d} holds training output but no record of its settings; move or delete it to train the job anew"
+    else:
+        return None
+    now, then = flat_config(cfg, BOOKKEEPING), flat_config(then, BOOKKEEPING)
+    diff = [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(then))
+            if now.get(k) != then.get(k)]
+    diff += [f"eval.{k}: {then_eval.get(k)!r} -> {v!r}" for k, v in job.eval.items() if then_eval.get(k) != v]
+    if not diff:
+        return None
+    return (f"{d} was trained with other settings ({', '.join(diff)}); a record is written only for a model trained "
+            "with the job's settings: move or delete the folder to train the job anew")
+
+
+def _mark(job: Job, cfg: dict) -> None:
+    """Mark the run folder with the job's settings before anything is trained in it (kept when it exists: the
+    settings the folder was started with)."""
+    from capo.rundir import atomic_write_text
+
+    mark = job.run_dir / RUN_SETTINGS
+    if not mark.exists():
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        body = {"settings_hash": job.settings_hash, "settings": job.settings, "config": cfg}
+        atomic_write_text(mark, json.dumps(body, indent=1) + "\n")
 
 
 def _write_record(path: Path, text: str) -> None:
@@ -152,11 +247,12 @@ def _write_record(path: Path, text: str) -> None:
     atomic_write_text(path, text)
 
 
-def _settings_hash_of(text: str) -> str | None:
+def _is_record_of(text: str, job: Job) -> bool:
     try:
-        return json.loads(text).get("settings_hash")
+        rec = json.loads(text)
     except json.JSONDecodeError:
-        return None  # torn by a kill mid-write: not a record
+        return False  # torn by a kill mid-write: not a record
+    return isinstance(rec, dict) and same_settings(rec, job)
 
 
 def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
@@ -176,7 +272,7 @@ def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
             curves["eval"].append({"step": row["step"], **ev})
     return {"sweep": job.sweep, "method": job.method, "seed": job.seed, **({"draw": job.draw} if job.draw else {}),
             "settings_hash": job.settings_hash,
-            "settings": {"preset": job.preset, "overrides": job.overrides, "eval": job.eval}, "config": cfg,
+            "settings": job.settings, "config": cfg,
             "commit": code_commit(), "machine": machine(), "wall_s": round(wall_s, 1), "final": metrics,
             "curves": curves,
             "responses": responses}
@@ -232,10 +328,13 @@ def commit_record(job: Job) -> None:
 
 def run_sweep(name: str, all_jobs: list[Job], n_jobs: int, commit: bool, max_runs: int | None) -> int:
     """Run the jobs not done yet (at most ``max_runs``), ``n_jobs`` at a time; 1 when any failed, else 0."""
-    states = {j.name: state(j) for j in all_jobs}
+    found = {j.name: record_state(j) for j in all_jobs}
+    states = {name: st for name, (st, _) in found.items()}
     for j in all_jobs:
         if states[j.name] == "stale":
             print(f"stale record (settings changed since it was written; delete it to rerun): {j.record}")
+        elif states[j.name] == "corrupt":  # never rewritten: `capo sweep run` refuses to start (capo.sweep.preflight)
+            print(f"skipped {j.name}: {corrupt_record(j, found[j.name][1])}")
     todo = [j for j in all_jobs if states[j.name] == "todo"]
     todo = todo[:max_runs] if max_runs is not None else todo
     n_done = sum(s == "done" for s in states.values())

@@ -22,6 +22,13 @@ EVAL_DEFAULTS = {"problems": 100, "k": 8, "batch_size": 64, "seed": 0}
 BASE = "base"  # the job that evaluates the preset's initial model (spec `base: true`); no training, no seed
 SPEC_KEYS = ("name", "preset", "steps", "overrides", "methods", "seeds", "eval", "save_every", "description", "base")
 REQUIRED_KEYS = ("name", "preset", "methods", "seeds")
+# Knobs that change neither the method nor the sampling distribution, so no result: where a run writes, how often it
+# saves, threads, the KV-cache layout and decoding loop, gradient-accumulation micro-batches, the extra step-0
+# evaluation (which leaves the training untouched: tests/trainer). A record or run folder whose settings differ from a
+# job's only in these is the job's (:func:`same_settings`); records of one comparison may differ in them and in the
+# method and seed (:data:`capo.sweep.records.FREE`).
+BOOKKEEPING = ("run.out_dir", "run.save_every", "run.keep_checkpoints", "run.resume", "run.progress", "run.threads",
+               "run.eval_at_start", "rollout.kv_cache", "rollout.decode", "optim.micro_batch_size")
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,11 @@ class Job:
     record: Path
     settings_hash: str = field(default="")
     draw: int = 0  # a base job: which draw of the base evaluation (evaluation seed eval.seed + draw)
+
+    @property
+    def settings(self) -> dict:
+        """What the settings hash is taken over (a base job's also covers ``base: true``), as a record keeps it."""
+        return {"preset": self.preset, "overrides": self.overrides, "eval": self.eval}
 
     @property
     def name(self) -> str:
@@ -77,7 +89,8 @@ def _check_spec(path: Path, spec: dict) -> None:
         raise ConfigError(f"{path}: 'base' must be true, false or a number of draws >= 1, got {b!r}")
     if not isinstance(spec["methods"], dict) or not all(isinstance(v, dict) for v in spec["methods"].values()):
         raise ConfigError(f"{path}: 'methods' maps each method name to a dict of config overrides")
-    if not isinstance(spec["seeds"], list) or not all(isinstance(s, int) for s in spec["seeds"]):
+    if not isinstance(spec["seeds"], list) or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                      for s in spec["seeds"]):
         raise ConfigError(f"{path}: 'seeds' must be a list of integers")
     if not isinstance(spec.get("eval") or {}, dict):
         raise ConfigError(f"{path}: 'eval' maps {', '.join(EVAL_DEFAULTS)} to values")
@@ -106,19 +119,45 @@ def jobs(spec: dict, runs_root: Path, records_root: Path) -> list[Job]:
     for seed in spec["seeds"]:
         for method, m_over in spec["methods"].items():
             ov = {**(spec.get("overrides") or {}), **m_over, "run.seed": seed}
-            if spec.get("steps"):
+            if spec.get("steps") is not None:  # `steps: 0` is checked as run.steps, not the preset's silently
                 ov["run.steps"] = spec["steps"]
             ov["run.save_every"] = spec.get("save_every", 10)
             out.append(job(method, seed, ov))
     return out
 
 
+def same_settings(stored: dict, job: Job) -> bool:
+    """Whether a record (or a run folder's settings mark) belongs to ``job``: the same settings hash, or the same
+    settings once the :data:`BOOKKEEPING` overrides are left out (the hash covers them too; it is kept as it was so
+    that committed records keep theirs)."""
+    if stored.get("settings_hash") == job.settings_hash:
+        return True
+    return isinstance(stored.get("settings"), dict) and _outside_bookkeeping(stored["settings"]) == \
+        _outside_bookkeeping(job.settings)
+
+
+def _outside_bookkeeping(settings: dict) -> dict:
+    s = json.loads(json.dumps(settings))  # as a record stores it: tuples as lists
+    s["overrides"] = {k: v for k, v in (s.get("overrides") or {}).items() if k not in BOOKKEEPING}
+    return s
+
+
 def state(job: Job) -> str:
-    """'done' (record with this settings hash), 'stale' (record from other settings) or 'todo'."""
+    """'done' (a record with this job's settings, :func:`same_settings`), 'stale' (a record from other settings: the
+    spec was edited), 'corrupt' (a file that is no record: torn, a merge's conflict markers) or 'todo' (none)."""
+    return record_state(job)[0]
+
+
+def record_state(job: Job) -> tuple[str, str]:
+    """:func:`state` and, for a corrupt record, why."""
     if not job.record.exists():
-        return "todo"
+        return "todo", ""
     try:
         rec = json.loads(job.record.read_text())
-    except json.JSONDecodeError:
-        return "todo"
-    return "done" if rec.get("settings_hash") == job.settings_hash else "stale"
+    except OSError as e:
+        return "corrupt", f"unreadable: {e.strerror or e}"
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return "corrupt", f"not valid JSON: {e}"
+    if not isinstance(rec, dict) or "settings_hash" not in rec:
+        return "corrupt", "no settings_hash"
+    return ("done" if same_settings(rec, job) else "stale"), ""

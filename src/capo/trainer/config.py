@@ -307,7 +307,7 @@ class TrainConfig:
             raise ConfigError(f"optim.micro_batch_size={o.micro_batch_size} must be a multiple of rollout.group_size="
                               f"{r.group_size} that divides the mini-batch of {mb} responses")
         _at_least("run.steps", run.steps, 1)
-        for k in ("eval_every", "save_every", "threads"):
+        for k in ("seed", "eval_every", "save_every", "threads"):
             _at_least(f"run.{k}", getattr(run, k), 0)
         _at_least("run.eval_samples", run.eval_samples, 1)
         _choice("run.on_bad_sample", run.on_bad_sample, ("skip", "fail"))
