@@ -21,6 +21,8 @@ compiles: keep ``--warmup`` >= 1 with capo_vllm).
     python benchmarks/trl_vs_capo.py --size testbed --prompts word_problems --batch 16 --new-tokens 128
         # the reasoning testbed's shape: its architecture (6 layers, width 256), randomly initialised, ~290-token
         # word-problem prompts, 16 prompts x 8 samples x 128 tokens
+    python benchmarks/trl_vs_capo.py --size smollm2 --prompts facts --batch 16 --new-tokens 16 --precision bf16
+        # the facts task's shape on SmolLM2-135M-Instruct (16 prompts x 8 x 16 tokens, bf16 autocast)
     python benchmarks/trl_vs_capo.py --size tiny --what capo   # capo CAPO step vs GRPO step
     python benchmarks/trl_vs_capo.py --size tiny --what eval   # capo eval sampling vs plain model.generate
 
@@ -134,6 +136,10 @@ def write_data(assets: Path, prompts: str) -> Path:
 
         task = generated_task("word_problems")
         rows = [{"prompt": task.prompt(q), "answer": q.answer} for q in task.problems("train", b + 1, seed=0)]
+    elif prompts == "facts":  # the facts task's first B+1 training questions (capo.tasks.facts)
+        from capo.tasks.facts import facts_problems
+
+        rows = [{"prompt": q.prompt, "answer": q.answer.split("|")[0]} for q in facts_problems("train", b + 1)]
     else:  # the first B+1 GSM8K train problems (offline copy)
         from capo.tasks.datasets import load_problems
 
@@ -147,7 +153,7 @@ def capo_cfg(assets: Path, steps: int, precision: str, algo: str, prompts: str, 
     from capo.trainer.config import load_config
 
     o = {"model.path": str(assets / "model"), "model.autocast_bf16": precision == "bf16",
-         "model.chat_template": prompts == "gsm8k", "data.dataset": str(write_data(assets, prompts)), "data.n_eval": 1,
+         "model.chat_template": prompts in ("gsm8k", "facts"), "data.dataset": str(write_data(assets, prompts)), "data.n_eval": 1,
          "data.answer_format": "boxed", "data.system_prompt": "Answer in \\boxed{}.",
          "rollout.prompts_per_step": SHAPE.batch, "rollout.group_size": G, "rollout.max_new_tokens": SHAPE.new_tokens,
          "algo.name": algo, "optim.lr": 1e-6, "run.steps": steps, "run.resume": False, "run.progress": False,
@@ -386,7 +392,7 @@ def child(args) -> None:
     t0 = time.perf_counter()
     if args.engine == "capo":
         extra = (json.loads(args.extra) if args.extra else {}) | ({"optim.micro_batch_size": args.micro}
-                                                                   if args.micro else {})
+                                                                   if args.micro else {}) | {"model.attention": args.attention}
         r = run_capo(assets, args.steps, args.warmup, args.precision, args.algo, args.prompts, extra)
     elif args.engine == "trl":
         r = run_trl(assets, args.steps, args.warmup, args.precision, args.prompts, args.micro, args.trl_device)
@@ -400,7 +406,7 @@ def child(args) -> None:
 def add_shape_args(ap, reps: int, reps_help: str) -> None:
     """The flags of the benchmarks measured at the reasoning testbed's shape (rollout_bound.py, allocator.py)."""
     ap.add_argument("--size", choices=("tiny", "smollm2", "testbed"), default="testbed")
-    ap.add_argument("--prompts", choices=("arith", "gsm8k", "word_problems"), default="word_problems")
+    ap.add_argument("--prompts", choices=("arith", "gsm8k", "word_problems", "facts"), default="word_problems")
     ap.add_argument("--batch", type=int, default=16, help="B: prompts (G = 8 samples each)")
     ap.add_argument("--new-tokens", type=int, default=128, help="T: new tokens per response")
     ap.add_argument("--reps", type=int, default=reps, help=reps_help)
@@ -422,7 +428,8 @@ def spawn(args, engine: str, python: str = sys.executable, **kw) -> dict:
            "--warmup", str(args.warmup), "--precision", kw.get("precision", args.precision),
            "--threads", str(args.threads), "--algo", kw.get("algo", "grpo"), "--extra", kw.get("extra", ""),
            "--prompts", args.prompts, "--micro", str(args.micro), "--batch", str(args.batch),
-           "--new-tokens", str(args.new_tokens), "--allocator", args.allocator, "--trl-device", args.trl_device]
+           "--new-tokens", str(args.new_tokens), "--allocator", args.allocator, "--trl-device", args.trl_device,
+           "--attention", kw.get("attention", args.attention)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=child_env(args.threads))
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not line:
@@ -474,10 +481,15 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=2, help="interleaved runs per engine")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--prompts", choices=("arith", "gsm8k", "word_problems"), default="arith",
+    ap.add_argument("--prompts", choices=("arith", "gsm8k", "word_problems", "facts"), default="arith",
                     help="arith: 8 short arithmetic questions, plain text; gsm8k: the first B GSM8K train problems "
                          "(offline copy), in the tokenizer's chat template when it has one; word_problems: B of the "
-                         "reasoning testbed's training problems")
+                         "reasoning testbed's training problems; facts: the first B facts training questions "
+                         "(capo.tasks.facts), in the chat template")
+    ap.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
+                    help="capo's model.attention (the log-prob forwards' attention; TRL keeps its own)")
+    ap.add_argument("--attentions", nargs="+", choices=("sdpa", "eager"), default=None,
+                    help="--what capo/step: run every capo variant once per attention (a lever's A/B in one run)")
     ap.add_argument("--batch", type=int, default=8, help="B: prompts per step (G = 8 samples each; --what step/capo)")
     ap.add_argument("--new-tokens", type=int, default=64, help="T: new tokens per response (--what step/capo)")
     ap.add_argument("--micro", type=int, default=0, choices=(0, 8, 16, 32),
@@ -531,6 +543,11 @@ def main() -> None:
         engine = {k: "capo" for k in variants}
     else:
         variants, engine = step_variants(args.variants, noshare, vllm_py)
+    for att in (args.attentions or [])[1:]:  # the first is every variant's own (--attention); the others add runs
+        for k in [k for k in variants if engine[k] == "capo"]:
+            variants[f"{k}@{att}"], engine[f"{k}@{att}"] = {**variants[k], "attention": att}, "capo"
+    if args.attentions:
+        args.attention = args.attentions[0]
     res: dict[str, list[dict]] = {k: [] for k in variants}
     for _ in range(args.reps):
         for k, kw in variants.items():
@@ -552,6 +569,10 @@ def main() -> None:
               f"{args.precision} matmul peak | peak RSS {max(r['peak_rss_gib'] for r in v):.2f} GiB")
     print(f"prompt length {next(iter(res.values()))[0]['prompt_len']} tokens (padded), "
           f"{SHAPE.n} x {SHAPE.new_tokens} new tokens")
+    for k in (k for k in res if "@" in k):
+        base = k.split("@")[0]
+        print(f"RATIO {base} (attention {args.attention}) / {k}: CPU {cmed[base] / cmed[k]:.2f}x, update CPU "
+              f"{statistics.median(r['cpu_update'] for r in res[base]) / statistics.median(r['cpu_update'] for r in res[k]):.2f}x")
     if args.what == "step":
         print_step_ratios(res, med, cmed)
     else:

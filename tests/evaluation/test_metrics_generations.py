@@ -378,3 +378,27 @@ def test_perplexity_consistency_counts_identical_texts_once():
     m = compute_metrics(rows, n_boot=0)["metrics"]
     assert m["perplexity_consistency"] == 1.0
     assert m["majority_vote"] == 0.5  # p: class 0 has 3 of 5 votes (wrong); q: 1-1 tie, first occurrence (right)
+
+
+def test_metrics_by_group_are_each_groups_own_summary():
+    """Rows with a ``group`` (facts: the relation) get one summary per group, equal to the metrics of that group's
+    rows alone; rows without one give no breakdown."""
+    rows = rows_fixture()
+    assert compute_metrics(rows, n_boot=0)["curves"]["by_group"] == {}
+    for r in rows:
+        r["group"] = "x" if r["prompt_id"] == "a" else "y"
+    by = compute_metrics(rows, n_boot=0)["curves"]["by_group"]
+    assert list(by) == ["x", "y"]
+    # group x = prompt a alone: AUC-mean 3/4 (hand-computed above), accuracy 2/4
+    assert by["x"]["accuracy"] == pytest.approx(0.5) and by["x"]["auc_mean"] == pytest.approx(0.75)
+    assert by["x"]["n_groups"] == 1 and by["x"]["n"] == 4
+    # group y = prompts b and c: b's AUC 1, c has no correct answer (excluded); accuracy 1/8
+    assert by["y"]["accuracy"] == pytest.approx(1 / 8) and by["y"]["auc_mean"] == pytest.approx(1.0)
+    assert by["y"]["auc_mean_groups"] == 1 and by["y"]["n_groups"] == 2
+    y = [r for r in rows if r["group"] == "y"]
+    lpm = torch.tensor([r["mean_logprob"] for r in y], dtype=torch.float64)
+    c = torch.tensor([r["verdict"] == "correct" for r in y])
+    assert by["y"]["ece"] == pytest.approx(cal.ece(torch.exp(lpm), c))
+    assert by["y"]["auroc"] == pytest.approx(cal.auroc(lpm, c))
+    whole = compute_metrics([r for r in rows if r["group"] == "y"], n_boot=0)["metrics"]
+    assert by["y"]["ece"] == pytest.approx(whole["ece"]) and by["y"]["brier"] == pytest.approx(whole["brier"])

@@ -50,9 +50,13 @@ def batch(tok, group_sizes=(3, 2, 4, 1), t=9, seed=0):
     return enc["input_ids"][rows], enc["attention_mask"][rows], resp, mask
 
 
+@pytest.mark.parametrize("attention_impl", [None, "eager"])
 @pytest.mark.parametrize("share", [False, True])
-def test_token_logprobs_and_gradients_equal_oracle(model_tok, share):
+def test_token_logprobs_and_gradients_equal_oracle(model_tok, share, attention_impl):
+    """The oracle runs the model's own attention (SDPA); ``model.attention: eager`` must give the same numbers and
+    leave the model's attention as it was."""
     model, tok = model_tok
+    assert model.config._attn_implementation == "sdpa"
     pi, pm, ri, rm = batch(tok)
     w = torch.randn(ri.shape, generator=torch.Generator().manual_seed(1))  # arbitrary upstream gradient
 
@@ -62,7 +66,9 @@ def test_token_logprobs_and_gradients_equal_oracle(model_tok, share):
     g_ref = {k: p.grad.clone() for k, p in model.named_parameters()}
 
     model.zero_grad()
-    lp, ent = token_logprobs(model, pi, pm, ri, rm, with_entropy=True, share_prefix=share)
+    lp, ent = token_logprobs(model, pi, pm, ri, rm, with_entropy=True, share_prefix=share,
+                             attention_impl=attention_impl)
+    assert model.config._attn_implementation == "sdpa"
     (lp * rm * w).sum().backward()
     torch.testing.assert_close(lp * rm, ref, rtol=0, atol=2e-6)
     assert torch.isfinite(ent).all() and (ent * rm).min() >= 0
@@ -355,3 +361,29 @@ def test_cache_names_on_either_side_of_the_rename():
     OldOut = dataclasses.make_dataclass("OldOut", ["last_hidden_state", "past_key_values"])
     assert output_cache(NewOut(0, "c")) == "c" and output_cache(OldOut(0, "p")) == "p"
     assert output_cache(object()) is None  # no cache field at all: the caller runs its plain forward
+
+
+def test_eager_attention_runs_eager_and_is_restored(model_tok, monkeypatch):
+    """``attention_impl="eager"`` really switches the log-prob forward to transformers' eager attention (counted),
+    restores SDPA even when the forward raises, and refuses an unknown implementation."""
+    import transformers.models.qwen2.modeling_qwen2 as qwen2
+
+    from capo.rollout.logprobs import attention
+
+    model, tok = model_tok
+    pi, pm, ri, rm = batch(tok)
+    calls = []
+    real = qwen2.eager_attention_forward
+    monkeypatch.setattr(qwen2, "eager_attention_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        token_logprobs(model, pi, pm, ri, rm)
+        assert calls == []
+        token_logprobs(model, pi, pm, ri, rm, attention_impl="eager")
+    assert len(calls) >= model.config.num_hidden_layers and model.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError, match="boom"), attention(model, "eager"):
+        assert model.config._attn_implementation == "eager"
+        raise RuntimeError("boom")
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="attention 'flash' is not allowed; allowed values: sdpa, eager"):
+        with attention(model, "flash"):
+            pass

@@ -64,8 +64,24 @@ def run(args) -> int:
         print(f"  frequency of the predicted outcome 1, per question ({int(m['answer_questions'] or 0)}): ECE "
               f"{f('answer_ece')}  mean |f - p_c| {f('answer_rate_error')}  AUROC {f('answer_auroc')}; verbal "
               f"confidence ECE {f('verbal_ece')}")
+    _print_groups(out)
     print(f"  report: {out / 'report.html'}")
     return 0
+
+
+def _print_groups(out: Path) -> None:
+    """One line per question category (``by_group`` of metrics.json; facts: the relation), when there are any."""
+    try:
+        groups = json.loads((out / "metrics.json").read_text())["curves"].get("by_group") or {}
+    except (OSError, KeyError, json.JSONDecodeError):
+        return
+    for name, g in groups.items():
+        def f(key):
+            return "n/a" if g.get(key) is None else f"{g[key]:.3f}"
+
+        print(f"  {name:16s} {int(g['n_groups'])} prompts: accuracy {f('accuracy')}  AUC-mean {f('auc_mean')} "
+              f"({int(g['auc_mean_groups'] or 0)})  AUROC {f('auroc')}  ECE {f('ece')}"
+              + (f"  verbal ECE {f('verbal_ece')}" if "verbal_ece" in g else ""))
 
 
 # how answers are extracted from a response; recorded in a run's config.json and reused when its generations are

@@ -231,6 +231,21 @@ def _stochastic(rows: list[dict], cols: _Columns, n_bins: int) -> tuple[dict, di
     return metrics, curves
 
 
+def by_group(rows: list[dict], cols: _Columns, n_bins: int) -> dict:
+    """The calibration summary (:func:`capo.core.calibration.summarize`: accuracy, AUC-mean of lpm and the questions
+    it used, pooled AUROC, ECE / Brier of exp(lpm), verbal metrics when stated) of the rows of each ``group`` (a
+    question's category, e.g. the facts task's relation), sorted by group; {} when no row has one. Non-finite values
+    as None."""
+    names = sorted({str(r["group"]) for r in rows if r.get("group") is not None})
+    out = {}
+    for name in names:
+        idx = torch.tensor([i for i, r in enumerate(rows) if r.get("group") is not None and str(r["group"]) == name])
+        summary = cal.summarize(cols.lpm[idx], cols.c[idx], cols.g[idx],
+                                verbal_conf=cols.verbal[idx] if cols.has_verbal else None, n_bins=n_bins)
+        out[name] = {k: _finite(v) for k, v in summary.items()}
+    return out
+
+
 def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, seed: int = 0,
                     keep_fraction: float = voting.KEEP_FRACTION, conf_knobs: dict | None = None) -> dict:
     """Metrics of a complete set of generation rows.
@@ -260,6 +275,7 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
         rows, group_ids=cols.g, correct=cols.c, answer_ids=cols.aids, verbal=cols.verbal if cols.has_verbal else None,
         knobs=conf_knobs, keep_fraction=keep_fraction, n_bins=n_bins, n_boot=n_boot, seed=seed)
     curves["estimators_unavailable"] = unavailable_estimators(rows, cols.has_verbal)
+    curves["by_group"] = by_group(rows, cols, n_bins)
     return {"metrics": {k: _finite(v) for k, v in m.items()}, "curves": curves}
 
 

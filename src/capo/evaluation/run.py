@@ -207,16 +207,18 @@ def _json_default(o):
 # ------------------------------------------------------------------------------------------------ rows
 def make_row(*, prompt_id: str, prompt_idx: int, sample_idx: int, prompt: str, gold: str, text: str, graded: Graded,
              i: int, n_tokens: int, sum_logprob: float, mean_logprob: float | None, finish_reason: str | None,
-             token_fields: dict | None = None, rate: float | None = None) -> dict:
+             token_fields: dict | None = None, rate: float | None = None, group: str | None = None) -> dict:
     """One generations.jsonl row: response ``i`` of ``graded`` (schema: docs/generations-schema.md).
     ``token_fields``: the optional per-token lists (``token_logprobs``, ``token_entropy``, ...); ``rate``: the
-    question's true rate when its outcome is stochastic (the ``stochastic`` task), written only then."""
+    question's true rate when its outcome is stochastic (the ``stochastic`` task), written only then; ``group``: the
+    question's category (``Problem.meta["group"]``, facts: its relation), written only when set."""
     rl = graded.parses[i]
     return {
         "prompt_id": prompt_id, "prompt_idx": prompt_idx, "sample_idx": sample_idx, "prompt": prompt, "gold": gold,
         "text": text, "answer": graded.answers[i], "verdict": graded.verdicts[i].value, "n_tokens": n_tokens,
         "mean_logprob": mean_logprob, "sum_logprob": sum_logprob, "confidence": rl.confidence,
         "format_ok": rl.format_ok, "finish_reason": finish_reason, **({} if rate is None else {"rate": rate}),
+        **({} if group is None else {"group": group}),
         **_stochastic_fields(graded, i), **(token_fields or {}),
     }
 
@@ -433,6 +435,7 @@ def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, 
                                gold=batch[i].answer, text=smp.text, graded=g, i=m, n_tokens=smp.n_tokens,
                                sum_logprob=smp.sum_logprob, mean_logprob=smp.mean_logprob,
                                finish_reason=smp.finish_reason, rate=batch[i].meta.get("rate"),
+                               group=batch[i].meta.get("group"),
                                token_fields=_token_fields(smp) if s.token_stats else None)
                 lines.append(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
             _append_lines(f, lines)

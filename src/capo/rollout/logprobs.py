@@ -10,12 +10,39 @@ distinct prompt once (:func:`capo.rollout.prefix.shared_prefix`). Other models t
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from capo.rollout.prefix import position_ids as _position_ids
 from capo.rollout.prefix import cache_kwarg, shared_prefix
 
-__all__ = ["LOGPROB_TILE_TOKENS", "token_logprobs"]
+__all__ = ["ATTENTIONS", "LOGPROB_TILE_TOKENS", "attention", "token_logprobs"]
+
+# transformers' attention implementations a log-prob forward may run with (``model.attention``): on the CPU, at short
+# responses on a shared prefix (the facts task's 16 prompts x 8 x 16 tokens), SDPA's flash kernel spends more in its
+# backward than the eager matmuls (docs/results.md, "Facts: the step"); rollouts keep the model's own (SDPA).
+ATTENTIONS = ("sdpa", "eager")
+
+
+@contextmanager
+def attention(model, impl: str | None):
+    """Within the block, ``model`` (or the model a DDP wrapper holds) runs transformers' attention ``impl`` (one of
+    :data:`ATTENTIONS`); the implementation it had is restored on exit. None, or the one it has: unchanged. The
+    autograd graph keeps the ops that ran, so a backward after the block differentiates ``impl``."""
+    base = getattr(model, "module", model)
+    cfg = getattr(base, "config", None)
+    old = getattr(cfg, "_attn_implementation", None)
+    if impl is None or old is None or old == impl:
+        yield
+        return
+    if impl not in ATTENTIONS:
+        raise ValueError(f"attention {impl!r} is not allowed; allowed values: {', '.join(ATTENTIONS)}")
+    base.set_attn_implementation(impl)
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(old)
 
 # Architectures whose logits are exactly ``lm_head(backbone(x))`` (no soft-capping or logit scale): for these the
 # log-probs are computed by :class:`_TiledLogprobs` from the backbone's hidden states without materialising [N, T, V].
@@ -98,7 +125,7 @@ def _plain_head(model):
 
 
 def token_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, *, autocast_bf16: bool = False,
-                   with_entropy: bool = False, share_prefix: bool = True):
+                   with_entropy: bool = False, share_prefix: bool = True, attention_impl: str | None = None):
     """Log-probs of the response tokens under ``model`` by one forward pass over prompt + response.
 
     Shapes: prompt_* [N, P], response_* [N, T] -> logp [N, T] (float32), and entropy [N, T] of the next-token
@@ -109,13 +136,15 @@ def token_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, 
     ``share_prefix`` (plain-head architectures, unwrapped models): rows with the same prompt (the G responses of a
     group) run the prompt once; its keys/values, kept in the autograd graph, are copied to the rows and only the
     responses are run (exact up to floating-point summation order: the copy's backward sums the rows' gradients).
+    ``attention_impl``: run the forward with this attention implementation (:func:`attention`); None: the model's.
     """
     n, t_full = response_ids.shape
     t = int(response_mask.sum(-1).max()) if n and t_full else 0  # longest real response
     if t < t_full:
         response_ids, response_mask = response_ids[:, :t], response_mask[:, :t]
-    logp, entropy = _token_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, autocast_bf16,
-                                   share_prefix)
+    with attention(model, attention_impl):
+        logp, entropy = _token_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, autocast_bf16,
+                                       share_prefix)
     if t < t_full:
         logp = torch.nn.functional.pad(logp, (0, t_full - t))
         entropy = torch.nn.functional.pad(entropy, (0, t_full - t))

@@ -86,8 +86,9 @@ ELEMENT_ALIASES = {"aluminum": ("aluminium",), "sulfur": ("sulphur",), "cesium":
 
 
 def relation_of(problem: Problem) -> str:
-    """The relation a facts problem asks about (its ``meta["relation"]``)."""
-    return problem.meta["relation"]
+    """The relation a facts problem asks about: its ``meta["group"]``, the category ``capo eval`` breaks its metrics
+    down by."""
+    return problem.meta["group"]
 
 
 def _held_out(key: str) -> bool:
@@ -199,7 +200,7 @@ def fact_rows() -> tuple[dict, ...]:
 def facts_problems(split: str = "test", limit: int | None = None, relations=None) -> list[Problem]:
     """The facts of one split (``train`` / ``test``; ``eval`` is read as ``test``), the first ``limit`` of the fixed
     order, optionally only some ``relations``. Each problem's prompt is its question and instruction; its id
-    ``facts-<relation>-<entity>``; ``meta``: relation, entity, subject."""
+    ``facts-<relation>-<entity>``; ``meta``: group (the relation), entity, subject."""
     split = "test" if split == "eval" else split
     if split not in SPLITS:
         raise DataError(f"dataset 'facts' has no split {split!r}; allowed splits: {', '.join(SPLITS)}")
@@ -213,7 +214,7 @@ def facts_problems(split: str = "test", limit: int | None = None, relations=None
         how = INSTRUCTION_NUMBER if r["relation"] == "element_number" else INSTRUCTION
         out.append(Problem(id=f"facts-{r['relation']}-{r['entity']}",
                            prompt=f"{QUESTION[r['relation']].format(r['subject'])} {how}", answer=r["answer"],
-                           meta={k: r[k] for k in ("relation", "entity", "subject")}))
+                           meta={"group": r["relation"], "entity": r["entity"], "subject": r["subject"]}))
         if limit is not None and len(out) >= limit:
             break
     return out

@@ -17,7 +17,8 @@ class Problem:
     """One prompt with its gold answer.
 
     ``answer`` is the gold final answer as a string (e.g. ``"42"`` or ``"\\frac{1}{2}"``), already extracted from
-    any worked solution. ``meta`` holds optional extra fields (level, subject, source row).
+    any worked solution. ``meta`` holds optional extra fields (level, subject, source row); ``meta["group"]``, when
+    set, is the category ``capo eval`` breaks its metrics down by (facts: the relation).
     """
 
     id: str

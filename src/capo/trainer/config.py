@@ -27,6 +27,7 @@ from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError
 from capo.rollout.engine import DECODERS, ENGINES, KV_CACHES, check_engine
+from capo.rollout.logprobs import ATTENTIONS
 from capo.rollout.method_inputs import needed_data
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, GENERATED_TASKS
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
@@ -50,6 +51,10 @@ class ModelConfig:
     autocast_bf16: bool = knob(False, "run forward passes under bf16 autocast (2-3x faster on AVX-512-bf16 CPUs "
                                "from ~25M parameters; master weights stay in `dtype`)")
     chat_template: bool = knob(True, "wrap prompts in the tokenizer's chat template when it has one")
+    attention: str = knob(ATTENTIONS[0], "attention implementation of the log-prob forwards (training, reference, "
+                          "old): sdpa (transformers' default) or eager (plain matmuls: on the CPU faster at short "
+                          "responses on a shared prompt, e.g. the facts preset); rollouts keep sdpa",
+                          choices=ATTENTIONS)
 
 
 @dataclass
@@ -227,6 +232,7 @@ class TrainConfig:
     def _validate_model_data(self) -> None:
         m, d, r = self.model, self.data, self.rollout
         _choice("model.dtype", m.dtype, ("float32", "bfloat16"))
+        _choice("model.attention", m.attention, ATTENTIONS)
         for key in ("path", "ref_path"):
             if getattr(m, key) is not None:
                 _check_model(f"model.{key}", getattr(m, key))

@@ -231,7 +231,8 @@ class Trainer:
         for idx in self._micro_batches(torch.arange(len(ro.texts))):
             out.append(token_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
                                       ro.response_mask[idx], autocast_bf16=self.cfg.model.autocast_bf16,
-                                      share_prefix=self.cfg.rollout.share_prefix))
+                                      share_prefix=self.cfg.rollout.share_prefix,
+                                      attention_impl=self.cfg.model.attention))
         return torch.cat(out)
 
     def advantages(self, ro: Rollout, g, rewards, ref_logp, old_logp) -> tuple[UpdateBatch, dict]:
@@ -329,7 +330,7 @@ class Trainer:
         mask = ro.response_mask[idx]
         logp, entropy = token_logprobs(self.model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
                                        mask, autocast_bf16=c.model.autocast_bf16, with_entropy=True,
-                                       share_prefix=c.rollout.share_prefix)
+                                       share_prefix=c.rollout.share_prefix, attention_impl=c.model.attention)
         old = logp.detach() if batch.old_logp is None else batch.old_logp[idx]
         extra = {k: v[idx].to(logp.dtype) for k, v in batch.loss_inputs.items()}
         loss_tok, lm = policy_loss(a.loss, logp, old, batch.advantages[idx].to(logp.dtype), mask, **extra,
@@ -402,7 +403,8 @@ class Trainer:
         for idx in self._micro_batches(torch.arange(len(ro.texts))):
             _, ent = token_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
                                     ro.response_mask[idx], autocast_bf16=self.cfg.model.autocast_bf16,
-                                    with_entropy=True, share_prefix=self.cfg.rollout.share_prefix)
+                                    with_entropy=True, share_prefix=self.cfg.rollout.share_prefix,
+                                    attention_impl=self.cfg.model.attention)
             total = total + (ent.float() * ro.response_mask[idx]).sum()
         return total, ro.response_mask.sum().to(total)
 
