@@ -99,16 +99,20 @@ def _verl_path(est, hp, correct, conf, fmt, rewards, mask, lp, ref):
     return out, {k: v for k, v in ctx.metrics.items() if k.startswith("calib/")}
 
 
-@pytest.mark.parametrize("est,hp", [("capo", {"tau": 0.6}), ("grpo", {})])
+@pytest.mark.parametrize("est,hp", [("capo", {"tau": 0.6}), ("capo", {"tau": 1.0, "score": "sum"}), ("grpo", {})])
 def test_trainer_trl_verl_same_advantages_and_calibration_metrics(est, hp):
-    """CAPO, and GRPO + CAPO's mask (the paper's ablation): the three paths give the same advantages, equal to the
-    core estimator with the mask computed by hand, and the same calib/*."""
+    """CAPO, CAPO's whole-sequence variant (capo_sum's knobs; this batch's responses have 1-5 tokens) and GRPO +
+    CAPO's mask (the paper's ablation): the three paths give the same advantages, equal to the core estimator with
+    the mask computed by hand, and the same calib/*."""
     batch = _batch()
     correct, conf, _, rewards, mask, lp, ref = batch
     assert ((rewards < 0.5) & correct).any(), "a correct answer with a low RLCR reward must be in the batch"
     keep = capo_noise_mask(torch.exp(-sequence_logprob_mean(ref, mask)), correct, low=LOW, high=HIGH)
     assert 0 < int((~keep).sum()) < len(keep) // 2, "the mask must drop some rows, not most"
     kw = {"scores": sequence_logprob_mean(lp, mask), "correct": correct} if est == "capo" else {}
+    if hp.get("score") == "sum":
+        kw["lengths"] = mask.sum(-1)
+        assert len(set(kw["lengths"].tolist())) > 2, "the lengths must differ within groups"
     want = compute_advantages(est, rewards, G, keep=keep, **kw, **hp)
     assert (want - compute_advantages(est, rewards, G, **kw, **hp)).abs().max() > 1e-3, "the mask must matter here"
     a_tr, m_tr = _trainer_path(est, hp, *batch)

@@ -239,3 +239,9 @@ def test_presets_reach_the_adapters_or_say_why():
     assert {"actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov",
             "actor_rollout_ref.actor.policy_loss.ppo_kl_coef=1.0"} <= set(kl)
     assert "reward.custom_reward_function.name=compute_score_ppo_c" in preset_overrides("ppo_c")
+    # capo's whole-sequence variant: CAPO's estimator with score "sum" at tau 1, the quantile mask kept
+    cs, grpo_cs, _ = capo_preset("capo_sum")
+    assert (cs.estimator, cs.estimator_kwargs, cs.noise_mask, cs.mask_rule) == ("capo", {"tau": 1.0, "score": "sum"},
+                                                                               True, "quantile")
+    assert {"algorithm.adv_estimator=capo", "+algorithm.capo.tau=1.0", "+algorithm.capo.score=sum",
+            "+algorithm.capo.mask_rule=quantile"} <= set(preset_overrides("capo_sum"))

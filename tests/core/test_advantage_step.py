@@ -165,3 +165,19 @@ def test_guard_keeps_raw_scores_and_applies_the_group_filter():
     res = estimate("grpo", g, r == 1, 2)
     a = 0.5 / (math.sqrt(0.5) + 1e-6)  # the active group {0, 1}: (r - mean) / (std with ddof 1 + eps)
     torch.testing.assert_close(res.advantages, torch.tensor([0.0, 0.0, 0.0, 0.0, -a, a], **f64), rtol=0, atol=1e-12)
+
+
+def test_step_supplies_lengths_for_capo_sum():
+    """The step hands CAPO the real-token counts of each row (from the mask), so ``score="sum"`` ranks by the
+    whole-sequence log-prob sum_t log pi: equal to the core estimator on sequence_logprob_sum's scores."""
+    from capo.core import compute_advantages, sequence_logprob_sum
+
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])
+    lp = torch.tensor([[-0.5, -0.5, 9, 9], [-0.25] * 4, [-2.0, 9, 9, 9], [-0.1, -0.2, -0.3, 9]], **f64)
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0], **f64)
+    res = advantage_step("capo", r, r == 1, 2, token_logp=lp, mask=mask, hparams={"tau": 1.0, "score": "sum"})
+    assert res.lengths.tolist() == [2, 4, 1, 3]
+    sums = sequence_logprob_sum(lp, mask)  # -1, -1, -2, -0.6
+    want = compute_advantages("capo", r, 2, scores=sums, tau=1.0)
+    torch.testing.assert_close(res.advantages, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(res.advantages[:2], torch.tensor([0.25, -0.25], **f64), rtol=0, atol=1e-12)

@@ -96,6 +96,95 @@ def test_capo_misranked_pair_gets_larger_weight():
     )
 
 
+# ---------------------------------------------------------------- the whole-sequence variant (capo_sum)
+def _expected_push(pi: float, p: float, score: str, tau: float, length: int) -> float:
+    """E[sum_i A_i d log pi(D_i) / d logit(pi)] for a two-response group on a question of rate p: responses `D`
+    + (length - 1) tokens of log-prob -1 each whatever D is (the theory's "uninformative rest"). Only a mixed group
+    (D_1 != D_2, probability 2 pi (1 - pi)) has a pair; d log pi(D) / d logit(pi) = D - pi."""
+    rest = -(length - 1.0)
+    lp1, lp0 = math.log(pi) + rest, math.log(1 - pi) + rest  # log pi(y) of a response predicting 1 / 0
+    scores = torch.tensor([lp1, lp0], **f64) / length  # lpm; row 0 predicts 1, row 1 predicts 0
+    lengths = torch.tensor([length, length])
+    push = 0.0
+    for outcome, prob in ((1, p), (0, 1 - p)):
+        correct = torch.tensor([outcome == 1, outcome == 0])
+        a = capo_advantage(correct.to(torch.float64), 2, scores=scores, correct=correct, tau=tau, score=score,
+                           lengths=lengths)
+        push += prob * 2 * pi * (1 - pi) * float(a[0] * (1 - pi) + a[1] * (0 - pi))
+    return push
+
+
+def test_capo_sum_two_response_fixed_point_by_hand():
+    """p = 0.8, pi = 0.8, score "sum", tau 1: the pair's score gap is log pi(1) - log pi(0) = logit(0.8) = ln 4.
+    Outcome 1: w = sigmoid(-ln 4) = 0.2, A = +-0.2 / G = +-0.1, push 0.1 (1 - 0.8) + 0.1 * 0.8 = 0.1;
+    outcome 0: w = sigmoid(ln 4) = 0.8, A = +-0.4, push -0.4. Expected 0.8 * 0.1 + 0.2 * (-0.4) = 0: the rate is
+    the fixed point (docs/papers.md, "CAPO's fixed point on a stochastic outcome, in general")."""
+    s = torch.tensor([math.log(0.8), math.log(0.2)], **f64) / 5  # lpm of 5-token responses, the rest log-prob 0
+    n = torch.tensor([5, 5])
+    a1 = capo_advantage(torch.tensor([1.0, 0.0], **f64), 2, scores=s, tau=1.0, score="sum", lengths=n)
+    a0 = capo_advantage(torch.tensor([0.0, 1.0], **f64), 2, scores=s, tau=1.0, score="sum", lengths=n)
+    torch.testing.assert_close(a1, torch.tensor([0.1, -0.1], **f64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(a0, torch.tensor([-0.4, 0.4], **f64), rtol=0, atol=1e-12)
+    assert 0.8 * (0.1 * 0.2 + 0.1 * 0.8) + 0.2 * (-0.4 * 0.2 - 0.4 * 0.8) == pytest.approx(0, abs=1e-15)
+    assert _expected_push(0.8, 0.8, "sum", 1.0, 5) == pytest.approx(0, abs=1e-12)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.65, 0.9])
+def test_capo_fixed_points_mean_sharpens_sum_at_tau_1_is_the_rate(p):
+    """The expected push on logit(pi) vanishes at logit(pi) = L tau logit(p) with lpm ("mean", L = 5, tau 0.6:
+    3x the logit) and at logit(pi) = tau logit(p) with "sum" (tau 1: pi = p); it points towards that point from
+    either side (a stable fixed point)."""
+    def at(k):
+        return 1 / (1 + ((1 - p) / p) ** k)
+
+    for score, tau, k in (("mean", 0.6, 3.0), ("sum", 1.0, 1.0), ("sum", 0.5, 0.5)):
+        assert _expected_push(at(k), p, score, tau, 5) == pytest.approx(0, abs=1e-12)
+        assert _expected_push(at(k * 0.8), p, score, tau, 5) * (p - 0.5) > 0  # below the point: pushed outwards
+        assert _expected_push(at(k * 1.25), p, score, tau, 5) * (p - 0.5) < 0  # beyond it: pushed back
+    assert _expected_push(p, p, "mean", 0.6, 5) * (p - 0.5) > 0  # the rate is not CAPO-as-shipped's fixed point
+
+
+def test_capo_sum_mixed_lengths_by_hand():
+    """G = 3, lengths 2, 4, 1, lpm -0.5, -0.25, -2.0 -> sums -1, -1, -2; row 0 correct. tau 1:
+    "sum": w_01 = sigmoid(-1 - (-1)) = 0.5, w_02 = sigmoid(-2 - (-1)) = sigmoid(-1);
+    "mean": w_01 = sigmoid(-0.25 + 0.5) = sigmoid(0.25), w_02 = sigmoid(-1.5). The long row 1 is the most
+    confident per token but only as likely as row 0 as a whole, so the sum weighs the pair more (0.5 > 0.438)."""
+    r = torch.tensor([1.0, 0.0, 0.0], **f64)
+    s, n = torch.tensor([-0.5, -0.25, -2.0], **f64), torch.tensor([2, 4, 1])
+    w01, w02 = 0.5, sig(-1.0)
+    want = torch.tensor([w01 + w02, -w01, -w02], **f64) / 3
+    torch.testing.assert_close(capo_advantage(r, 3, scores=s, tau=1.0, score="sum", lengths=n), want,
+                               rtol=0, atol=1e-12)
+    m01, m02 = sig(0.25), sig(-1.5)
+    torch.testing.assert_close(capo_advantage(r, 3, scores=s, tau=1.0, lengths=n),
+                               torch.tensor([m01 + m02, -m01, -m02], **f64) / 3, rtol=0, atol=1e-12)
+
+
+def test_capo_score_errors():
+    r, s = torch.tensor([1.0, 0.0], **f64), torch.tensor([-1.0, -2.0], **f64)
+    with pytest.raises(ValueError, match="score='sum' needs lengths"):
+        capo_advantage(r, 2, scores=s, score="sum")
+    with pytest.raises(ValueError, match="score"):
+        capo_advantage(r, 2, scores=s, score="max", lengths=torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="lengths"):
+        capo_advantage(r, 2, scores=s, score="sum", lengths=torch.tensor([1, 1, 1]))
+    with pytest.raises(ValueError, match="lengths must be >= 0"):
+        capo_advantage(r, 2, scores=s, score="sum", lengths=torch.tensor([1, -1]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), length=st.integers(1, 50), tau=st.floats(0.05, 3.0), g=st.integers(2, 8))
+def test_capo_sum_equals_mean_at_l_tau_when_lengths_are_equal(seed, length, tau, g):
+    """With every response L tokens long, sum scores at temperature L tau give lpm's weights at tau divided by L:
+    w = sigmoid(L (lpm_j - lpm_i) / (L tau)) / (L tau). The variant differs from CAPO only where lengths differ."""
+    gen = torch.Generator().manual_seed(seed)
+    r = (torch.rand(3 * g, generator=gen) < 0.5).to(torch.float64)
+    s = -torch.rand(3 * g, generator=gen, dtype=torch.float64) * 3
+    n = torch.full((3 * g,), length)
+    a_sum = capo_advantage(r, g, scores=s, tau=length * tau, score="sum", lengths=n)
+    torch.testing.assert_close(a_sum * length, capo_advantage(r, g, scores=s, tau=tau), rtol=1e-10, atol=1e-12)
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     gap=st.floats(0.01, 5.0), base=st.floats(-5.0, 0.0), tau=st.floats(0.05, 3.0)

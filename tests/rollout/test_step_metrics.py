@@ -36,9 +36,12 @@ def test_fixed_thresholds_and_masked_fraction():
     assert out.thresholds == (1.8, 2.5)
     assert out.result.keep.tolist() == [True, True, False, False]
     assert out.metrics["train/masked_frac"] == 0.5
+    # per verdict: correct rows 0 (kept), 2 (masked) -> 1/2; incorrect rows 1 (kept), 3 (masked) -> 1/2
+    assert out.metrics["train/masked_frac_correct"] == 0.5 and out.metrics["train/masked_frac_incorrect"] == 0.5
     # over existing rows only: row 3 does not exist -> rows 0, 1 kept, row 2 masked: 1/3
     out = step_advantages(batch(valid=torch.tensor([True, True, True, False])), spec)
     assert out.metrics["train/masked_frac"] == pytest.approx(1 / 3, abs=1e-7)  # a float32 mean
+    assert out.metrics["train/masked_frac_correct"] == 0.5 and out.metrics["train/masked_frac_incorrect"] == 0.0
     # no mask: no masked fraction at all
     assert "train/masked_frac" not in step_advantages(batch(), StepSpec("capo")).metrics
 

@@ -7,7 +7,8 @@ Uniform signature (every estimator, so callers never special-case one)::
 - ``rewards``: [N] floating, N = B*G; rows n*G..(n+1)*G-1 are the G responses of prompt n.
 - ``group_size``: G >= 2, must divide N.
 - ``scores``: [N] floating sequence confidences (mean token log-prob ``lpm`` from rollout-time log-probs, treated
-  as constants). An estimator that reads them declares ``scores`` without a default (CAPO, unlikeliness); that is
+  as constants; CAPO's ``score="sum"`` multiplies them back by ``lengths``, [N] real tokens per response, which the
+  step supplies to an estimator whose signature names it). An estimator that reads them declares ``scores`` without a default (CAPO, unlikeliness); that is
   the one rule callers read (:func:`capo.core.step.needs_scores`). The others accept and ignore them.
 - ``keep``: [N] bool noise mask (CAPO's reference-perplexity mask, ``capo.core.masks``). Every estimator returns
   ``A_i * keep_i``; CAPO can also drop masked responses as pair partners.
@@ -121,6 +122,8 @@ def capo_advantage(
     masked_partners: str = "keep",
     correct: torch.Tensor | None = None,
     partners: torch.Tensor | None = None,
+    score: str = "mean",
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """CAPO advantage: gradient weights of a logistic AUC surrogate (arXiv 2604.12632, Sec. 4, the pairwise loss
     sum_{i in P, j in N} phi_tau(lpm_i - lpm_j) with phi_tau(t) = log(1 + exp(-t / tau))):
@@ -143,31 +146,50 @@ def capo_advantage(
     - ``correct`` [N] bool: the verifier's verdicts decide P and N; a reward is never thresholded (RLCR gives a
       correct answer with q = 0.2 reward 0.36). Without it the rewards must be binary 0/1 verdicts.
     - ``partners`` [N] bool: rows that exist (scored, with real tokens); others get A = 0 and join no pair.
+    - ``score``: the ranking score in place of lpm: "mean" (lpm, the paper) or "sum" (|o_i| lpm_i = sum_t log
+      pi_old, ``lengths`` [N] = |o_i|; capo's ``capo_sum`` at tau 1, whose fixed point on a stochastic outcome is
+      the rate, where lpm's is logit(pi) = L tau logit(p): docs/papers.md, "CAPO's fixed point on a stochastic
+      outcome, in general", with the price where lengths vary).
     Groups without both classes get A = 0. Cost O(N*G). Shapes: rewards, scores, keep, correct, partners [N] -> [N].
     """
     checks.positive("tau", tau)
     checks.choice("surrogate", surrogate, ("logistic", "linear"))
     checks.choice("norm", norm, ("group", "pairs"))
     checks.choice("masked_partners", masked_partners, ("keep", "drop"))
+    checks.choice("score", score, ("mean", "sum"))
     r, g = _prepare(rewards, group_size, scores, keep, need_scores=True)  # [B, G]
-    s = scores.view(-1, g)  # [B, G]
+    s = _ranking_scores(scores, lengths, score).view(-1, g)  # [B, G]
     c = _verdicts(rewards, correct).view(-1, g)  # [B, G]
-    pair = c[:, :, None] & ~c[:, None, :]  # [B, G_i, G_j]: i in P and j in N
-    allowed = _partner_rows(keep if masked_partners == "drop" else None, partners, rewards)
-    if allowed is not None:
-        k = allowed.view(-1, g)
-        pair = pair & k[:, :, None] & k[:, None, :]
+    pair = _pairs(c, _partner_rows(keep if masked_partners == "drop" else None, partners, rewards))
     w = _pair_weights(s, pair, tau, surrogate)  # [B, G_i, G_j]
     adv = torch.where(c, w.sum(dim=2), -w.sum(dim=1))  # [B, G]
-    if norm == "group":
-        adv = adv / g
-    else:
-        n_pairs = pair.sum(dim=(1, 2))[:, None]  # [B, 1]: the pairs actually summed in each group
-        adv = adv / n_pairs.clamp(min=1).to(adv.dtype)
-    adv = adv.reshape(-1).to(rewards.dtype)
+    z = g if norm == "group" else pair.sum(dim=(1, 2))[:, None].clamp(min=1).to(adv.dtype)  # [B, 1]: pairs summed
+    adv = (adv / z).reshape(-1).to(rewards.dtype)
     if partners is not None:
         adv = adv * partners.to(adv.dtype)
     return _apply_keep(adv, keep)
+
+
+def _pairs(c: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """[B, G_i, G_j] bool: i in P and j in N, both rows allowed (c [B, G] verdicts, allowed [N] or None)."""
+    pair = c[:, :, None] & ~c[:, None, :]
+    if allowed is None:
+        return pair
+    k = allowed.view(c.shape)
+    return pair & k[:, :, None] & k[:, None, :]
+
+
+def _ranking_scores(scores: torch.Tensor, lengths: torch.Tensor | None, score: str) -> torch.Tensor:
+    """CAPO's ranking score [N]: lpm ("mean") or lpm * |o_i| = sum_t log pi(o_{i,t}) ("sum"); lengths [N]."""
+    if score == "mean":
+        return scores
+    if lengths is None:
+        raise ValueError("capo with score='sum' needs lengths ([N] real tokens per response; the step supplies them)")
+    checks.tensor("lengths", lengths, ndim=1)
+    checks.same_shape(scores=scores, lengths=lengths)
+    if bool((lengths < 0).any()):
+        raise ValueError("lengths must be >= 0 (real tokens per response)")
+    return scores * lengths.to(scores.dtype)
 
 
 def _pair_weights(s: torch.Tensor, pair: torch.Tensor, tau: float, surrogate: str) -> torch.Tensor:

@@ -20,6 +20,10 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "cispo": dict(advantage="grpo", loss="cispo", aggregation="token-mean", reward="correctness"),
     "capo": dict(advantage="capo", loss="ppo_clip", aggregation="seq-mean-token-mean", reward="correctness",
                  advantage_kwargs={"tau": 0.6}, noise_mask="quantile"),
+    # capo's variant (not in any paper; docs/papers.md, "CAPO's fixed point on a stochastic outcome, in general"):
+    # whole-sequence log-prob scores at tau 1, whose fixed point on a stochastic outcome is the outcome's rate
+    "capo_sum": dict(advantage="capo", loss="ppo_clip", aggregation="seq-mean-token-mean", reward="correctness",
+                     advantage_kwargs={"tau": 1.0, "score": "sum"}, noise_mask="quantile"),
     "rlcr": dict(advantage="grpo", loss="ppo_clip", aggregation="seq-mean-token-mean", reward="rlcr"),
     # calibration-aware methods and GRPO variants; extra inputs noted where the method reads one
     "ace": dict(advantage="ace", loss="ppo_clip", aggregation="seq-mean-token-mean", reward="correctness",

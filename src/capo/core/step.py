@@ -30,7 +30,7 @@ from capo.core.scores import sequence_logprob_mean
 
 
 # Per-response inputs the step supplies to an estimator (never user hyperparameters).
-STEP_INPUTS = ("scores", "keep", "correct", "partners")
+STEP_INPUTS = ("scores", "keep", "correct", "partners", "lengths")
 
 
 def needs_scores(estimator: str) -> bool:
@@ -56,6 +56,7 @@ class StepResult:
     bad: rows with a non-finite reward, lpm or reference lpm (their group is inactive).
     valid: rows that exist as responses (the caller's ``valid`` and at least one real token).
     informative: rows whose group's rewards are not all equal (DAPO's group filter), or None without the filter.
+    lengths: real tokens per response (|o_i|, what CAPO's ``score="sum"`` multiplies lpm by), or None.
     """
 
     advantages: torch.Tensor | None
@@ -67,6 +68,7 @@ class StepResult:
     bad: torch.Tensor
     valid: torch.Tensor
     informative: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
 
 
 def guard_batch(
@@ -102,11 +104,11 @@ def guard_batch(
     if group_filter:
         informative = informative_groups(rewards, g).repeat_interleave(g)  # [N]
         active = active & informative
-    has_tokens = mask.bool().any(dim=-1)
-    valid = has_tokens if valid is None else valid & has_tokens
+    lengths = mask.bool().sum(dim=-1)  # [N]
+    valid = lengths > 0 if valid is None else valid & (lengths > 0)
     return StepResult(advantages=None, rewards=rewards, scores=scores, keep=torch.ones_like(bad),
                       ref_ppl=None if ref_lpm is None else torch.exp(-ref_lpm), active=active, bad=bad, valid=valid,
-                      informative=informative)
+                      informative=informative, lengths=lengths)
 
 
 def estimate(
@@ -125,7 +127,7 @@ def estimate(
     Shapes: correct [N] bool verdicts. ``mask_thresholds``: (low, high) of :func:`capo.core.capo_noise_mask` (None:
     no mask; needs reference log-probs). A non-valid row gets advantage 0 and is no CAPO pair partner.
     ``hparams``: the estimator's knobs; ``inputs``: extra per-response inputs it names (e.g. ``cluster_ids``).
-    The estimator gets ``correct`` and ``partners`` (= valid) when its signature names them (CAPO).
+    The estimator gets ``correct``, ``partners`` (= valid) and ``lengths`` when its signature names them (CAPO).
     """
     checks.tensor("correct", correct, ndim=1)
     if correct.dtype != torch.bool:
@@ -142,6 +144,8 @@ def estimate(
         extra["correct"] = correct
     if "partners" in wants:
         extra["partners"] = guarded.valid
+    if "lengths" in wants and guarded.lengths is not None:
+        extra["lengths"] = guarded.lengths
     scores = torch.where(guarded.bad, torch.zeros((), dtype=guarded.scores.dtype), guarded.scores)
     adv = compute_advantages(estimator, guarded.rewards, group_size, scores=scores,
                              keep=keep & guarded.active & guarded.valid, **extra, **(hparams or {}))

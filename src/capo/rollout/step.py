@@ -7,8 +7,8 @@ the verl plugin (each only collects its :class:`~capo.rollout.method_inputs.Step
 2. CAPO's noise-mask thresholds (:class:`MaskThresholds`), when the spec has a mask;
 3. the estimator's and the policy loss's extra inputs (:func:`capo.rollout.method_inputs.method_inputs`);
 4. the estimator (:func:`capo.core.estimate`);
-5. the batch metrics: ``calib/*`` (:func:`capo.core.calibration_metrics`), ``train/masked_frac``,
-   ``train/filtered_frac`` (docs/metrics.md).
+5. the batch metrics: ``calib/*`` (:func:`capo.core.calibration_metrics`), ``train/masked_frac`` (and per
+   verdict, ``train/masked_frac_correct`` / ``_incorrect``), ``train/filtered_frac`` (docs/metrics.md).
 
 Whether the mask applies to an estimator is :func:`capo.core.mask_applies` (any estimator when enabled; by default
 only CAPO); its knob ranges and defaults are :mod:`capo.core.masks`'s.
@@ -16,6 +16,7 @@ only CAPO); its knob ranges and defaults are :mod:`capo.core.masks`'s.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -113,7 +114,12 @@ def _batch_metrics(batch: StepBatch, spec: StepSpec, res: StepResult, thresholds
         out["train/filtered_frac"] = float(gather(1.0 - res.informative.float()).mean())
     valid = gather(res.valid).cpu()
     if thresholds is not None:
-        out["train/masked_frac"] = float((1.0 - gather(res.keep).cpu()[valid].float()).mean())
+        removed = 1.0 - gather(res.keep).cpu().float()
+        out["train/masked_frac"] = float(removed[valid].mean())
+        if batch.correct is not None:  # per verdict: rho = (1 - incorrect) / (1 - correct), docs/papers.md
+            right = gather(batch.correct).cpu()
+            for key, rows in (("correct", valid & right), ("incorrect", valid & ~right)):
+                out[f"train/masked_frac_{key}"] = float(removed[rows].mean()) if bool(rows.any()) else math.nan
     logp = batch.token_logp if batch.confidence_logp is None else batch.confidence_logp
     if not spec.calibration or batch.correct is None or logp is None:
         return out

@@ -38,7 +38,8 @@ from capo.errors import DataError
 from capo.sweep.records import flat_config
 from capo.sweep.spec import BASE, BOOKKEEPING, Job, record_state, same_settings
 
-TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "train/masked_frac", "calib/auc_mean",
+TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "train/masked_frac",
+                "train/masked_frac_correct", "train/masked_frac_incorrect", "calib/auc_mean",
                 "calib/auroc", "calib/ece",
                 "policy/entropy", "policy/kl", "time/step")
 RUN_RECORD = "record.json"  # a finished run's record, kept in its run folder too (read by checkouts sharing the folder)
