@@ -575,3 +575,20 @@ def test_a_corrupt_record_is_reported_and_never_rewritten(tmp_path, capsys, monk
     assert _run(tmp_path, spec_path) == 2
     assert f"{job.record}: corrupt record" in capsys.readouterr().err
     assert job.record.read_text() == torn
+
+
+def test_the_final_evaluation_renders_prompts_as_training_did(tmp_path):
+    """A chat model's sweep evaluates with its config's chat template and system prompt (None: the answer format's
+    default, as the trainer renders it), not the raw prompts of a task generated in code."""
+    from capo.trainer.config import load_config
+
+    body = spec.load_spec(_write(tmp_path, {**SPEC, "preset": "facts", "overrides": {}}))
+    job = spec.jobs(body, tmp_path / "runs", tmp_path / "records")[0]
+    cfg = load_config("facts").to_dict()
+    s = runner.eval_settings(job, cfg, "smollm2")
+    assert s.chat_template is True and s.system_prompt is None and s.answer_format == "short"
+    args = runner._eval_args(s, tmp_path / "e")
+    assert "--no-chat-template" not in args and "--system-prompt" not in args
+    cfg["model"]["chat_template"], cfg["data"]["system_prompt"] = False, "Be brief."
+    args = runner._eval_args(runner.eval_settings(job, cfg, "smollm2"), tmp_path / "e")
+    assert "--no-chat-template" in args and args[args.index("--system-prompt") + 1] == "Be brief."

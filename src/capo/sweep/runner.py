@@ -177,13 +177,16 @@ def _train(job: Job, log: Path) -> tuple[dict, str]:
 
 def eval_settings(job: Job, cfg: dict, model: str):
     """The job's final held-out evaluation as ``capo eval`` settings (:class:`capo.evaluation.run.EvalSettings`),
-    sampled as the run trained, in the precision it trained in."""
+    sampled as the run trained, in the precision it trained in, with the prompts rendered as in training (the chat
+    template and system prompt of its config; a task generated in code ignores both: its raw prompt)."""
     from capo.evaluation.run import EvalSettings
 
     ev = job.eval
     return EvalSettings(model=model, dataset=cfg["data"]["dataset"], split="test", limit=ev["problems"], k=ev["k"],
                         temperature=cfg["rollout"]["temperature"], max_new_tokens=cfg["rollout"]["max_new_tokens"],
-                        batch_size=ev["batch_size"], seed=ev["seed"], chat_template=False, system_prompt="",
+                        batch_size=ev["batch_size"], seed=ev["seed"],
+                        chat_template=cfg["model"].get("chat_template", True),
+                        system_prompt=cfg["data"].get("system_prompt"),
                         answer_format=cfg["data"]["answer_format"], n_boot=0, token_stats=False,
                         autocast="on" if cfg["model"].get("autocast_bf16") else "off")
 
@@ -193,7 +196,8 @@ def _eval_args(s, out: Path) -> list[str]:
     return ["eval", "--model", s.model, "--dataset", s.dataset, "--split", s.split, "--limit", str(s.limit),
             "-k", str(s.k), "--temperature", str(s.temperature), "--max-new-tokens", str(s.max_new_tokens),
             "--batch-size", str(s.batch_size), "--seed", str(s.seed),
-            *([] if s.chat_template else ["--no-chat-template"]), "--system-prompt", s.system_prompt,
+            *([] if s.chat_template else ["--no-chat-template"]),
+            *([] if s.system_prompt is None else ["--system-prompt", s.system_prompt]),
             "--answer-format", s.answer_format, "--n-boot", str(s.n_boot),
             *([] if s.token_stats else ["--no-token-stats"]), "--autocast", s.autocast, "--out", str(out),
             "--no-progress"]
