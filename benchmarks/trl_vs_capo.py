@@ -392,7 +392,8 @@ def child(args) -> None:
     t0 = time.perf_counter()
     if args.engine == "capo":
         extra = (json.loads(args.extra) if args.extra else {}) | ({"optim.micro_batch_size": args.micro}
-                                                                   if args.micro else {}) | {"model.attention": args.attention}
+                                                                   if args.micro else {}) | {"model.attention": args.attention} | (
+            {"model.ref_dtype": args.ref_dtype} if args.ref_dtype else {})
         r = run_capo(assets, args.steps, args.warmup, args.precision, args.algo, args.prompts, extra)
     elif args.engine == "trl":
         r = run_trl(assets, args.steps, args.warmup, args.precision, args.prompts, args.micro, args.trl_device)
@@ -429,7 +430,8 @@ def spawn(args, engine: str, python: str = sys.executable, **kw) -> dict:
            "--threads", str(args.threads), "--algo", kw.get("algo", "grpo"), "--extra", kw.get("extra", ""),
            "--prompts", args.prompts, "--micro", str(args.micro), "--batch", str(args.batch),
            "--new-tokens", str(args.new_tokens), "--allocator", args.allocator, "--trl-device", args.trl_device,
-           "--attention", kw.get("attention", args.attention)]
+           "--attention", kw.get("attention", args.attention),
+           *(["--ref-dtype", args.ref_dtype] if args.ref_dtype else [])]
     p = subprocess.run(cmd, capture_output=True, text=True, env=child_env(args.threads))
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not line:
@@ -488,6 +490,8 @@ def main() -> None:
                          "(capo.tasks.facts), in the chat template")
     ap.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
                     help="capo's model.attention (the log-prob forwards' attention; TRL keeps its own)")
+    ap.add_argument("--ref-dtype", choices=("float32", "bfloat16"), default=None,
+                    help="capo's model.ref_dtype (the frozen reference's dtype; default: the policy's)")
     ap.add_argument("--attentions", nargs="+", choices=("sdpa", "eager"), default=None,
                     help="--what capo/step: run every capo variant once per attention (a lever's A/B in one run)")
     ap.add_argument("--batch", type=int, default=8, help="B: prompts per step (G = 8 samples each; --what step/capo)")

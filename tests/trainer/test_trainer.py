@@ -249,3 +249,20 @@ def test_accelerate_launch_two_processes_trains(tiny_model, tmp_path):
     r = rows(tmp_path / "ddp")
     assert [x["step"] for x in r] == [1, 2]  # written once (main process), not once per process
     assert (tmp_path / "ddp/checkpoints/step-000002/model.safetensors").is_file()
+
+
+def test_the_reference_is_held_in_model_ref_dtype(tiny_model, tmp_path):
+    """model.ref_dtype: the frozen reference in bfloat16 beside a float32 policy (None: the policy's dtype); CAPO's
+    step runs with it, its reference log-probs within bf16 rounding of the float32 reference's."""
+    kw = {"algo.name": "capo", "run.steps": 1, "algo.noise_mask": "fixed"}
+    same = Trainer(cfg_for(tiny_model, tmp_path / "same", **kw))
+    assert next(same.ref.parameters()).dtype == torch.float32
+    half = Trainer(cfg_for(tiny_model, tmp_path / "half", **kw, **{"model.ref_dtype": "bfloat16"}))
+    assert next(half.ref.parameters()).dtype == torch.bfloat16 and next(half.model.parameters()).dtype == torch.float32
+    ro = half.rollout(half.next_problems(), 4)
+    a, b = same.logprobs(same.ref, ro), half.logprobs(half.ref, ro)
+    m = ro.response_mask.bool()
+    assert b.dtype == torch.float32 and 0 < float((a - b)[m].abs().max()) < 0.1
+    assert half.train()["step"] == 1
+    with pytest.raises(ConfigError, match="model.ref_dtype='fp16' is not allowed; allowed values: float32, bfloat16"):
+        cfg_for(tiny_model, tmp_path / "bad", **{"model.ref_dtype": "fp16"})

@@ -100,7 +100,7 @@ class Trainer:
         self.model, self.tok = load_model(str(resume_from) if resume_from else cfg.model.path, DTYPES[cfg.model.dtype])
         self.ref = None
         if cfg.needs_reference:
-            self.ref, _ = load_model(cfg.model.ref_path or cfg.model.path, DTYPES[cfg.model.dtype])
+            self.ref, _ = load_model(cfg.model.ref_path or cfg.model.path, DTYPES[cfg.model.ref_dtype or cfg.model.dtype])
             self.ref.requires_grad_(False)
             self.ref.to(self.acc.device)
         self.verifier = Verifier(workers=max(1, min(4, torch.get_num_threads())))
