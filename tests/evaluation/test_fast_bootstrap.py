@@ -3,6 +3,7 @@ replicate-by-replicate ``bootstrap_ci`` re-running each metric on each replicate
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -108,3 +109,28 @@ def test_interval_work_does_not_grow_with_the_replicates(monkeypatch):
         compute_metrics(rows, n_boot=n_boot)
         counts.append(len(calls))
     assert counts[0] == counts[1] < 60
+
+
+@pytest.mark.parametrize("bad,match", [
+    ([-0.1, float("nan")], r"line 3: 'token_logprobs' must be a list of numbers <= 0"),
+    ([-0.1, True], r"line 3: 'token_logprobs' must be a list of numbers <= 0"),
+    ([-0.1, "x"], r"line 3: 'token_logprobs' must be a list of numbers <= 0"),
+    ([-0.1, 0.5], r"line 3: 'token_logprobs' must be a list of numbers <= 0"),
+])
+def test_token_lists_checked_over_the_whole_file_still_name_the_line(tmp_path, bad, match):
+    """The per-token lists are checked over all rows at once; a bad value still names its line, and integer entries
+    are read as floats."""
+    from capo.errors import DataError
+    from capo.evaluation.run import _read_generations
+
+    rows = [{"prompt_id": "q", "text": "x", "gold": "1", "token_logprobs": v, "token_entropy": [0, 1.5]}
+            for v in ([-0.1, 0], [-1, -2.5], bad)]
+    gen = tmp_path / "g.jsonl"
+    gen.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=match):
+        _read_generations(gen)
+    gen.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    norm = _read_generations(gen)
+    assert [x["tokens"]["token_logprobs"] for x in norm] == [[-0.1, 0.0], [-1.0, -2.5]]
+    assert all(type(v) is float for x in norm for f in ("token_logprobs", "token_entropy") for v in x["tokens"][f])
+    assert [x["sum"] for x in norm] == [-0.1, -3.5]
