@@ -575,3 +575,19 @@ def test_a_corrupt_record_is_reported_and_never_rewritten(tmp_path, capsys, monk
     assert _run(tmp_path, spec_path) == 2
     assert f"{job.record}: corrupt record" in capsys.readouterr().err
     assert job.record.read_text() == torn
+
+
+@pytest.mark.parametrize("n_measures,rows", [(3, 1), (4, 1), (11, 3)])
+def test_forest_plot_wraps_its_panels_into_rows(tmp_path, n_measures, rows):
+    """Eleven measures drew 11 panels in one row (3201 x 327 px); they wrap, FOREST_PER_ROW to a row."""
+    import matplotlib.image
+
+    measures = plots.FOREST[:n_measures]
+    d = {"seeds": [1, 2, 3], "low": -0.01, "mean": 0.01, "high": 0.03, "sd": 0.02}
+    s = {"reference": "grpo", "paired": {m: {k: d for k in measures} for m in ("capo", "rloo", "dr_grpo")}}
+    assert plots.plot_forest(s, tmp_path / "f.png")
+    h, w = matplotlib.image.imread(tmp_path / "f.png").shape[:2]
+    cols = min(n_measures, plots.FOREST_PER_ROW)
+    assert abs(w - (2.5 * cols + 1.6) * 110) <= 1  # 110 dpi
+    assert abs(h - (rows * (0.42 * 3 + 0.9) + 0.4) * 110) <= 1
+    assert w <= 1300
