@@ -313,8 +313,7 @@ def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) 
         print("\nAUC-mean, paired per-prompt difference vs base (prompts mixed for both; 95% bootstrap interval over "
               "prompts):")
     for n, d in paired.items():
-        print(f"  {n:<{w + 7}} {_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  "
-              f"over {d['n_prompts']} prompts")
+        print(f"  {n:<{w + 7}} {_paired_line(d)}")
     _report(models, cfgs, algos, out, args, t0)
 
 
@@ -333,6 +332,18 @@ def _report(models, cfgs, algos, out: Path, args, t0: float) -> None:
         print(f"\nreport: {out / 'report.html'}   ({(time.perf_counter() - t0) / 60:.1f} min in all)")
     print("\nconclusion (computed from the numbers above; the report opens with the same paragraph):")
     print(textwrap.fill(headline(cmp)[0], width=110))
+
+
+def _paired_line(d: dict) -> str:
+    """One model's paired AUC-mean difference for the terminal, or that too few prompts entered it
+    (capo.evaluation.compare.MIN_PROMPTS, the rule of every comparison)."""
+    from capo.evaluation.compare import MIN_PROMPTS, too_few
+
+    n = d["n_prompts"]
+    if too_few(n):
+        return (f"too few prompts to compare: {n} with right and wrong answers in both runs (a comparison needs at "
+                f"least {MIN_PROMPTS})")
+    return f"{_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  over {n} prompts"
 
 
 def _paired_vs_base(base_dir: Path, run_dir: Path) -> dict:
