@@ -65,7 +65,8 @@ def _rows(n_prompts: int = 30, k: int = 5, seed: int = 0) -> list[dict]:
     for i in range(g.numel()):
         lps = (-torch.rand(int(torch.randint(1, 6, (1,), generator=gen)), generator=gen, dtype=torch.float64)).tolist()
         rows.append({"prompt_id": f"p{int(g[i])}", "text": f"t{i}", "verdict": "correct" if c[i] else "incorrect",
-                     "mean_logprob": None if math.isinf(s[i]) else float(s[i]), "n_tokens": 0 if math.isinf(s[i]) else 3,
+                     "mean_logprob": None if math.isinf(s[i]) else float(s[i]),
+                     "n_tokens": 0 if math.isinf(s[i]) else 3,
                      "answer_id": i % 3, "confidence": None, "token_logprobs": [] if math.isinf(s[i]) else lps})
     return rows
 

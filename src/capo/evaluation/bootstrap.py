@@ -62,7 +62,8 @@ class QuestionBootstrap:
         return self._interval(num / (self.weights @ used.to(F64)))  # 0 / 0 = NaN: dropped
 
     def auroc_ci(self, scores: torch.Tensor, correct: torch.Tensor) -> tuple[float, float]:
-        """Interval of :func:`capo.core.calibration.auroc` (pooled) of scores [N] (+-inf allowed) against correct [N]."""
+        """Interval of :func:`capo.core.calibration.auroc` (pooled) of scores [N] (+-inf allowed) against correct
+        [N]."""
         s = scores.to(F64).cpu()
         order = torch.argsort(s, stable=True)
         s, c, g = s[order], correct.cpu()[order].bool(), self.inv[order]  # [N] each, ascending score

@@ -82,7 +82,8 @@ pre{white-space:pre-wrap;word-break:break-word;max-height:220px;overflow:auto;ba
 font-size:12px}
 .muted{color:#777;font-size:12px}
 .headline{font-size:15px;line-height:1.5;background:#f5f8ff;border-left:4px solid #3b6fd8;padding:10px 14px;margin:12px 0}
-td.best{font-weight:bold;background:#eef7ee}.ci{color:#666;font-size:11px}.few{color:#a60;font-size:11px}td.sig{font-weight:bold}
+td.best{font-weight:bold;background:#eef7ee}.ci{color:#666;font-size:11px}td.sig{font-weight:bold}
+.few{color:#a60;font-size:11px}
 """
 
 

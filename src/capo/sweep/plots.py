@@ -136,9 +136,9 @@ FOREST_PER_ROW = 4  # panels per row of the forest plot; more measures wrap into
 
 def plot_forest(s: dict, path: Path) -> bool:
     """One panel per measure (:data:`FOREST_PER_ROW` to a row), one line per method: the paired difference from the
-    reference with its t-interval over seeds. Each panel's x range fits the methods with at least 3 paired seeds; a wider interval (2 seeds: t = 12.7)
-    is cut at the edge and marked with an arrow, so that it cannot hide the powered ones. False (nothing drawn) when
-    no method has a paired interval."""
+    reference with its t-interval over seeds. Each panel's x range fits the methods with at least 3 paired seeds; a
+    wider interval (2 seeds: t = 12.7) is cut at the edge and marked with an arrow, so that it cannot hide the powered
+    ones. False (nothing drawn) when no method has a paired interval."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
