@@ -96,3 +96,16 @@ def test_reports_label_runs_by_method_and_seed(tmp_path, capsys):
     assert main(["report", str(ev), str(train), str(base), "--out", str(out)]) == 0
     page = out.read_text()
     assert "<th>grpo-seed3</th>" in page and "<th>eval</th>" not in page
+
+
+def test_the_forest_plot_leaves_out_comparisons_from_too_few_prompts():
+    from capo.evaluation.report import paired_panels
+
+    runs = {"base": _run("base", auc_mean=0.6, auc_mean_groups=12.0, accuracy=0.5),
+            "a": _run("a-seed0", auc_mean=1.0, auc_mean_groups=2.0, accuracy=0.6),
+            "b": _run("b-seed0", auc_mean=0.7, auc_mean_groups=12.0, accuracy=0.4),
+            "c": _run("c-seed0", auc_mean=0.65, auc_mean_groups=11.0, accuracy=0.3)}
+    cmp = Comparison([Model(n, [r]) for n, r in runs.items()], "base", 16, 200, {n: {} for n in runs})
+    panels = paired_panels(cmp)
+    assert set(panels["AUC-mean (+ better)"]) == {"b", "c"}
+    assert set(panels["accuracy (+ better)"]) == {"a", "b", "c"}

@@ -143,6 +143,11 @@ class Comparison:
         ns = [n for r in self._model(name).runs if (n := prompts_behind(r.metrics, key)) is not None]
         return min([*ns, self.prompts]) if ns else None
 
+    def prompts_between(self, a: str, b: str, key: str) -> int | None:
+        """The prompts a comparison of models a and b on ``key`` draws on: the fewer of the two (None: unknown)."""
+        return min((n for n in (self.prompts_behind(a, key), self.prompts_behind(b, key)) if n is not None),
+                   default=None)
+
     def _model(self, name: str) -> Model:
         return next(m for m in self.models if m.name == name)
 

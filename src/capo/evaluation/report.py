@@ -370,8 +370,7 @@ def _paired_table(cmp) -> str:
             if d is None:
                 cells.append("<td>&ndash;</td>")
                 continue
-            n = min((x for x in (cmp.prompts_behind(m.name, key), cmp.prompts_behind(cmp.reference, key))
-                     if x is not None), default=None)
+            n = cmp.prompts_between(m.name, cmp.reference, key)
             if compare.too_few(n):
                 cells.append(f"<td>{d[0]:+.3f}{_few_note(n)}</td>")
                 continue
@@ -398,14 +397,16 @@ PAIRED_PLOT = (("accuracy", "accuracy (+ better)"), ("auc_mean", "AUC-mean (+ be
 
 
 def paired_panels(cmp) -> dict:
-    """{panel label: {model: (difference, low, high)}} against the reference, for :func:`plots.plot_paired`; empty
-    when fewer than two models are compared against it (the paired table says it then)."""
+    """{panel label: {model: (difference, low, high)}} against the reference, for :func:`plots.plot_paired`, without
+    the comparisons drawn from too few prompts (compare.too_few); empty when fewer than two models are compared
+    against it (the paired table says it then)."""
     others = [m.name for m in cmp.models if m.name != cmp.reference]
     if len(others) < 2 or not cmp.draws:
         return {}
     out = {}
     for key, label in PAIRED_PLOT:
-        rows = {m: d for m in others if (d := cmp.diff(m, cmp.reference, key)) is not None}
+        rows = {m: d for m in others if (d := cmp.diff(m, cmp.reference, key)) is not None
+                and not compare.too_few(cmp.prompts_between(m, cmp.reference, key))}  # as the paired table says
         if rows:
             out[label] = rows
     return out
