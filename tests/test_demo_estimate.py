@@ -47,13 +47,13 @@ def test_train_all_prints_the_probed_estimate(monkeypatch, capsys):
     import capo.trainer.loop as loop
 
     monkeypatch.setattr(loop, "Trainer", lambda cfg: SimpleNamespace(train=lambda: None))
-    cfg = SimpleNamespace(run=SimpleNamespace(steps=60, eval_every=20, out_dir="o"),
+    cfg = SimpleNamespace(run=SimpleNamespace(steps=50, eval_every=20, out_dir="o"),
                           rollout=SimpleNamespace(prompts_per_step=8, group_size=8))
     args = SimpleNamespace(task="default", eval_problems=100, eval_k=8, out="runs/demo")
     cfgs = {("grpo", 0): cfg, ("capo", 0): cfg}
     demo_cmd._train_all(cfgs, ["grpo", "capo"], [0], args, probe=lambda: 4 * PROBE_REFERENCE_S,
                         machine=lambda: (5.0, 2))
     out = capsys.readouterr().out
-    plan = DemoPlan("default", runs=2, steps=60, evals_per_run=3)
+    plan = DemoPlan("default", runs=2, steps=50, evals_per_run=3)  # at steps 20, 40 and the last, 50
     assert f"~{round(4 * sum(plan.reference_seconds()) / 60)} min" in out
     assert "this machine is shared (load average 5.0 on 2 cores)" in out

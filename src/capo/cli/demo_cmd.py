@@ -165,12 +165,14 @@ def _configs(algos, seeds, extra, out: Path, steps, preset: str = "default") -> 
 def probe_seconds(repeats: int = 3) -> float:
     """The speed probe: median seconds, over ``repeats``, of a fixed small training workload at one torch thread
     (1000 forward/backward/SGD steps of a 64-256-64 MLP on 32 rows: small kernels and Python dispatch, as the demo's
-    steps are). Its ratio to :data:`PROBE_REFERENCE_S` scales the estimate to this machine, as loaded now."""
+    steps are). Its ratio to :data:`PROBE_REFERENCE_S` scales the estimate to this machine, as loaded now. One thread:
+    the same probe at 2 threads beside another job took 3.5x to 50x its one-thread time from one minute to the next,
+    too unsteady to scale by (the shared-machine note says what it means instead)."""
     import statistics
 
     import torch
 
-    threads = torch.get_num_threads()
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         gen = torch.Generator().manual_seed(0)
@@ -189,13 +191,14 @@ def probe_seconds(repeats: int = 3) -> float:
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)
 class DemoPlan:
-    """What the estimate counts: ``runs`` training runs of ``steps`` steps, each with ``evals_per_run`` periodic
-    evaluations, then ``runs`` + 1 final held-out evaluations (the base's and each run's)."""
+    """What the estimate counts: ``runs`` training runs of ``steps`` steps, each with ``evals_per_run`` evaluations
+    (every ``run.eval_every`` steps and at the last), then ``runs`` + 1 final held-out evaluations (the base's and each
+    run's)."""
 
     task: str
     runs: int
@@ -216,7 +219,8 @@ def machine_note(probe_s: float, load: float | None, cores: int) -> tuple[float,
     note = f"speed probe {probe_s:.2f} s here vs {PROBE_REFERENCE_S:.2f} s on the reference machine ({speed:.1f}x)"
     if load is not None and load > cores:
         note += (f"; this machine is shared (load average {load:.1f} on {cores} cores): the time holds only while "
-                 "the load stays as it is")
+                 "the load stays as it is, and runs of several threads wait for each other (--set run.threads=1 "
+                 "avoids it)")
     return speed, note
 
 
@@ -244,14 +248,14 @@ def _machine() -> tuple[float | None, int]:
 
 
 def _train_all(cfgs: dict, algos, seeds, args, probe=probe_seconds, machine=_machine) -> None:
-    """Train every (algorithm, seed), after the estimate (``probe`` and ``machine``: the speed probe and the load,
-    injectable)."""
+    """Train every (algorithm, seed), after the estimate (``probe``: seconds of the speed probe, ``machine``: the load
+    and cores; both injectable)."""
     from capo.trainer.loop import Trainer
 
     first = next(iter(cfgs.values()))
     steps = first.run.steps
     every = first.run.eval_every
-    plan = DemoPlan(args.task, len(cfgs), steps, steps // every if every else 1)
+    plan = DemoPlan(args.task, len(cfgs), steps, -(-steps // every) if every else 1)  # at every `every` and the last
     probe_s = probe()
     print(f"capo demo: {len(algos)} algorithms ({', '.join(algos)}) x {len(seeds)} seed(s), {steps} steps each "
           f"({first.rollout.prompts_per_step} prompts x {first.rollout.group_size} samples per step), then a "
