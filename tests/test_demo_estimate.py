@@ -57,3 +57,11 @@ def test_train_all_prints_the_probed_estimate(monkeypatch, capsys):
     plan = DemoPlan("default", runs=2, steps=50, evals_per_run=3)  # at steps 20, 40 and the last, 50
     assert f"~{round(4 * sum(plan.reference_seconds()) / 60)} min" in out
     assert "this machine is shared (load average 5.0 on 2 cores)" in out
+
+
+def test_the_final_evaluations_scale_with_their_size():
+    """--eval-problems 16 --eval-k 4 is 1/12.5 of the default budget's 100 x 8 responses."""
+    per_eval = SECONDS_ESTIMATE["default"][1]
+    full = DemoPlan("default", runs=2, steps=4, evals_per_run=1).reference_seconds()[1]
+    small = DemoPlan("default", runs=2, steps=4, evals_per_run=1, responses=64).reference_seconds()[1]
+    assert full == pytest.approx(3 * per_eval) and small == pytest.approx(3 * per_eval * 64 / 800)

@@ -198,17 +198,21 @@ def probe_seconds(repeats: int = 3) -> float:
 class DemoPlan:
     """What the estimate counts: ``runs`` training runs of ``steps`` steps, each with ``evals_per_run`` evaluations
     (every ``run.eval_every`` steps and at the last), then ``runs`` + 1 final held-out evaluations (the base's and each
-    run's)."""
+    run's) of ``responses`` each (problems x samples)."""
 
     task: str
     runs: int
     steps: int
     evals_per_run: int
+    responses: int | None = None  # None: the task's default budget
 
     def reference_seconds(self) -> tuple[float, float]:
-        """(training with its periodic evaluations, the final evaluations) on the reference machine."""
+        """(training with its periodic evaluations, the final evaluations) on the reference machine; a final
+        evaluation's seconds scale with its responses against the budget's (--eval-problems x --eval-k)."""
         per_step, per_eval = SECONDS_ESTIMATE[self.task]
-        return self.runs * (self.steps * per_step + self.evals_per_run * per_eval), (self.runs + 1) * per_eval
+        budget = DEMO_BUDGET[self.task].eval_problems * DEMO_BUDGET[self.task].eval_k
+        final = per_eval * (budget if self.responses is None else self.responses) / budget
+        return self.runs * (self.steps * per_step + self.evals_per_run * per_eval), (self.runs + 1) * final
 
 
 def machine_note(probe_s: float, load: float | None, cores: int) -> tuple[float, str]:
@@ -255,7 +259,8 @@ def _train_all(cfgs: dict, algos, seeds, args, probe=probe_seconds, machine=_mac
     first = next(iter(cfgs.values()))
     steps = first.run.steps
     every = first.run.eval_every
-    plan = DemoPlan(args.task, len(cfgs), steps, -(-steps // every) if every else 1)  # at every `every` and the last
+    plan = DemoPlan(args.task, len(cfgs), steps, -(-steps // every) if every else 1,  # at every `every` and the last
+                    args.eval_problems * args.eval_k)
     probe_s = probe()
     print(f"capo demo: {len(algos)} algorithms ({', '.join(algos)}) x {len(seeds)} seed(s), {steps} steps each "
           f"({first.rollout.prompts_per_step} prompts x {first.rollout.group_size} samples per step), then a "
