@@ -273,7 +273,7 @@ def _train_all(cfgs: dict, algos, seeds, args, probe=probe_seconds, machine=_mac
         el = time.perf_counter() - t0
         if done == 1:  # re-estimate the whole demo from this machine's measured speed
             print(f"   measured {el / steps:.1f} s/step here (periodic evaluations included): about "
-                  f"{remaining_after_first(plan, el, probe_s) / 60:.0f} min left in all (training and evaluation)",
+                  f"{remaining_after_first(plan, el, probe_s) / 60:.1f} min left in all (training and evaluation)",
                   flush=True)
         else:
             print(f"   {done}/{len(cfgs)} runs in {el / 60:.1f} min; about {el / done * (len(cfgs) - done) / 60:.1f} "
