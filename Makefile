@@ -80,6 +80,7 @@ bench: install
 	$(VLLM_VENV)/bin/python benchmarks/token_stats_cost.py --quick --engine vllm
 	$(BIN)/python benchmarks/trl_vs_capo.py --quick --variants capo trl capo_vllm
 	$(BIN)/python benchmarks/eval_engines.py --quick --out $(BENCH_OUT)/eval_engines
+	$(BIN)/python benchmarks/eval_generations.py --quick
 	$(VLLM_VENV)/bin/python benchmarks/vllm_vs_hf.py --quick
 
 # Mutation testing (mutmut 3) of the core, the verifier, the evaluation metrics and the step, one module at a time

@@ -592,3 +592,19 @@ def test_the_final_evaluation_renders_prompts_as_training_did(tmp_path):
     cfg["model"]["chat_template"], cfg["data"]["system_prompt"] = False, "Be brief."
     args = runner._eval_args(runner.eval_settings(job, cfg, "smollm2"), tmp_path / "e")
     assert "--no-chat-template" in args and args[args.index("--system-prompt") + 1] == "Be brief."
+
+
+@pytest.mark.parametrize("n_measures,rows", [(3, 1), (4, 1), (11, 3)])
+def test_forest_plot_wraps_its_panels_into_rows(tmp_path, n_measures, rows):
+    """Eleven measures drew 11 panels in one row (3201 x 327 px); they wrap, FOREST_PER_ROW to a row."""
+    import matplotlib.image
+
+    measures = plots.FOREST[:n_measures]
+    d = {"seeds": [1, 2, 3], "low": -0.01, "mean": 0.01, "high": 0.03, "sd": 0.02}
+    s = {"reference": "grpo", "paired": {m: {k: d for k in measures} for m in ("capo", "rloo", "dr_grpo")}}
+    assert plots.plot_forest(s, tmp_path / "f.png")
+    h, w = matplotlib.image.imread(tmp_path / "f.png").shape[:2]
+    cols = min(n_measures, plots.FOREST_PER_ROW)
+    assert abs(w - (2.5 * cols + 1.6) * 110) <= 1  # 110 dpi
+    assert abs(h - (rows * (0.42 * 3 + 0.9) + 0.4) * 110) <= 1
+    assert w <= 1300

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import textwrap
 import time
 from dataclasses import dataclass
@@ -15,9 +16,13 @@ from capo.settings import from_namespace, opt
 
 DEMO_TASKS = ("default", "collapse", "word_problems", "stochastic")  # preset names; the preset names the base model and the task
 # Seconds per training step and per held-out evaluation (of the demo's size) on the 2-core reference machine at one
-# thread (docs/results.md); only used for the up-front estimate, which the demo corrects after its first run.
+# thread (docs/results.md); the up-front estimate scales them by this machine's speed (the probe), and the demo
+# re-estimates after its first run.
 SECONDS_ESTIMATE = {"default": (2.0, 30.0), "collapse": (2.0, 30.0), "word_problems": (22.0, 30.0),
                     "stochastic": (1.0, 10.0)}
+# The speed probe (`probe_seconds`): median seconds of its fixed workload on the 2-core reference machine with a core
+# free (load average <= cores; docs/metrics.md, "capo demo's time estimate").
+PROBE_REFERENCE_S = 0.20
 # Algorithms compared when --algos is not given: the reasoning testbed's steps cost ~10x the default's, so its demo
 # compares GRPO and CAPO only; the stochastic task's demo is the positive control, GRPO (std) against Dr. GRPO.
 DEMO_ALGOS = {"default": "grpo,capo,rlcr", "collapse": "grpo,capo,rlcr", "word_problems": "grpo,capo",
@@ -157,29 +162,119 @@ def _configs(algos, seeds, extra, out: Path, steps, preset: str = "default") -> 
     return cfgs
 
 
-def _train_all(cfgs: dict, algos, seeds, args) -> None:
+def probe_seconds(repeats: int = 3) -> float:
+    """The speed probe: median seconds, over ``repeats``, of a fixed small training workload at one torch thread
+    (1000 forward/backward/SGD steps of a 64-256-64 MLP on 32 rows: small kernels and Python dispatch, as the demo's
+    steps are). Its ratio to :data:`PROBE_REFERENCE_S` scales the estimate to this machine, as loaded now. One thread:
+    the same probe at 2 threads beside another job took 3.5x to 50x its one-thread time from one minute to the next,
+    too unsteady to scale by (the shared-machine note says what it means instead)."""
+    import statistics
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        w1 = (torch.randn(64, 256, generator=gen) * 0.1).requires_grad_()
+        w2 = (torch.randn(256, 64, generator=gen) * 0.1).requires_grad_()
+        x = torch.randn(32, 64, generator=gen)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(1000):
+                loss = (torch.relu(x @ w1) @ w2).square().mean()
+                g1, g2 = torch.autograd.grad(loss, (w1, w2))
+                with torch.no_grad():
+                    w1 -= 0.01 * g1
+                    w2 -= 0.01 * g2
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """What the estimate counts: ``runs`` training runs of ``steps`` steps, each with ``evals_per_run`` evaluations
+    (every ``run.eval_every`` steps and at the last), then ``runs`` + 1 final held-out evaluations (the base's and each
+    run's) of ``responses`` each (problems x samples)."""
+
+    task: str
+    runs: int
+    steps: int
+    evals_per_run: int
+    responses: int | None = None  # None: the task's default budget
+
+    def reference_seconds(self) -> tuple[float, float]:
+        """(training with its periodic evaluations, the final evaluations) on the reference machine; a final
+        evaluation's seconds scale with its responses against the budget's (--eval-problems x --eval-k)."""
+        per_step, per_eval = SECONDS_ESTIMATE[self.task]
+        budget = DEMO_BUDGET[self.task].eval_problems * DEMO_BUDGET[self.task].eval_k
+        final = per_eval * (budget if self.responses is None else self.responses) / budget
+        return self.runs * (self.steps * per_step + self.evals_per_run * per_eval), (self.runs + 1) * final
+
+
+def machine_note(probe_s: float, load: float | None, cores: int) -> tuple[float, str]:
+    """(speed factor, the sentence the estimate prints): the probe's time over the reference machine's, and whether
+    the machine is shared -- its 1-minute load average above its cores (then the estimate holds only while the load
+    does)."""
+    speed = probe_s / PROBE_REFERENCE_S
+    note = f"speed probe {probe_s:.2f} s here vs {PROBE_REFERENCE_S:.2f} s on the reference machine ({speed:.1f}x)"
+    if load is not None and load > cores:
+        note += (f"; this machine is shared (load average {load:.1f} on {cores} cores): the time holds only while "
+                 "the load stays as it is, and runs of several threads wait for each other (--set run.threads=1 "
+                 "avoids it)")
+    return speed, note
+
+
+def estimate_line(plan: DemoPlan, probe_s: float, load: float | None, cores: int) -> str:
+    """The up-front estimate: the reference machine's seconds scaled by the probe's speed factor."""
+    speed, note = machine_note(probe_s, load, cores)
+    train, final = plan.reference_seconds()
+    return f"Estimated time here: ~{max(1, round(speed * (train + final) / 60))} min ({note})."
+
+
+def remaining_after_first(plan: DemoPlan, first_run_s: float, probe_s: float) -> float:
+    """Seconds left after the first run took ``first_run_s`` (its steps and periodic evaluations): the other runs
+    cost as much each, the final evaluations their reference time scaled by the probe (not by the first run, whose
+    start-up costs a few steps would blow up)."""
+    return first_run_s * (plan.runs - 1) + plan.reference_seconds()[1] * probe_s / PROBE_REFERENCE_S
+
+
+def _machine() -> tuple[float | None, int]:
+    """(1-minute load average or None where the system has none, CPU cores)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = None
+    return load, os.cpu_count() or 1
+
+
+def _train_all(cfgs: dict, algos, seeds, args, probe=probe_seconds, machine=_machine) -> None:
+    """Train every (algorithm, seed), after the estimate (``probe``: seconds of the speed probe, ``machine``: the load
+    and cores; both injectable)."""
     from capo.trainer.loop import Trainer
 
     first = next(iter(cfgs.values()))
     steps = first.run.steps
-    n_evals = len(cfgs) * (steps // max(first.run.eval_every, 1) if first.run.eval_every else 1) + len(cfgs) + 1
-    per_step, per_eval = SECONDS_ESTIMATE[args.task]
-    est = len(cfgs) * steps * per_step + n_evals * per_eval
+    every = first.run.eval_every
+    plan = DemoPlan(args.task, len(cfgs), steps, -(-steps // every) if every else 1,  # at every `every` and the last
+                    args.eval_problems * args.eval_k)
+    probe_s = probe()
     print(f"capo demo: {len(algos)} algorithms ({', '.join(algos)}) x {len(seeds)} seed(s), {steps} steps each "
           f"({first.rollout.prompts_per_step} prompts x {first.rollout.group_size} samples per step), then a "
           f"held-out evaluation of {args.eval_problems} problems x {args.eval_k} samples per model.\n"
-          f"Estimated time on a 2-core CPU: ~{est / 60:.0f} min. Output: {args.out}/", flush=True)
+          f"{estimate_line(plan, probe_s, *machine())} Output: {args.out}/", flush=True)
     t0 = time.perf_counter()
-    for (algo, seed), cfg in cfgs.items():
+    for done, ((algo, seed), cfg) in enumerate(cfgs.items(), 1):
         print(f"\n== training {algo} (seed {seed}) -> {cfg.run.out_dir}", flush=True)
         Trainer(cfg).train()
-        done = list(cfgs).index((algo, seed)) + 1
         el = time.perf_counter() - t0
         if done == 1:  # re-estimate the whole demo from this machine's measured speed
-            ratio = el / (steps * per_step)
-            left = el * (len(cfgs) - 1) + n_evals * per_eval * ratio
-            print(f"   measured {el / steps:.1f} s/step here ({ratio:.1f}x the estimate's speed constant): about "
-                  f"{left / 60:.0f} min left in all (training and evaluation)", flush=True)
+            print(f"   measured {el / steps:.1f} s/step here (periodic evaluations included): about "
+                  f"{remaining_after_first(plan, el, probe_s) / 60:.1f} min left in all (training and evaluation)",
+                  flush=True)
         else:
             print(f"   {done}/{len(cfgs)} runs in {el / 60:.1f} min; about {el / done * (len(cfgs) - done) / 60:.1f} "
                   "min of training left", flush=True)
@@ -227,8 +322,7 @@ def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) 
         print("\nAUC-mean, paired per-prompt difference vs base (prompts mixed for both; 95% bootstrap interval over "
               "prompts):")
     for n, d in paired.items():
-        print(f"  {n:<{w + 7}} {_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  "
-              f"over {d['n_prompts']} prompts")
+        print(f"  {n:<{w + 7}} {_paired_line(d)}")
     _report(models, cfgs, algos, out, args, t0)
 
 
@@ -247,6 +341,18 @@ def _report(models, cfgs, algos, out: Path, args, t0: float) -> None:
         print(f"\nreport: {out / 'report.html'}   ({(time.perf_counter() - t0) / 60:.1f} min in all)")
     print("\nconclusion (computed from the numbers above; the report opens with the same paragraph):")
     print(textwrap.fill(headline(cmp)[0], width=110))
+
+
+def _paired_line(d: dict) -> str:
+    """One model's paired AUC-mean difference for the terminal, or that too few prompts entered it
+    (capo.evaluation.compare.MIN_PROMPTS, the rule of every comparison)."""
+    from capo.evaluation.compare import MIN_PROMPTS, too_few
+
+    n = d["n_prompts"]
+    if too_few(n):
+        return (f"too few prompts to compare: {n} with right and wrong answers in both runs (a comparison needs at "
+                f"least {MIN_PROMPTS})")
+    return f"{_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  over {n} prompts"
 
 
 def _paired_vs_base(base_dir: Path, run_dir: Path) -> dict:

@@ -17,7 +17,8 @@ class ReportSettings:
 
     runs: list = opt([], "run directories", flag="runs", nargs="+", metavar="RUN_DIR")
     out: str = opt("report.html", "output HTML file")
-    names: str | None = opt(None, "comma-separated display names, one per RUN_DIR")
+    names: str | None = opt(None, "comma-separated display names, one per RUN_DIR (default: each run's method and "
+                            "seed from its config, e.g. grpo-seed0; the folder name when it names none)")
     title: str = opt("capo report", "page title")
     examples: int = opt(0, "example responses shown per eval run")
     reference: str | None = opt(None, "the model the paired differences are taken against: a run name without its "
@@ -38,7 +39,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(ns) -> int:
-    from capo.evaluation.report import load_run, write_report
+    from capo.evaluation.report import load_run, run_label, write_report
 
     args = from_namespace(ReportSettings, ns)
     names = [n.strip() for n in args.names.split(",")] if args.names else None
@@ -49,7 +50,7 @@ def run(ns) -> int:
     runs = []
     seen = set()
     for i, d in enumerate(args.runs):
-        name = names[i] if names else Path(d).name or str(d)
+        name = names[i] if names else run_label(Path(d))
         if name in seen:
             name = f"{name} ({i})"
         seen.add(name)

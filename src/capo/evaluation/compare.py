@@ -25,7 +25,8 @@ from capo.errors import ConfigError
 from capo.evaluation.metrics import assign_answer_ids, columns, stochastic_columns
 from capo.evaluation.stats import seed_paired_interval
 
-__all__ = ["MEASURES", "Model", "Comparison", "compare", "headline", "model_name"]
+__all__ = ["MEASURES", "MIN_PROMPTS", "Model", "Comparison", "compare", "headline", "model_name", "prompts_behind",
+           "too_few"]
 
 # (metrics key, readable name, +1 = higher is better / -1 = lower is better): the measures the headline covers
 MEASURES = [
@@ -45,6 +46,25 @@ MEASURES = [
     ("answer_ece", "ECE of the per-question frequency of predicting 1", -1),  # the binary variant only
     ("answer_rate_error", "mean |frequency of predicting 1 - true rate|", -1),
 ]
+
+
+# The fewest prompts a measure must draw on before a reading names a winner -- the conclusion's best model, a report's
+# shaded best value, a paired comparison (report, `capo demo`'s terminal); below it the reading says that there are too
+# few prompts instead. A prompt enters AUC-mean when it has right and wrong answers (`auc_mean_groups`), every other
+# measure through all its prompts (`n_groups`). docs/metrics.md, "Readings from too few prompts".
+MIN_PROMPTS = 10
+
+
+def prompts_behind(metrics: dict, key: str) -> int | None:
+    """How many prompts one run's measure ``key`` drew on: ``KEY_groups`` where the metrics count them (AUC-mean's
+    mixed prompts), else every prompt (``n_groups``); None when the metrics say neither."""
+    n = metrics.get(f"{key}_groups", metrics.get("n_groups"))
+    return int(n) if isinstance(n, (int, float)) and math.isfinite(n) else None
+
+
+def too_few(n: int | None) -> bool:
+    """Whether a reading drawn from ``n`` prompts must not name a winner (:data:`MIN_PROMPTS`; None: not known)."""
+    return n is not None and n < MIN_PROMPTS
 
 
 def _seed_of(run_name: str) -> str:
@@ -117,6 +137,16 @@ class Comparison:
             return va - vb, math.nan, math.nan
         lo, hi = cal.percentile_interval(diffs, 0.05)
         return va - vb, lo, hi
+
+    def prompts_behind(self, name: str, key: str) -> int | None:
+        """The fewest prompts model ``name``'s ``key`` drew on in any of its runs, at most the shared prompts."""
+        ns = [n for r in self._model(name).runs if (n := prompts_behind(r.metrics, key)) is not None]
+        return min([*ns, self.prompts]) if ns else None
+
+    def prompts_between(self, a: str, b: str, key: str) -> int | None:
+        """The prompts a comparison of models a and b on ``key`` draws on: the fewer of the two (None: unknown)."""
+        return min((n for n in (self.prompts_behind(a, key), self.prompts_behind(b, key)) if n is not None),
+                   default=None)
 
     def _model(self, name: str) -> Model:
         return next(m for m in self.models if m.name == name)
@@ -227,6 +257,9 @@ def _versus_reference(cmp: Comparison, key: str, label: str, sign: int = 1,
         return None
     best_v, best = vals[0]
     other = best if best != cmp.reference else vals[1][1]
+    few = _too_few_sentence(cmp, key, label, (other, cmp.reference))
+    if few:
+        return few, html.escape(few)
     d = cmp.diff(other, cmp.reference, key)
     iv, excl = _interval(d[1], d[2])
     esc = html.escape
@@ -243,6 +276,15 @@ def _versus_reference(cmp: Comparison, key: str, label: str, sign: int = 1,
     htm = (f"<b>{esc(best)}</b> has the {most} {esc(label)} ({best_v:.3f}), {strong}{_fmt(d[0])}{end} vs "
            f"{esc(cmp.reference)} ({esc(iv)}).")
     return plain, htm
+
+
+def _too_few_sentence(cmp: Comparison, key: str, label: str, names) -> str | None:
+    """The sentence that replaces a winner when one of the models ``names`` drew ``key`` from too few prompts."""
+    n, name = min(((cmp.prompts_behind(m, key), m) for m in names), key=lambda t: (t[0] is None, t[0] or 0))
+    if not too_few(n):
+        return None
+    return (f"Too few prompts to compare {label}: {name}'s draws on {n} of {cmp.prompts} prompts (a comparison "
+            f"needs at least {MIN_PROMPTS}).")
 
 
 def headline(cmp: Comparison) -> tuple[str, str]:

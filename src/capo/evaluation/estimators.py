@@ -17,6 +17,7 @@ import torch
 from capo.core import calibration as cal
 from capo.core import voting
 from capo.core.confidence import ConfidenceInputs, compute_confidence
+from capo.evaluation.bootstrap import QuestionBootstrap
 
 __all__ = ["ESTIMATOR_KNOBS", "estimator_inputs", "estimator_table", "unavailable_estimators"]
 
@@ -100,10 +101,11 @@ def _vote_weights(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isinf(s), torch.zeros_like(s), torch.exp(s - top[gi]))
 
 
-def _ci(fn, s, c, g, n_boot: int, seed: int, grouped: bool) -> tuple[float, float]:
+def _boot(g: torch.Tensor, n_boot: int, seed: int) -> QuestionBootstrap | None:
+    """The question bootstrap of the intervals; None (no intervals) without replicates or with one question."""
     if n_boot <= 0 or int(torch.unique(g).numel()) < 2:
-        return math.nan, math.nan
-    return cal.bootstrap_ci(fn, s, c, group_ids=g, n_boot=n_boot, seed=seed, pass_group_ids=grouped)
+        return None
+    return QuestionBootstrap(g, n_boot, seed)
 
 
 def _row(s: torch.Tensor, prob: str | None, c, g, a, *, keep_fraction: float, n_bins: int, n_boot: int,
@@ -113,8 +115,9 @@ def _row(s: torch.Tensor, prob: str | None, c, g, a, *, keep_fraction: float, n_
     am = cal.auc_mean(s, c, g)
     out = {"n": s.numel(), "auroc": cal.auroc(s, c), "auc_mean": am.value, "auc_mean_groups": am.n_groups_used,
            "aurc": cal.aurc(finite, c), "prr": cal.prr(finite, c)}
-    out["auroc_ci"] = _ci(lambda x, y: cal.auroc(x, y), s, c, g, n_boot, seed, False)
-    out["auc_mean_ci"] = _ci(lambda x, y, z: cal.auc_mean(x, y, z).value, s, c, g, n_boot, seed, True)
+    boot = _boot(g, n_boot, seed)
+    out["auroc_ci"] = (math.nan, math.nan) if boot is None else boot.auroc_ci(s, c)
+    out["auc_mean_ci"] = (math.nan, math.nan) if boot is None else boot.auc_mean_ci(s, c)
     p = None if prob is None else torch.exp(s) if prob == "exp" else torch.where(torch.isinf(s), 0.0, s)
     out["ece"] = None if p is None else cal.ece(p, c, n_bins=n_bins)
     out["brier"] = None if p is None else cal.brier(p, c)

@@ -13,6 +13,7 @@ import torch
 
 from capo.core import calibration as cal
 from capo.core import voting
+from capo.evaluation.bootstrap import QuestionBootstrap
 from capo.evaluation.estimators import estimator_table, unavailable_estimators
 
 if TYPE_CHECKING:
@@ -78,13 +79,10 @@ def _bootstrap_metrics(cols: _Columns, n_boot: int, seed: int) -> dict:
     """Bootstrap intervals of AUC-mean and accuracy over questions (cluster bootstrap); none for one question."""
     if not (n_boot > 0 and cols.n_prompts > 1):
         return {}
-    lpm, c, g = cols.lpm, cols.c, cols.g
+    boot = QuestionBootstrap(cols.g, n_boot, seed)
     m = {}
-    lo, hi = cal.bootstrap_ci(lambda s, cc, gg: cal.auc_mean(s, cc, gg).value, lpm, c, group_ids=g,
-                              n_boot=n_boot, seed=seed, pass_group_ids=True)
-    m["auc_mean_ci_low"], m["auc_mean_ci_high"] = lo, hi
-    lo, hi = cal.bootstrap_ci(lambda cc: float(cc.to(torch.float64).mean()), c, group_ids=g, n_boot=n_boot, seed=seed)
-    m["accuracy_ci_low"], m["accuracy_ci_high"] = lo, hi
+    m["auc_mean_ci_low"], m["auc_mean_ci_high"] = boot.auc_mean_ci(cols.lpm, cols.c)
+    m["accuracy_ci_low"], m["accuracy_ci_high"] = boot.mean_ci(cols.c)
     return m
 
 

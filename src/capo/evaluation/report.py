@@ -83,6 +83,7 @@ font-size:12px}
 .muted{color:#777;font-size:12px}
 .headline{font-size:15px;line-height:1.5;background:#f5f8ff;border-left:4px solid #3b6fd8;padding:10px 14px;margin:12px 0}
 td.best{font-weight:bold;background:#eef7ee}.ci{color:#666;font-size:11px}td.sig{font-weight:bold}
+.few{color:#a60;font-size:11px}
 """
 
 
@@ -101,6 +102,39 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _method_seed(train_dir: Path) -> str | None:
+    """``ALGO-seedN`` from a training run's config.yaml (algo.name, run.seed); None when there is none to read."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((train_dir / "config.yaml").read_text())
+        return f"{cfg['algo']['name']}-seed{int(cfg['run']['seed'])}"
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
+        return None
+
+
+def run_label(run_dir: Path) -> str:
+    """A run's name in a report, from its config: a training run's method and seed (``grpo-seed0 (training)``), an
+    eval run's those of the training run whose checkpoint it evaluated (``grpo-seed0``, as `capo demo` names them,
+    so that seeds group into one model); the folder name when the config names no method (e.g. a base model)."""
+    run_dir = Path(run_dir)
+    if (run_dir / "config.yaml").is_file():
+        label = _method_seed(run_dir)
+        return f"{label} (training)" if label else run_dir.name
+    model = None
+    for f in (run_dir / "config.json", run_dir / "metrics.json"):
+        try:
+            data = json.loads(f.read_text())
+            model = data.get("model") or (data.get("config") or {}).get("model")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue
+        if model:
+            break
+    ckpt = Path(str(model)) if model else None
+    label = _method_seed(ckpt.parent.parent) if ckpt is not None and ckpt.parent.name == "checkpoints" else None
+    return label or run_dir.name or str(run_dir)
 
 
 def load_run(run_dir: Path, name: str | None = None, n_examples: int = 0) -> RunInfo:
@@ -168,13 +202,25 @@ def _img(data: bytes, alt: str, full: bool = False) -> str:
     return f'<figure{cls}><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}"></figure>'
 
 
-def _cell(r: RunInfo, key: str, fmt: str, best: bool) -> str:
-    """One value, with its 95% bootstrap interval in the same cell when the run has one."""
+def _few(metrics: dict, key: str) -> int | None:
+    """The prompts a value drew on when they are too few to name it best (compare.MIN_PROMPTS), else None."""
+    n = compare.prompts_behind(metrics, key)
+    return n if compare.too_few(n) else None
+
+
+def _few_note(n: int | None) -> str:
+    return "" if n is None else (f" <span class='few' title='fewer than {compare.MIN_PROMPTS} prompts: never shaded "
+                                 f"best'>(from {n} prompt{'s' if n != 1 else ''}: too few to compare)</span>")
+
+
+def _cell(r: RunInfo, key: str, fmt: str, best: bool, few: int | None = None) -> str:
+    """One value, with its 95% bootstrap interval in the same cell when the run has one, and a note when it drew on
+    too few prompts (``few``) to be compared."""
     v = r.metrics.get(key)
     lo, hi = r.metrics.get(f"{key}_ci_low"), r.metrics.get(f"{key}_ci_high")
     ci = f" <span class='ci'>[{_fmt(lo, fmt)}, {_fmt(hi, fmt)}]</span>" if lo is not None and hi is not None else ""
     cls = ' class="best"' if best else ""
-    return f"<td{cls}>{_fmt(v, fmt)}{ci}</td>"
+    return f"<td{cls}>{_fmt(v, fmt)}{ci}{_few_note(few)}</td>"
 
 
 def _best_index(vals: list, sign: int | None) -> int | None:
@@ -197,9 +243,10 @@ def _table(runs: list[RunInfo], keys, caption: str) -> str:
         if all(v is None for v in vals):
             continue
         sign = BETTER.get(key)
-        best = _best_index(vals, sign)
+        few = [None if sign is None else _few(r.metrics, key) for r in runs]  # a count has no direction
+        best = _best_index([None if f is not None else v for v, f in zip(vals, few)], sign)
         arrow = {1: " &uarr;", -1: " &darr;"}.get(sign, "")
-        cells = "".join(_cell(r, key, fmt, i == best) for i, r in enumerate(runs))
+        cells = "".join(_cell(r, key, fmt, i == best, few[i]) for i, r in enumerate(runs))
         rows.append(f'<tr><th class="l" title="{html.escape(key)}">{html.escape(label)}{arrow}</th>{cells}</tr>')
     if not rows:
         return ""
@@ -245,17 +292,24 @@ ESTIMATOR_COLUMNS = [("auroc", "AUROC", True), ("auc_mean", "AUC-mean", True), (
                      ("weighted_vote", "weighted vote", True)]
 
 
-def _est_cell(e: dict | None, key: str, best: bool) -> str:
+def _est_cell(e: dict | None, key: str, best: bool, few: int | None = None) -> str:
     v = None if e is None else e.get(key)
     ci = None if e is None else e.get(f"{key}_ci")
     txt = _fmt(v, "{:.3f}")
     if ci and all(isinstance(x, (int, float)) and math.isfinite(x) for x in ci):
         txt += f" <span class='muted'>[{ci[0]:.3f}, {ci[1]:.3f}]</span>"
-    return f"<td>{'<b>' + txt + '</b>' if best else txt}</td>"
+    return f"<td>{'<b>' + txt + '</b>' if best else txt}{_few_note(few)}</td>"
 
 
-def _best(vals: list, higher: bool) -> float | None:
-    ok = [v for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
+def _est_few(r: RunInfo, e: dict | None, key: str) -> int | None:
+    """:func:`_few` of one estimator's entry (its AUC-mean counts its own mixed prompts; the rest, the run's)."""
+    return None if e is None else _few({"n_groups": r.metrics.get("n_groups"), **e}, key)
+
+
+def _best(vals: list, higher: bool, few: list | None = None) -> float | None:
+    """The best finite value of ``vals``, leaving out those drawn from too few prompts (``few``: not None)."""
+    ok = [v for i, v in enumerate(vals) if isinstance(v, (int, float)) and math.isfinite(v)
+          and (few is None or few[i] is None)]
     return (max(ok) if higher else min(ok)) if len(ok) > 1 else None
 
 
@@ -274,12 +328,13 @@ def _estimators_section(evals: list[RunInfo]) -> str:
             parts.append(f"<p class='muted unavailable'>Not available for {html.escape(r.name)}: " + "; ".join(
                 f"{html.escape(n)} ({html.escape(why)})" for n, why in gone.items()) + ".</p>")
     if len(evals) == 1:
-        t = tabs[0]
+        t, r = tabs[0], evals[0]
         head = "".join(f"<th>{lab} {'&uarr;' if up else '&darr;'}</th>" for _, lab, up in ESTIMATOR_COLUMNS)
-        best = {k: _best([t[n].get(k) for n in names], up) for k, _, up in ESTIMATOR_COLUMNS}
+        few = {k: [_est_few(r, t[n], k) for n in names] for k, _, _ in ESTIMATOR_COLUMNS}
+        best = {k: _best([t[n].get(k) for n in names], up, few[k]) for k, _, up in ESTIMATOR_COLUMNS}
         body = [f"<tr><th class='l'>{html.escape(n)}</th>"
-                + "".join(_est_cell(t[n], k, best[k] is not None and t[n].get(k) == best[k])
-                          for k, _, _ in ESTIMATOR_COLUMNS) + "</tr>" for n in names]
+                + "".join(_est_cell(t[n], k, best[k] is not None and few[k][i] is None and t[n].get(k) == best[k],
+                                    few[k][i]) for k, _, _ in ESTIMATOR_COLUMNS) + "</tr>" for i, n in enumerate(names)]
         parts.append(f"<table class='metrics estimators'><thead><tr><th class='l'>estimator</th>{head}</tr></thead>"
                      f"<tbody>{''.join(body)}</tbody></table>")
         return "".join(parts)
@@ -288,10 +343,11 @@ def _estimators_section(evals: list[RunInfo]) -> str:
         body = []
         for n in names:
             vals = [t.get(n, {}).get(key) for t in tabs]
-            b = _best(vals, up)
+            few = [_est_few(r, t.get(n), key) for r, t in zip(evals, tabs)]
+            b = _best(vals, up, few)
             body.append(f"<tr><th class='l'>{html.escape(n)}</th>"
-                        + "".join(_est_cell(t.get(n), key, b is not None and v == b) for t, v in zip(tabs, vals))
-                        + "</tr>")
+                        + "".join(_est_cell(t.get(n), key, b is not None and f is None and v == b, f)
+                                  for t, v, f in zip(tabs, vals, few)) + "</tr>")
         parts.append(f"<table class='metrics estimators'><thead><tr><th class='l'>{lab} "
                      f"{'&uarr;' if up else '&darr;'}</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
     return "".join(parts)
@@ -313,6 +369,10 @@ def _paired_table(cmp) -> str:
             d = cmp.diff(m.name, cmp.reference, key)
             if d is None:
                 cells.append("<td>&ndash;</td>")
+                continue
+            n = cmp.prompts_between(m.name, cmp.reference, key)
+            if compare.too_few(n):
+                cells.append(f"<td>{d[0]:+.3f}{_few_note(n)}</td>")
                 continue
             sig = not math.isnan(d[1]) and (d[1] > 0 or d[2] < 0)
             cls = ' class="sig"' if sig else ""
@@ -337,14 +397,16 @@ PAIRED_PLOT = (("accuracy", "accuracy (+ better)"), ("auc_mean", "AUC-mean (+ be
 
 
 def paired_panels(cmp) -> dict:
-    """{panel label: {model: (difference, low, high)}} against the reference, for :func:`plots.plot_paired`; empty
-    when fewer than two models are compared against it (the paired table says it then)."""
+    """{panel label: {model: (difference, low, high)}} against the reference, for :func:`plots.plot_paired`, without
+    the comparisons drawn from too few prompts (compare.too_few); empty when fewer than two models are compared
+    against it (the paired table says it then)."""
     others = [m.name for m in cmp.models if m.name != cmp.reference]
     if len(others) < 2 or not cmp.draws:
         return {}
     out = {}
     for key, label in PAIRED_PLOT:
-        rows = {m: d for m in others if (d := cmp.diff(m, cmp.reference, key)) is not None}
+        rows = {m: d for m in others if (d := cmp.diff(m, cmp.reference, key)) is not None
+                and not compare.too_few(cmp.prompts_between(m, cmp.reference, key))}  # as the paired table says
         if rows:
             out[label] = rows
     return out

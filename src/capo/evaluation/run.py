@@ -30,7 +30,9 @@ import math
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +246,17 @@ def _token_fields(smp: Sample) -> dict:
     return out
 
 
+@contextmanager
+def _one_torch_thread():
+    """Run the block at one torch CPU thread, then restore the caller's setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, verifier: Verifier,
             timing: dict) -> dict:
     """Answer classes, metrics, then the figures and the report. Every data file is complete before any figure is
@@ -252,8 +265,9 @@ def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, veri
     t0 = time.perf_counter()
     assign_answer_ids(rows, verifier)
     timing["classes_s"] = time.perf_counter() - t0
-    res = compute_metrics(rows, n_bins=s.n_bins, n_boot=s.n_boot, seed=s.seed, keep_fraction=s.keep_fraction,
-                          conf_knobs={k: getattr(s, k) for k in ESTIMATOR_KNOBS})
+    with _one_torch_thread():  # many small tensor ops: more threads cost more than they give (8x on a loaded CPU)
+        res = compute_metrics(rows, n_bins=s.n_bins, n_boot=s.n_boot, seed=s.seed, keep_fraction=s.keep_fraction,
+                              conf_knobs={k: getattr(s, k) for k in ESTIMATOR_KNOBS})
     metrics = dict(res["metrics"])
     for key, v in timing.items():
         metrics[f"time_{key}"] = round(float(v), 3)
@@ -467,13 +481,48 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) and v <= 0
 
 
-def _row_logprobs(r: dict, where: str, pid: str) -> tuple[float | None, float | None, int | None]:
+def _numbers_ok(v: list, *, logprob: bool) -> bool:
+    """Every entry of ``v`` a JSON number (not a bool) in range: log-probs <= 0 (-inf allowed, NaN not), statistics
+    finite and >= 0. One tensor for the whole list."""
+    if not set(map(type, v)) <= {float, int}:
+        return False
+    try:
+        t = torch.tensor(v, dtype=torch.float64)
+    except (OverflowError, RuntimeError):  # an integer beyond float64
+        return False
+    return bool((t <= 0 if logprob else torch.isfinite(t) & (t >= 0)).all())  # NaN fails both
+
+
+def _checked_token_fields(rows: list) -> dict[str, bool]:
+    """{per-token field: whether its entries are all floats} for each field that is valid in every row giving it,
+    checked over all rows at once; a field left out is checked row by row, which names the line of a bad list."""
+    out = {}
+    for f in TOKEN_FIELDS:
+        lists = [r[f] for _, r in rows if isinstance(r, dict) and r.get(f) is not None]
+        if all(type(v) is list for v in lists):
+            flat = list(chain.from_iterable(lists))
+            if _numbers_ok(flat, logprob=f == "token_logprobs"):
+                out[f] = set(map(type, flat)) <= {float}
+    return out
+
+
+def _token_list(r: dict, f: str, where: str, checked: dict[str, bool]) -> list[float]:
+    """Row ``r``'s per-token list ``f`` as floats; DataError naming the line when it is not a list of numbers in range
+    (``checked``: :func:`_checked_token_fields` of the file)."""
+    v = r[f]
+    if f not in checked and not (isinstance(v, list) and _numbers_ok(v, logprob=f == "token_logprobs")):
+        kind = "numbers <= 0" if f == "token_logprobs" else "finite numbers >= 0"
+        raise DataError(f"{where}: {f!r} must be a list of {kind}")
+    return v if checked.get(f) else list(map(float, v))
+
+
+def _row_logprobs(r: dict, where: str, pid: str, checked: dict[str, bool]) -> tuple[float | None, float | None,
+                                                                                     int | None]:
     """(sum_logprob, mean_logprob, n_tokens) of one --generations row, from whichever of the schema's log-prob
     fields it gives; DataError naming the line otherwise."""
     tl, n_tokens = r.get("token_logprobs"), r.get("n_tokens")
     if tl is not None:
-        if not isinstance(tl, list) or not all(_num(x) for x in tl):
-            raise DataError(f"{where}: 'token_logprobs' must be a list of numbers <= 0")
+        _token_list(r, "token_logprobs", where, checked)
         return float(sum(tl)), (float(sum(tl)) / len(tl) if tl else None), len(tl)
     if r.get("mean_logprob") is not None:
         if not _num(r["mean_logprob"]):
@@ -494,22 +543,17 @@ def _row_logprobs(r: dict, where: str, pid: str) -> tuple[float | None, float | 
                     "with 'n_tokens' (prompt_id " + repr(pid) + ")")
 
 
-def _row_token_stats(r: dict, where: str, n_tokens: int | None) -> dict:
+def _row_token_stats(r: dict, where: str, n_tokens: int | None, checked: dict[str, bool]) -> dict:
     """The optional per-token fields of a --generations row (token_logprobs, token_entropy, token_kl_uniform,
     token_topk_conf), checked: lists of finite numbers (log-probs <= 0, the statistics >= 0), one per token."""
     out = {}
     for f in TOKEN_FIELDS:
-        v = r.get(f)
-        if v is None:
+        if r.get(f) is None:
             continue
-        ok = _num if f == "token_logprobs" else (lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                 and math.isfinite(x) and x >= 0)
-        if not isinstance(v, list) or not all(ok(x) for x in v):
-            kind = "numbers <= 0" if f == "token_logprobs" else "finite numbers >= 0"
-            raise DataError(f"{where}: {f!r} must be a list of {kind}")
-        if n_tokens is not None and len(v) != n_tokens:
-            raise DataError(f"{where}: {f!r} has {len(v)} entries but the response has {n_tokens} tokens")
-        out[f] = [float(x) for x in v]
+        floats = _token_list(r, f, where, checked)
+        if n_tokens is not None and len(floats) != n_tokens:
+            raise DataError(f"{where}: {f!r} has {len(floats)} entries but the response has {n_tokens} tokens")
+        out[f] = floats
     return out
 
 
@@ -526,6 +570,7 @@ def _read_generations(path: Path) -> list[dict]:
     for lineno, r in raw:
         if not isinstance(r, dict):
             raise DataError(f"{path} line {lineno}: each row must be a JSON object")
+    checked = _checked_token_fields(raw)
     for lineno, r in raw:
         where = f"{path} line {lineno}"
         for fld in ("prompt_id", "text", "gold"):
@@ -534,7 +579,7 @@ def _read_generations(path: Path) -> list[dict]:
         if not isinstance(r["text"], str):
             raise DataError(f"{where}: field 'text' must be a string")
         pid = str(r["prompt_id"])
-        sum_lp, mean_lp, n_tokens = _row_logprobs(r, where, pid)
+        sum_lp, mean_lp, n_tokens = _row_logprobs(r, where, pid, checked)
         idx = r.get("sample_idx")
         if idx is None:
             idx = seen_idx.get(pid, 0)
@@ -546,7 +591,7 @@ def _read_generations(path: Path) -> list[dict]:
         if conf is not None and not (isinstance(conf, (int, float)) and 0 <= conf <= 1):
             raise DataError(f"{where}: 'confidence' must be a number in [0, 1] or null, got {conf!r}")
         norm.append({"lineno": lineno, "pid": pid, "idx": int(idx), "r": r, "sum": sum_lp, "mean": mean_lp,
-                     "n": n_tokens, "conf": conf, "tokens": _row_token_stats(r, where, n_tokens)})
+                     "n": n_tokens, "conf": conf, "tokens": _row_token_stats(r, where, n_tokens, checked)})
     if not norm:
         raise DataError(f"generations file {path} has no rows")
     return norm

@@ -9,7 +9,8 @@
   (scipy) of a difference of two independent samples' means (a method's seeds against repeated evaluation draws of
   one fixed model, e.g. the initial one).
 - Bootstrap intervals over prompts come from :func:`capo.core.calibration.bootstrap_ci` (the core stays torch-only;
-  tests check it against ``scipy.stats.bootstrap``).
+  tests check it against ``scipy.stats.bootstrap``); ``capo eval``'s from :class:`capo.evaluation.bootstrap.
+  QuestionBootstrap`, the same draws and percentile rule computed from per-question sums (tested against it).
 """
 
 from __future__ import annotations

@@ -131,13 +131,14 @@ def plot_plane(s: dict, path: Path) -> None:
 
 
 FOREST = ("accuracy", "auc_mean", "auroc", "ece", "brier", *OPTIONAL_MEASURES)
+FOREST_PER_ROW = 4  # panels per row of the forest plot; more measures wrap into further rows
 
 
 def plot_forest(s: dict, path: Path) -> bool:
-    """One panel per measure, one row per method: the paired difference from the reference with its t-interval over
-    seeds. Each panel's x range fits the methods with at least 3 paired seeds; a wider interval (2 seeds: t = 12.7)
-    is cut at the edge and marked with an arrow, so that it cannot hide the powered ones. False (nothing drawn) when
-    no method has a paired interval."""
+    """One panel per measure (:data:`FOREST_PER_ROW` to a row), one line per method: the paired difference from the
+    reference with its t-interval over seeds. Each panel's x range fits the methods with at least 3 paired seeds; a
+    wider interval (2 seeds: t = 12.7) is cut at the edge and marked with an arrow, so that it cannot hide the powered
+    ones. False (nothing drawn) when no method has a paired interval."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -146,10 +147,14 @@ def plot_forest(s: dict, path: Path) -> bool:
     measures = [k for k in FOREST if any(k in paired[m] for m in methods)]
     if not methods:
         return False
-    fig = Figure(figsize=(2.5 * len(measures) + 1.6, 0.42 * len(methods) + 1.3), layout="constrained")
+    cols = min(len(measures), FOREST_PER_ROW)
+    n_rows = -(-len(measures) // cols)
+    fig = Figure(figsize=(2.5 * cols + 1.6, n_rows * (0.42 * len(methods) + 0.9) + 0.4), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, len(measures), sharey=True, squeeze=False)[0]
-    for j, (ax, k) in enumerate(zip(axes, measures)):
+    grid = fig.subplots(n_rows, cols, sharey=True, squeeze=False)
+    for ax in grid.flat[len(measures):]:
+        ax.set_visible(False)
+    for j, (ax, k) in enumerate(zip(grid.flat, measures)):
         rows = [(i, paired[m][k]) for i, m in enumerate(methods) if k in paired[m]]
         lim = _forest_limit([d for _, d in rows])
         for i, d in rows:
@@ -160,8 +165,9 @@ def plot_forest(s: dict, path: Path) -> bool:
         ax.tick_params(labelsize=7)
         ax.locator_params(axis="x", nbins=5)
     labels = [f"{m} ({len(next(iter(paired[m].values()))['seeds'])} seeds)" for m in methods]
-    axes[0].set_yticks(range(len(methods)), labels, fontsize=8)
-    axes[0].set_ylim(len(methods) - 0.5, -0.5)
+    for ax in grid[:, 0]:  # the method names at the start of every row
+        ax.set_yticks(range(len(methods)), labels, fontsize=8)
+    grid[0, 0].set_ylim(len(methods) - 0.5, -0.5)
     fig.supxlabel(f"difference vs {s['reference']} (95% t-interval over training seeds, paired; "
                   "arrow: interval cut at the panel's edge)", fontsize=8)
     fig.savefig(path, dpi=110)
