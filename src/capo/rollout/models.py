@@ -22,7 +22,7 @@ import torch
 from capo.errors import ConfigError
 from capo.tasks.datasets import GENERATED_TASKS
 
-__all__ = ["AUTOCAST_MODES", "NAMED_GGUF", "autocast_context", "check_model_spec", "eos_token_ids", "gguf_cache_dir",
+__all__ = ["AUTOCAST_MODES", "NAMED_GGUF", "autocast_context", "check_model_spec", "cpu_has_bf16", "eos_token_ids", "gguf_cache_dir",
            "load_model", "load_tokenizer_and_context", "merge_eos_ids", "resolve_model_spec", "tune_cpu_allocator"]
 
 AUTOCAST_MODES = ("auto", "on", "off")  # the one list of bf16 autocast policies (`capo eval --autocast`)
@@ -210,7 +210,8 @@ def load_tokenizer_and_context(spec: str):
     return tok, getattr(cfg.get_text_config(), "max_position_embeddings", None)
 
 
-def _cpu_has_bf16() -> bool:
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has native bf16 kernels (AVX512-bf16 or AMX)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -227,7 +228,7 @@ def autocast_context(mode: str, device: torch.device, n_params: int):
         if device.type == "cuda":
             on = torch.cuda.is_bf16_supported()
         else:
-            on = device.type == "cpu" and _cpu_has_bf16() and n_params >= 25_000_000
+            on = device.type == "cpu" and cpu_has_bf16() and n_params >= 25_000_000
         if not on:
             return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
