@@ -402,3 +402,18 @@ def test_metrics_by_group_are_each_groups_own_summary():
     assert by["y"]["auroc"] == pytest.approx(cal.auroc(lpm, c))
     whole = compute_metrics([r for r in rows if r["group"] == "y"], n_boot=0)["metrics"]
     assert by["y"]["ece"] == pytest.approx(whole["ece"]) and by["y"]["brier"] == pytest.approx(whole["brier"])
+
+
+def test_short_answers_are_classed_by_their_normal_form_without_the_verifier():
+    """Facts' free-text answers: "Paris", "paris." and "PARIS" are one class, "Lyon" another, no answer -1; the
+    math verifier is not asked (it would parse city names as products of symbols)."""
+    from capo.evaluation.metrics import assign_answer_ids
+
+    class NoVerifier:
+        def equivalence_classes_batch(self, groups):
+            raise AssertionError("the math verifier was asked about short answers")
+
+    rows = [{"prompt_id": "p", "answer": a} for a in ("Paris", "paris.", "Lyon", None, "PARIS")]
+    rows += [{"prompt_id": "q", "answer": "Lyon"}]
+    assign_answer_ids(rows, NoVerifier(), "short")
+    assert [r["answer_id"] for r in rows] == [0, 0, 1, -1, 0, 0]

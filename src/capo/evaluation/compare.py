@@ -159,7 +159,7 @@ def _load_seed(run_dir: Path) -> _Seed | None:
     try:
         rows = [json.loads(ln) for ln in gen.read_text().splitlines() if ln.strip()]
         if rows and any("answer_id" not in r for r in rows):  # capo eval computes the classes after writing rows
-            _answer_ids(rows)
+            _answer_ids(rows, _answer_format(run_dir))
         cols = columns(rows) if rows else None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         return None  # no intervals for this run rather than no report
@@ -171,14 +171,22 @@ def _load_seed(run_dir: Path) -> _Seed | None:
     return _Seed(cols, {p: torch.tensor(v) for p, v in idx.items()}, stochastic_columns(rows))
 
 
-def _answer_ids(rows: list[dict]) -> None:
+def _answer_format(run_dir: Path) -> str | None:
+    """The answer format a ``capo eval`` run was graded with (its config.json), None when unknown."""
+    try:
+        return json.loads((Path(run_dir) / "config.json").read_text()).get("answer_format")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _answer_ids(rows: list[dict], answer_format: str | None = None) -> None:
     """The votes' answer classes, by the same function and verifier ``capo eval`` uses for metrics.json."""
     from capo.verify import Verifier
 
     for r in rows:
         r.setdefault("answer", None)
     with Verifier(workers=1) as verifier:
-        assign_answer_ids(rows, verifier)
+        assign_answer_ids(rows, verifier, answer_format)
 
 
 def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:

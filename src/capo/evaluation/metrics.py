@@ -15,6 +15,7 @@ from capo.core import calibration as cal
 from capo.core import voting
 from capo.evaluation.bootstrap import QuestionBootstrap
 from capo.evaluation.estimators import estimator_table, unavailable_estimators
+from capo.verify.short import SHORT_FORMATS, normalize_short
 
 if TYPE_CHECKING:
     from capo.verify import Verifier
@@ -277,14 +278,27 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
     return {"metrics": {k: _finite(v) for k, v in m.items()}, "curves": curves}
 
 
-def assign_answer_ids(rows: list[dict], verifier: Verifier) -> None:
-    """Set each row's ``answer_id``: the math-verify equivalence class of its extracted answer among the responses
-    to the same prompt (-1 = no answer), numbered by first occurrence. Votes read it."""
+def assign_answer_ids(rows: list[dict], verifier: Verifier, answer_format: str | None = None) -> None:
+    """Set each row's ``answer_id``: the equivalence class of its extracted answer among the responses to the same
+    prompt (-1 = no answer), numbered by first occurrence. Votes read it. Classes are math-verify's, except for the
+    short free-text formats (``short``, ``rlcr_short``: facts), whose answers are equal when their normal forms are
+    (:func:`capo.verify.short.normalize_short`, the judge's own comparison)."""
     by_prompt: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         by_prompt.setdefault(str(r["prompt_id"]), []).append(i)
     groups = list(by_prompt.values())
-    classes = verifier.equivalence_classes_batch([[rows[i]["answer"] for i in idx] for idx in groups])
+    answers = [[rows[i]["answer"] for i in idx] for idx in groups]
+    classes = (_text_classes(answers) if answer_format in SHORT_FORMATS
+               else verifier.equivalence_classes_batch(answers))
     for idx, ids in zip(groups, classes):
         for i, a in zip(idx, ids):
             rows[i]["answer_id"] = a
+
+
+def _text_classes(groups: list[list[str | None]]) -> list[list[int]]:
+    """Per group, each answer's class by normal form, numbered by first occurrence (-1 for None)."""
+    out = []
+    for answers in groups:
+        seen: dict[str, int] = {}
+        out.append([-1 if a is None else seen.setdefault(normalize_short(a), len(seen)) for a in answers])
+    return out

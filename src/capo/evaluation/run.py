@@ -263,7 +263,7 @@ def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, veri
     drawn: metrics.json (written atomically; a run is complete exactly when it exists) and generations.jsonl with
     each row's answer class. A figure or report that fails to draw costs one printed line, never a result."""
     t0 = time.perf_counter()
-    assign_answer_ids(rows, verifier)
+    assign_answer_ids(rows, verifier, s.answer_format)
     timing["classes_s"] = time.perf_counter() - t0
     with _one_torch_thread():  # many small tensor ops: more threads cost more than they give (8x on a loaded CPU)
         res = compute_metrics(rows, n_bins=s.n_bins, n_boot=s.n_boot, seed=s.seed, keep_fraction=s.keep_fraction,
