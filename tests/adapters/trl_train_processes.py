@@ -65,6 +65,8 @@ def main():
     if rank == 0:
         model = tr.accelerator.unwrap_model(tr.model)
         torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, out / "params.pt")
+    tr.accelerator.wait_for_everyone()  # then leave the process group: a rank exiting with live gloo threads
+    tr.accelerator.end_training()  # is aborted by the C++ runtime ("terminate called without an active exception")
 
 
 if __name__ == "__main__":

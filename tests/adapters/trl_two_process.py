@@ -41,6 +41,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     torch.save(saved, out / f"rank{rank}.pt")
     (out / f"rank{rank}.json").write_text(json.dumps({"world": tr.accelerator.num_processes}))
+    tr.accelerator.wait_for_everyone()  # then leave the process group: a rank exiting with live gloo threads
+    tr.accelerator.end_training()  # is aborted by the C++ runtime ("terminate called without an active exception")
 
 
 if __name__ == "__main__":

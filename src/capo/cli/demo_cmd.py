@@ -14,7 +14,8 @@ from capo.cli.flags import add_settings
 from capo.errors import ConfigError
 from capo.settings import from_namespace, opt
 
-DEMO_TASKS = ("default", "collapse", "word_problems", "stochastic", "facts")  # preset names; the preset names the base model and the task
+# preset names; the preset names the base model and the task
+DEMO_TASKS = ("default", "collapse", "word_problems", "stochastic", "facts")
 # Seconds per training step and per held-out evaluation (of the demo's size) on the 2-core reference machine at one
 # thread (docs/results.md); the up-front estimate scales them by this machine's speed (the probe), and the demo
 # re-estimates after its first run.

@@ -22,8 +22,9 @@ import torch
 from capo.errors import ConfigError
 from capo.tasks.datasets import GENERATED_TASKS
 
-__all__ = ["AUTOCAST_MODES", "NAMED_GGUF", "autocast_context", "check_model_spec", "cpu_has_bf16", "eos_token_ids", "gguf_cache_dir",
-           "load_model", "load_tokenizer_and_context", "merge_eos_ids", "resolve_model_spec", "tune_cpu_allocator"]
+__all__ = ["AUTOCAST_MODES", "NAMED_GGUF", "autocast_context", "check_model_spec", "cpu_has_bf16", "eos_token_ids",
+           "gguf_cache_dir", "load_model", "load_tokenizer_and_context", "merge_eos_ids", "resolve_model_spec",
+           "tune_cpu_allocator"]
 
 AUTOCAST_MODES = ("auto", "on", "off")  # the one list of bf16 autocast policies (`capo eval --autocast`)
 BUILTIN_MODELS = GENERATED_TASKS  # model specs naming a model shipped in capo/assets: one per generated task

@@ -465,5 +465,12 @@ class Trainer:
 
 
 def train(cfg: TrainConfig) -> dict:
-    """Train with ``cfg`` (already resolved); returns the last step's metrics."""
-    return Trainer(cfg).train()
+    """Train with ``cfg`` (already resolved); returns the last step's metrics. On several processes every rank
+    waits for the others and then leaves the process group (accelerate's ``end_training``): a rank that exits while
+    its gloo / NCCL threads are still live is aborted by the C++ runtime ("terminate called without an active
+    exception")."""
+    trainer = Trainer(cfg)
+    last = trainer.train()
+    trainer.acc.wait_for_everyone()
+    trainer.acc.end_training()
+    return last
