@@ -1,7 +1,8 @@
 """Links into the documents resolve: every `[text](#anchor)` and `[text](file.md#anchor)` in the Markdown files names a
 heading that exists, and every place that cites a section of docs/results.md by its name in double quotes after the
 file name names one of its headings. docs/results.md is reorganised as results arrive; a renamed heading must
-take its references along."""
+take its references along. And no citation in the code or the documents points outside the repository (a private
+notes file, an issue number)."""
 
 import re
 from collections import Counter
