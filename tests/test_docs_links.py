@@ -1,7 +1,8 @@
 """Links into the documents resolve: every `[text](#anchor)` and `[text](file.md#anchor)` in the Markdown files names a
 heading that exists, and every place that cites a section of docs/results.md by its name in double quotes after the
 file name names one of its headings. docs/results.md is reorganised as results arrive; a renamed heading must
-take its references along."""
+take its references along. And no citation in the code or the documents points outside the repository (a private
+notes file, an issue number)."""
 
 import re
 from collections import Counter
@@ -83,3 +84,30 @@ def test_cited_results_sections_exist():
             if not any(h.startswith(cited) for h in names):
                 bad.append(f"{path.relative_to(ROOT)}: {cited!r}")
     assert not bad, "docs/results.md has no heading starting with:\n" + "\n".join(bad)
+
+
+# a citation only a reader with the project's private notes or its issue tracker could follow: "algorithms.md
+# Sec. 6" (a file outside the repository) or "issue 14" / "issue-18" / "(issue 41)"; CHANGELOG.md may name issues
+UNRESOLVABLE = re.compile(r"algorithms\.md|\bissues?[ -]#?\d+", re.IGNORECASE)
+READER_FACING = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+                             *sorted((ROOT / "src").rglob("*.py")), *sorted((ROOT / "src").rglob("*.yaml"))]
+                 if p.name != "CHANGELOG.md"]
+
+
+def unresolvable_citations(path: Path, root: Path = ROOT) -> list[str]:
+    return [f"{path.relative_to(root)}:{i}: {m.group(0)!r}" for i, line in enumerate(path.read_text().splitlines(), 1)
+            for m in UNRESOLVABLE.finditer(line)]
+
+
+def test_unresolvable_citation_is_reported(tmp_path):
+    doc = tmp_path / "d.md"
+    doc.write_text("see algorithms.md Sec. 10\nas issue 14 found; Issue 18 methods; issue-18 presets (issue 41)\n"
+                   "the issue's target; tissue 3; reissued 2 times\n")
+    assert unresolvable_citations(doc, tmp_path) == ["d.md:1: 'algorithms.md'", "d.md:2: 'issue 14'",
+                                                      "d.md:2: 'Issue 18'", "d.md:2: 'issue-18'", "d.md:2: 'issue 41'"]
+
+
+def test_citations_resolve_from_the_repository():
+    bad = [b for path in READER_FACING for b in unresolvable_citations(path)]
+    assert not bad, ("cite the paper (arXiv id, equation) and the docs/ section instead of a file outside the "
+                     "repository or an issue number:\n" + "\n".join(bad))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from capo.trainer.config import dump_yaml, fields_help, load_config, preset_names
 
@@ -32,7 +33,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg:")}
-    cfg = load_config(args.config, overrides)
+    notes: list[str] = []
+    cfg = load_config(args.config, overrides, notes=notes)
+    for note in notes:
+        print(f"capo train: note: {note}", file=sys.stderr)
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0

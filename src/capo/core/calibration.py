@@ -6,7 +6,7 @@ tensors. Inputs may be torch tensors, numpy arrays or lists (converted with ``to
 numpy first so Python floats stay float64). Nothing here logs, reads a config or touches a global RNG; the
 bootstrap takes an explicit seed or ``torch.Generator``.
 
-Two kinds of confidence (algorithms.md Sec. 8):
+Two kinds of confidence (docs/papers.md, "Measuring calibration"):
 
 - a *score* only needs an order (AUROC, AUC-mean, selective curves, AURC): the mean token log-prob ``lpm`` is used
   as is;
@@ -123,7 +123,8 @@ def auroc(scores, correct) -> float:
 
     AUROC = (R_1 - n_1 (n_1 + 1) / 2) / (n_1 n_0)   (Mann-Whitney U over mid-ranks; Hanley & McNeil 1982),
     where R_1 is the sum of the mid-ranks of the n_1 correct responses among all N, n_0 = N - n_1.
-    Relative calibration of CAPO (arXiv 2604.12632, Sec. 3) pooled over all questions (algorithms.md Sec. 6).
+    Relative calibration of CAPO (arXiv 2604.12632, Sec. 3) pooled over all questions (docs/metrics.md,
+    "`auroc` -- pooled AUROC").
 
     Args:
         scores: [N] real scores (any order-carrying confidence, e.g. lpm); NaN is an error, +-inf allowed.
@@ -164,7 +165,8 @@ def auc_mean(scores, correct, group_ids) -> AucMean:
 
     AUC_b = P(s_i > s_j | i correct, j incorrect, both answers to question b), ties 1/2 (as :func:`auroc`, within b);
     AUC-mean = (1/|Q|) sum_{b in Q} AUC_b, Q = {questions with >= 1 correct and >= 1 incorrect response}.
-    This is the "AUC-mean" of CAPO (arXiv 2604.12632, Sec. 5, evaluation) with s = lpm; algorithms.md Sec. 6, 10.
+    This is the "AUC-mean" of CAPO (arXiv 2604.12632, Sec. 5, evaluation) with s = lpm (docs/metrics.md,
+    "`auc_mean`"; how to read it: docs/papers.md, "Measuring calibration").
     Report ``n_groups_used`` with it: Q shrinks as accuracy moves towards 0 or 1.
 
     Args:
@@ -411,7 +413,7 @@ def brier(confidence, correct) -> float:
 
 def confidence_from_logprob(mean_logprob) -> torch.Tensor:
     """exp(lpm): the geometric-mean token probability (= 1 / PPL), the probability used for ECE/Brier of perplexity
-    confidence (algorithms.md Sec. 8; as in RPC's ``np.exp(mean_logprob)``, arXiv 2502.00511).
+    confidence (docs/papers.md, "Measuring calibration"; as in RPC's ``np.exp(mean_logprob)``, arXiv 2502.00511).
 
     Args: mean_logprob: [N] mean token log-probs, each <= 0 (-inf allowed, giving 0); NaN is an error.
     Returns: float64 [N] in [0, 1].
@@ -460,8 +462,8 @@ def selective_curve(confidence, correct) -> Selective:
 
     For threshold t: n(t) = #{i: q_i >= t}, coverage = n(t)/N, precision = #{correct i: q_i >= t} / n(t),
     risk = 1 - precision (Geifman & El-Yaniv 2017, "Selective classification for deep neural networks"; CAPO's
-    precision-coverage curve, algorithms.md Sec. 6). Ties: all responses with equal confidence are answered or
-    abstained together, so a point appears only where the threshold changes.
+    precision-coverage curve in arXiv 2604.12632's evaluation). Ties: all responses with equal confidence are
+    answered or abstained together, so a point appears only where the threshold changes.
 
     Args: confidence: [N] real scores (any monotone confidence; NaN is an error); correct: [N] bool or 0/1.
     Returns: :class:`Selective` with P <= N points. Raises ValueError for N = 0.
@@ -614,9 +616,9 @@ def bootstrap_ci(
 
     Each replicate draws G question indices uniformly with replacement (G = number of distinct ``group_ids``) and
     keeps every response of each drawn question (a cluster bootstrap: the responses of one question are not
-    independent; algorithms.md Sec. 10). The interval is the (alpha/2, 1 - alpha/2) quantiles (linear
-    interpolation) of the replicate values (Efron & Tibshirani 1993, Ch. 13). Replicates where ``fn`` returns NaN
-    (e.g. no question with both classes) are dropped; if all are NaN the result is (NaN, NaN).
+    independent; docs/papers.md, "Measuring calibration"). The interval is the (alpha/2, 1 - alpha/2) quantiles
+    (linear interpolation) of the replicate values (Efron & Tibshirani 1993, Ch. 13). Replicates where ``fn``
+    returns NaN (e.g. no question with both classes) are dropped; if all are NaN the result is (NaN, NaN).
 
     Args:
         fn: metric over the resampled arrays, returning a float (or 0-d tensor). With ``pass_group_ids=True`` it is
@@ -694,9 +696,9 @@ def paired_difference(
 
     d_b = AUC_A(b) - AUC_B(b) for each question label b where both models have both right and wrong responses
     (labels in ``group_ids_a`` and ``group_ids_b`` name the same prompts; sample counts may differ);
-    value = mean_b d_b. The interval resamples the K common questions with replacement (algorithms.md Sec. 10:
-    paired per-prompt differences against the base model). Note value != auc_mean(A) - auc_mean(B) in general:
-    both means here run over the same question set.
+    value = mean_b d_b. The interval resamples the K common questions with replacement (docs/papers.md, "Measuring
+    calibration": paired per-question differences against the base model). Note value != auc_mean(A) -
+    auc_mean(B) in general: both means here run over the same question set.
 
     Shapes: scores_x, correct_x, group_ids_x are [N_x] each. Returns :class:`PairedDifference` (NaNs if K = 0).
     """

@@ -245,8 +245,8 @@ def perplexity_consistency(answer_ids, correct, group_ids, mean_logprob, path_id
     score(a) = sum over the UNIQUE sampled reasoning paths o with answer a of exp(lpm(o)),
 
     i.e. self-consistency weighted by the geometric-mean token probability, each distinct path counted once
-    (algorithms.md Sec. 6; CAPO's inference-time scaling). RPC's second component, reasoning pruning (a Weibull
-    mixture that drops low-probability paths), is not applied.
+    (the inference-time scaling that CAPO, arXiv 2604.12632, reports; docs/metrics.md, "Test-time scaling"). RPC's
+    second component, reasoning pruning (a Weibull mixture that drops low-probability paths), is not applied.
 
     Args:
         answer_ids, correct, group_ids: [N] as in the module docstring.

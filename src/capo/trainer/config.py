@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 import types
 import typing
 from dataclasses import dataclass, field
@@ -115,7 +116,9 @@ class RolloutConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = knob("grpo", "algorithm preset; sets every component below left unset: "
-                     + ", ".join(ALGORITHMS), choices=tuple(ALGORITHMS))
+                     + ", ".join(ALGORITHMS) + ". A --config file's algo settings belong to the algorithm it names: "
+                     "naming another here drops them all (said in a note); algo flags given with it apply",
+                     choices=tuple(ALGORITHMS))
     advantage: str | None = knob(None, "advantage estimator (registry name): " + ", ".join(ADVANTAGES.names()))
     advantage_kwargs: dict = knob({}, "estimator hyperparameters as YAML/JSON, e.g. {tau: 0.6, norm: group}")
     loss: str | None = knob(None, "policy loss (registry name): " + ", ".join(POLICY_LOSSES.names()))
@@ -439,16 +442,41 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def load_config(config: str | None = None, overrides: dict | None = None) -> TrainConfig:
-    """Defaults < preset (a built-in preset name or a YAML path) < overrides {"section.key": value}; resolved."""
+def load_config(config: str | None = None, overrides: dict | None = None, *,
+                notes: list[str] | None = None) -> TrainConfig:
+    """Defaults < preset (a built-in preset name or a YAML path) < overrides {"section.key": value}; resolved.
+
+    A preset's ``algo`` settings belong to the algorithm it names: when the overrides name another ``algo.name``,
+    none of them apply (:func:`for_algorithm`; what was left out is appended to ``notes``). Overrides always apply."""
     cfg = TrainConfig()
     if config:
         path = PRESET_DIR / f"{config}.yaml" if config in preset_names() else Path(config)
-        cfg.update(load_yaml(path), source=str(path))
+        d = for_algorithm(load_yaml(path), (overrides or {}).get("algo.name"), overrides or {}, config, notes)
+        cfg.update(d, source=str(path))
     for dotted, val in (overrides or {}).items():
         sec, _, key = dotted.partition(".")
         cfg.update({sec: {key: val}}, source="command line")
     return cfg.resolved()
+
+
+def for_algorithm(preset: dict, name: Any, overrides: dict, source: str, notes: list[str] | None = None) -> dict:
+    """``preset`` without its ``algo`` settings when ``name`` (the ``algo.name`` chosen over it, or None) is not the
+    algorithm the preset names: a preset written for CAPO (``noise_mask``, ``mask_*``, ``advantage_kwargs``, ...)
+    must not turn them on for GRPO unseen. A preset that names no algorithm keeps its ``algo`` settings (they are
+    meant for any). The settings left out and not given in ``overrides`` are said in one line appended to
+    ``notes``."""
+    algo = preset.get("algo") if isinstance(preset, dict) else None
+    if not isinstance(algo, dict) or "name" not in algo or name is None or str(name) == str(algo["name"]):
+        return preset
+    dropped = {f"algo.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in algo.items()
+               if k != "name" and f"algo.{k}" not in overrides}
+    if dropped and notes is not None:
+        key, val = next(iter(dropped.items()))
+        val = shlex.quote(val)
+        notes.append(f"{source} is written for algo.name={algo['name']}; with algo.name={name} its algo settings "
+                     f"do not apply: {', '.join(f'{k}={v}' for k, v in dropped.items())} (to keep one, give it: "
+                     f"--{key} {val})")
+    return {k: v for k, v in preset.items() if k != "algo"}
 
 
 def type_name(typ: Any) -> str:

@@ -1,0 +1,71 @@
+"""A preset's algo settings belong to the algorithm it names: choosing another algorithm by name (on the command
+line or in a sweep's method overrides) does not carry them along; settings given with the name always apply.
+
+The reproduction: ``capo train --config smollm2_gsm8k --algo.name grpo`` ran GRPO with CAPO's quantile noise mask
+(the preset's ``noise_mask: quantile``) and a reference pass, and nothing said so."""
+
+import pytest
+import yaml
+
+from capo.cli import main
+from capo.sweep import runner, spec
+from capo.trainer.config import load_config
+
+
+def test_another_algorithm_by_name_drops_the_presets_algo_settings():
+    notes: list[str] = []
+    cfg = load_config("smollm2_gsm8k", {"algo.name": "grpo"}, notes=notes)
+    a = cfg.algo
+    assert (a.name, a.advantage, a.noise_mask) == ("grpo", "grpo", "off")
+    assert a.mask_calib_prompts == 64  # the field's default, not the preset's 8
+    assert not cfg.needs_reference  # no reference pass for plain GRPO
+    # said once, naming each setting left out and how to keep it
+    assert len(notes) == 1
+    assert "algo.noise_mask=quantile" in notes[0] and "algo.mask_calib_prompts=8" in notes[0]
+    assert "--algo.noise_mask" in notes[0]
+    # everything outside the algo section is the preset's
+    assert (cfg.data.dataset, cfg.rollout.max_new_tokens, cfg.optim.lr) == ("gsm8k", 128, 1e-6)
+
+
+def test_settings_given_with_the_name_apply():
+    notes: list[str] = []
+    cfg = load_config("smollm2_gsm8k", {"algo.name": "grpo", "algo.noise_mask": "quantile"}, notes=notes)
+    assert (cfg.algo.advantage, cfg.algo.noise_mask) == ("grpo", "quantile") and cfg.needs_reference
+    assert "algo.noise_mask" not in notes[0] and "algo.mask_calib_prompts=8" in notes[0]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"algo.name": "capo"}])
+def test_the_presets_own_algorithm_keeps_its_settings(overrides):
+    notes: list[str] = []
+    cfg = load_config("smollm2_gsm8k", overrides, notes=notes)
+    assert (cfg.algo.name, cfg.algo.noise_mask, cfg.algo.mask_calib_prompts) == ("capo", "quantile", 8)
+    assert notes == []
+
+
+def test_a_preset_naming_no_algorithm_keeps_its_algo_settings(tmp_path):
+    # stochastic.yaml sets algo.reward (the task's scoring rule) and no algo.name: its settings hold for any algorithm
+    cfg = load_config("stochastic", {"algo.name": "dr_grpo"})
+    assert (cfg.algo.advantage, cfg.algo.reward) == ("dr_grpo", "log_score")
+    own = tmp_path / "mine.yaml"
+    own.write_text(yaml.safe_dump({"algo": {"name": "capo", "noise_mask": "fixed", "kl_coef": 0.01}}))
+    cfg = load_config(str(own), {"algo.name": "rloo"})
+    assert (cfg.algo.noise_mask, cfg.algo.kl_coef) == ("off", 0.0)  # a config file's too, like a built-in preset
+
+
+def test_capo_train_print_config(capsys):
+    assert main(["train", "--config", "smollm2_gsm8k", "--algo.name", "grpo", "--print-config"]) == 0
+    out = capsys.readouterr()
+    algo = yaml.safe_load(out.out)["algo"]
+    assert (algo["name"], algo["noise_mask"]) == ("grpo", "off")
+    assert "algo.noise_mask=quantile" in out.err and "smollm2_gsm8k" in out.err
+
+
+def test_a_sweeps_method_overrides_behave_the_same(tmp_path):
+    s = {"name": "t", "preset": "smollm2_gsm8k", "seeds": [0],
+         "methods": {"capo": {"algo.name": "capo"}, "grpo": {"algo.name": "grpo"},
+                     "mask_only": {"algo.name": "grpo", "algo.noise_mask": "quantile"}}}
+    cfgs = {j.method: runner.resolved_config(j)["algo"] for j in spec.jobs(s, tmp_path / "runs", tmp_path / "rec")}
+    assert {m: (a["advantage"], a["noise_mask"]) for m, a in cfgs.items()} == {
+        "capo": ("capo", "quantile"), "grpo": ("grpo", "off"), "mask_only": ("grpo", "quantile")}
+    assert cfgs["capo"]["mask_calib_prompts"] == 8 and cfgs["mask_only"]["mask_calib_prompts"] == 64
+
