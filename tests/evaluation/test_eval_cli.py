@@ -109,3 +109,24 @@ def test_malformed_dataset_names_line(tiny_model_dir, tmp_path, capsys):
     assert main(eval_argv(tiny_model_dir, bad, tmp_path / "o")) == 2
     assert "bad.jsonl line 2: malformed JSON" in capsys.readouterr().err
     assert not (tmp_path / "o" / "metrics.json").exists()
+
+
+def test_eval_on_facts_grades_short_answers_and_breaks_metrics_down_by_relation(tiny_model_dir, tmp_path, capsys):
+    """`capo eval --dataset facts` takes the short-answer format by default (no verifier), writes each row's relation
+    as its group and one summary per relation in metrics.json, and prints one line per relation."""
+    from capo.tasks.facts import facts_problems
+
+    out = tmp_path / "facts"
+    assert main(["eval", "--model", str(tiny_model_dir), "--dataset", "facts", "--limit", "12", "-k", "2",
+                 "--max-new-tokens", "4", "--n-boot", "0", "--no-progress", "--out", str(out)]) == 0
+    rows = read_rows(out / "generations.jsonl")
+    problems = {p.id: p for p in facts_problems("test", 12)}
+    assert len(rows) == 24 and {r["prompt_id"] for r in rows} == set(problems)
+    assert all(r["group"] == problems[r["prompt_id"]].meta["group"] for r in rows)
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["config"]["answer_format"] == "short"
+    by = m["curves"]["by_group"]
+    assert set(by) == {r["group"] for r in rows}
+    assert sum(g["n"] for g in by.values()) == 24
+    printed = capsys.readouterr().out
+    assert all(f"  {name:16s}" in printed for name in by)
