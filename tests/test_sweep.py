@@ -608,3 +608,16 @@ def test_forest_plot_wraps_its_panels_into_rows(tmp_path, n_measures, rows):
     assert abs(w - (2.5 * cols + 1.6) * 110) <= 1  # 110 dpi
     assert abs(h - (rows * (0.42 * 3 + 0.9) + 0.4) * 110) <= 1
     assert w <= 1300
+
+
+def test_a_setting_a_record_predates_reads_as_its_default():
+    """Records written before a knob existed (model.attention, model.ref_dtype) enter one comparison with newer
+    records that hold its default, and not with records that changed it."""
+    old = {"settings": {"preset": "p", "eval": {}}, "config": {"model": {"path": "m"}, "algo": {"name": "capo"}}}
+    new = {"settings": {"preset": "p", "eval": {}},
+           "config": {"model": {"path": "m", "attention": "sdpa", "ref_dtype": None}, "algo": {"name": "grpo"}}}
+    assert records.comparable(old) == records.comparable(new)
+    changed = {**new, "config": {**new["config"], "model": {"path": "m", "attention": "eager"}}}
+    assert records.comparable(old) != records.comparable(changed)
+    with pytest.raises(CapoError, match="differ in config|model.attention"):
+        records._check_same([(pathlib.Path("a"), old), (pathlib.Path("b"), changed)], "training records")

@@ -25,11 +25,20 @@ def flat_config(config: dict, leave_out: tuple[str, ...] = (), sections: tuple[s
     return {k: v for k, v in sorted(flat.items()) if k not in leave_out and k.split(".")[0] not in leave_out}
 
 
+def _defaults(sections: tuple[str, ...] | None) -> dict:
+    """Today's default of every training setting outside :data:`FREE`, flat: a record written before a knob existed
+    (``model.attention``, ``model.ref_dtype``) ran with what is now its default, so it reads as that."""
+    from capo.trainer.config import TrainConfig
+
+    return flat_config(TrainConfig().to_dict(), FREE, sections)
+
+
 def comparable(rec: dict, sections: tuple[str, ...] | None = None) -> dict:
     """What must agree for records to enter one comparison: the preset, the final evaluation and every training
-    setting of the record's config outside :data:`FREE` (only ``sections`` of the config when given), and the device
-    it ran on (a GPU's sampling stream and float summation differ from a CPU's)."""
-    cfg = flat_config(rec.get("config") or {}, FREE, sections)
+    setting of the record's config outside :data:`FREE` (only ``sections`` of the config when given; a setting the
+    record predates reads as its default), and the device it ran on (a GPU's sampling stream and float summation
+    differ from a CPU's)."""
+    cfg = {**_defaults(sections), **flat_config(rec.get("config") or {}, FREE, sections)}
     settings = rec.get("settings") or {}
     device = (rec.get("machine") or {}).get("device", "cpu")  # records before 2026-11-25 name none: all ran on a CPU
     return {"preset": settings.get("preset"), "eval": settings.get("eval"), "device": device, "config": cfg}
