@@ -146,7 +146,7 @@ def test_check_estimator_refuses_unknown_knobs_and_step_inputs():
     check_estimator("grpo", None, engine="verl")
     for hp, bad in (({"bogus": 1}, "'bogus'"), ({"rewards": 1}, "'rewards'"), ({"tau": 0.6, "bogus": 1}, "'bogus'")):
         with pytest.raises(ConfigError, match=rf"^trl: advantage estimator 'capo' has no hyperparameter {bad}; "
-                                              r"allowed: tau, surrogate, norm, masked_partners$"):
+                                              r"allowed: tau, surrogate, norm, masked_partners, score$"):
             check_estimator("capo", hp, engine="trl")
 
 
