@@ -45,13 +45,13 @@ RESPONSE_IDS = torch.arange(12).view(4, 3)
 
 
 def table_logprobs(model, prompt_ids, prompt_mask, response_ids, mask, *, autocast_bf16, share_prefix,
-                   with_entropy=False):
+                   attention_impl, with_entropy=False):
     """The training forward of the table policy: row ``prompt_ids[:, 0]`` of ``theta`` (and fixed entropies). It
     checks that it is handed the rows' own prompt mask, response ids and mask, and the configured knobs."""
     rows = prompt_ids[:, 0]
     assert torch.equal(prompt_ids, PROMPT_IDS[rows]) and torch.equal(prompt_mask, PROMPT_MASK[rows])
     assert torch.equal(response_ids, RESPONSE_IDS[rows]) and torch.equal(mask, MASK[rows])
-    assert (autocast_bf16, share_prefix) == model.knobs
+    assert (autocast_bf16, share_prefix, attention_impl) == model.knobs
     logp = model.theta[rows]
     return (logp, ENTROPY[rows]) if with_entropy else logp
 
@@ -99,7 +99,7 @@ def make_trainer(monkeypatch, world=1, tis_cap=0.0, **overrides):
     tr = Trainer.__new__(Trainer)
     tr.cfg, tr.acc, tr.world, tr.tis_cap = cfg, TwinProcesses(world), world, tis_cap
     tr.model = TablePolicy()
-    tr.model.knobs = (cfg.model.autocast_bf16, cfg.rollout.share_prefix)
+    tr.model.knobs = (cfg.model.autocast_bf16, cfg.rollout.share_prefix, cfg.model.attention)
     tr.opt = torch.optim.SGD(tr.model.parameters(), lr=0.0)
     grads = []
     tr.opt.register_step_pre_hook(lambda opt, args, kwargs: grads.append(tr.model.theta.grad.detach().clone()))
