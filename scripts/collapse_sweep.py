@@ -1,4 +1,4 @@
-"""The calibration-collapse sweep on the coin_sum testbed (commands and tables: docs/results.md, "The
+"""The calibration-collapse sweep on the coin_sum testbed (commands and tables: docs/results/collapse-testbed.md, "The
 calibration-collapse testbed (coin_sum)").
 
 One training job at a time (the machine is small and shared), each a plain ``capo train --config collapse`` with the

@@ -1,5 +1,5 @@
-"""The methods-comparison tables and figures for docs/results.md ("Seventeen methods compared, 3 seeds") from a
-`capo demo` output folder.
+"""The methods-comparison tables and figures for docs/results/methods-compared.md ("Seventeen methods compared, 3
+seeds") from a `capo demo` output folder.
 
 Reads OUT/eval/<model>-seed<N>/ (and OUT/eval/base), groups seeds into models with the report's own comparison
 (:func:`capo.evaluation.compare.compare`: paired bootstrap over the shared held-out prompts, mean over seeds) and

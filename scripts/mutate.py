@@ -10,7 +10,7 @@ its survivors again in the engine's own environment (``.venv-verl``, created by 
 mutmut installed in it), against the tests that need the engine. The script prints a table of scores and writes each
 module's surviving mutants (with their diffs) to ``<out>/<module>.survivors.txt``.
 
-    python scripts/mutate.py                       # every module (hours on 2 cores: docs/results.md,
+    python scripts/mutate.py                       # every module (hours on 2 cores: docs/testing.md,
                                                    # "Mutation testing", gives each module's time)
     python scripts/mutate.py --module verify --module metrics
     python scripts/mutate.py --list                # the module -> files / tests map

@@ -1,5 +1,5 @@
-"""Tables for docs/results.md from a `capo demo` output folder: training-time held-out evals per algorithm and
-seed, rollout AUC-mean early vs late, and the final held-out evaluation (mean and sd over seeds).
+"""Tables for docs/results/embedded-default.md from a `capo demo` output folder: training-time held-out evals per
+algorithm and seed, rollout AUC-mean early vs late, and the final held-out evaluation (mean and sd over seeds).
 
     python scripts/science_table.py runs/science
 """

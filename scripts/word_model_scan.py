@@ -2,7 +2,7 @@
 ``--every`` steps, save a checkpoint and measure it on held-out problems (temperature 1). The whole training state is
 saved after each measurement (OUT/state.pt): the same command continues a killed scan where it stopped, exactly. Because the warm-up's
 learning rate is constant after its warm-up, checkpoint k equals ``capo build-default --task word_problems
---steps k`` (same seed and thread count). Prints one JSON line per checkpoint; docs/results.md records the choice.
+--steps k`` (same seed and thread count). Prints one JSON line per checkpoint; docs/model-builds.md records the choice.
 
     python scripts/word_model_scan.py --out runs/word_scan --steps 2000 --every 200 --threads 2 > runs/word_scan.log
 

@@ -516,6 +516,6 @@ def test_training_on_two_processes_equals_one(est, tiny_model_dir, tmp_path):
     # it is checked against lr / 50 instead (a real error moves parameters by ~lr).
     noise = {k for k in diffs if k.endswith("k_proj.bias")}
     print(f"{est}: moved {moved:.2e}; max |2 procs - 1 proc| {max(diffs[k] for k in diffs if k not in noise):.2e}, "
-          f"k_proj.bias {max(diffs[k] for k in noise):.2e}")  # docs/results.md records these (pytest -s)
+          f"k_proj.bias {max(diffs[k] for k in noise):.2e}")  # docs/results/engines.md records these (pytest -s)
     assert max(diffs[k] for k in diffs if k not in noise) <= 2e-5, sorted(diffs.items(), key=lambda x: -x[1])[:3]
     assert max(diffs[k] for k in noise) <= 5e-3 / 50, {k: diffs[k] for k in noise}

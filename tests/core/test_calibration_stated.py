@@ -1,6 +1,6 @@
 """The per-question measures of stated probabilities (``stated_question_means``, ``stated_means_summary``,
 ``stochastic_summary``) on hand-computed cases in the core's own test subset (mutation testing, issue 41: the
-``core.calibration`` survivors, docs/results.md "Mutation testing"; tests/tasks/ tests them through the task)."""
+``core.calibration`` survivors, docs/testing.md "Mutation testing"; tests/tasks/ tests them through the task)."""
 
 import math
 

@@ -124,7 +124,7 @@ def auroc(scores, correct) -> float:
     AUROC = (R_1 - n_1 (n_1 + 1) / 2) / (n_1 n_0)   (Mann-Whitney U over mid-ranks; Hanley & McNeil 1982),
     where R_1 is the sum of the mid-ranks of the n_1 correct responses among all N, n_0 = N - n_1.
     Relative calibration of CAPO (arXiv 2604.12632, Sec. 3) pooled over all questions (docs/metrics.md,
-    "`auroc` -- pooled AUROC").
+    "`auroc`").
 
     Args:
         scores: [N] real scores (any order-carrying confidence, e.g. lpm); NaN is an error, +-inf allowed.

@@ -13,7 +13,8 @@ replicate's rows. A replicate only decides how many copies ``w[b, q]`` of each q
   a cumulative sum over the tie blocks.
 
 Equal to the replicate-by-replicate computation up to float rounding (``tests/evaluation/test_fast_bootstrap.py``);
-``benchmarks/eval_generations.py`` measures the difference in speed (docs/results.md).
+``benchmarks/eval_generations.py`` measures the difference in speed (docs/performance.md, "`capo eval --generations`
+at scale").
 """
 
 from __future__ import annotations

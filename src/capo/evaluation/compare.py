@@ -51,7 +51,8 @@ MEASURES = [
 # The fewest prompts a measure must draw on before a reading names a winner -- the conclusion's best model, a report's
 # shaded best value, a paired comparison (report, `capo demo`'s terminal); below it the reading says that there are too
 # few prompts instead. A prompt enters AUC-mean when it has right and wrong answers (`auc_mean_groups`), every other
-# measure through all its prompts (`n_groups`). docs/metrics.md, "Readings from too few prompts".
+# measure through all its prompts (`n_groups`). docs/metrics.md, "Uncertainty" (its "Readings from too few
+# prompts").
 MIN_PROMPTS = 10
 
 

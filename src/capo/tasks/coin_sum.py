@@ -11,8 +11,8 @@ Model string (raw text, as the default; the coin step is written like any other 
     prompt   = "<s>5+8-9+?="
     response = "5+8=13 13-9=4 4+?=5<answer>5</answer><confidence>0.3</confidence></s>"
 
-Why (docs/results.md, "The calibration-collapse testbed"): Bereket & Leskovec (arXiv 2508.11800) report that
-GRPO's per-group std normalisation makes policies overconfident when outcomes are stochastic, while RLOO and GRPO
+Why (docs/results/collapse-testbed.md, "The calibration-collapse testbed"): Bereket & Leskovec (arXiv 2508.11800) report
+that GRPO's per-group std normalisation makes policies overconfident when outcomes are stochastic, while RLOO and GRPO
 without the std stay calibrated. With ``p_one = 0.5`` every guess of the coin has the same expected reward, so any
 sharpening of the guess is driven by noise alone, and a policy that becomes confident about the coin ranks its own
 samples by a coin it cannot see: per-prompt perplexity AUC falls towards 0.5 on coin problems.

@@ -248,7 +248,7 @@ def check_trace(text: str, problem: Problem) -> TraceCheck:
 
 # -------------------------------------------------------------------------------------------------- base model
 
-# The shipped model's architecture and warm-up (docs/results.md, "The reasoning testbed"): a Qwen2-shaped network
+# The shipped model's architecture and warm-up (docs/model-builds.md, "The reasoning testbed"): a Qwen2-shaped network
 # trained from scratch with the default's character tokenizer, exported in the Llama layout like the default.
 ARCH: dict[str, int] = {"hidden": 256, "layers": 6, "heads": 4, "intermediate": 768, "max_positions": 768}
 WARMUP: dict[str, float] = {"steps": 1000, "batch_size": 32, "lr": 1.5e-3, "warmup_steps": 100}

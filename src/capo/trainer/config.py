@@ -52,7 +52,7 @@ class ModelConfig:
     ref_dtype: str | None = knob(None, "parameter dtype of the frozen reference: None = model.dtype; bfloat16 halves "
                                  "its memory and, under bf16 autocast, its pass skips the weight casts (its matmuls "
                                  "see the same bf16 weights; norms and embeddings are rounded to bf16): ~30% cheaper "
-                                 "on the facts preset's CPU (docs/results.md, \"Facts: the step\")")
+                                 "on the facts preset's CPU (docs/results/real-model.md, \"Facts: the step\")")
     autocast_bf16: bool = knob(False, "run forward passes under bf16 autocast (2-3x faster on AVX-512-bf16 CPUs "
                                "from ~25M parameters; master weights stay in `dtype`)")
     chat_template: bool = knob(True, "wrap prompts in the tokenizer's chat template when it has one")
