@@ -8,7 +8,9 @@ files that exercise it, so one module takes minutes rather than the whole suite 
 each mutant, only the tests that call the mutated function. A module listed in ``ENGINE_TESTS`` (the verl plugin) runs
 its survivors again in the engine's own environment (``.venv-verl``, created by ``scripts/engine-env.sh`` if missing,
 mutmut installed in it), against the tests that need the engine. The script prints a table of scores and writes each
-module's surviving mutants (with their diffs) to ``<out>/<module>.survivors.txt``.
+module's surviving mutants (with their diffs) to ``<out>/<module>.survivors.txt``. The recorded scores and the
+survivors left, each with the reason it was left, are ``docs/data/mutation.json``; after a run, update the module's
+entry there and run ``python scripts/mutation_table.py`` to regenerate the table in docs/testing.md.
 
     python scripts/mutate.py                       # every module (hours on 2 cores: docs/testing.md,
                                                    # "Mutation testing", gives each module's time)
