@@ -6,7 +6,7 @@ indices with :func:`capo.core.calibration.bootstrap_draws` from the same seed, t
 replicate's rows. A replicate only decides how many copies ``w[b, q]`` of each question it holds, so
 
 - accuracy_b = sum_q w[b, q] n1_q / sum_q w[b, q] n_q;
-- AUC-mean_b = sum_q w[b, q] AUC_q / sum_q w[b, q] [q mixed] (a question drawn twice counts twice; its AUC is the
+- AUC-mean_b = ``sum_q w[b, q] AUC_q / sum_q w[b, q] [q mixed]`` (a question drawn twice counts twice; its AUC is the
   same in each copy): one matrix-vector product;
 - pooled AUROC_b = U_b / (W1_b W0_b), U_b = sum over (correct i, incorrect j) of w_i w_j ([s_i > s_j] + [s_i = s_j]/2),
   the Mann-Whitney U of the rows weighted by their question's copies: one sort of the scores, then per replicate
