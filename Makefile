@@ -71,7 +71,7 @@ test-trl-vllm:
 	$(TRL_VLLM_VENV)/bin/python -m pytest -q tests/adapters/test_trl_vllm.py
 
 # Every benchmark's quick mode: a check that each script runs end to end (15-25 min in all, most of it vLLM engine
-# starts); the numbers of a quick run are not results (docs/results.md gives each benchmark's full command). The
+# starts); the numbers of a quick run are not results (docs/performance.md gives each benchmark's full command). The
 # vLLM ones run in .venv-vllm.
 BENCH_OUT ?= /tmp/capo_bench_quick
 bench: install
@@ -93,7 +93,7 @@ bench: install
 
 # Mutation testing (mutmut 3) of the core, the verifier, the evaluation metrics and the step, one module at a time
 # against its own test subset (scripts/mutate.py; MODULE=verify.verifier for one). Not in `make test` or CI: a full
-# run takes hours on 2 cores (docs/results.md, "Mutation testing", gives each module's time and score).
+# run takes hours on 2 cores (docs/testing.md, "Mutation testing", gives each module's time and score).
 MUTATE_ARGS ?= $(if $(MODULE),--module $(MODULE))
 mutate: install
 	$(BIN)/pip install --quiet -e '.[mutate]'
