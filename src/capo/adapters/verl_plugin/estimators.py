@@ -19,6 +19,7 @@ from capo.core import (
     ADVANTAGES, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, NOISE_MASKS, hyperparameters, needs_scores,
     noise_mask_problem, resolve_noise_mask,
 )
+from capo.core.checks import did_you_mean
 from capo.errors import ConfigError
 from capo.rollout.method_inputs import StepBatch, needed_data
 from capo.rollout.step import StepSpec, step_advantages
@@ -61,31 +62,33 @@ def _settings(config) -> dict[str, Any]:
     return dict(sub)
 
 
-def _old_key(key: str, value, core_name: str) -> ConfigError:
-    """The error for a key ``algorithm.capo`` does not hold: an old name says its new spelling."""
+def _old_key(key: str, value, core_name: str) -> str:
+    """What is wrong with a key ``algorithm.capo`` does not hold: an old name says its new spelling."""
     if key == "mask_rule":
-        return ConfigError(f"algorithm.capo.mask_rule is gone: algorithm.capo.noise_mask says the rule now "
-                           f"({', '.join(NOISE_MASKS)}), e.g. +algorithm.capo.noise_mask={value}")
+        return (f"algorithm.capo.mask_rule is gone: algorithm.capo.noise_mask says the rule now "
+                f"({', '.join(NOISE_MASKS)}), e.g. +algorithm.capo.noise_mask={value}")
     if any(key in hyperparameters(name) for name in ADVANTAGES.names()):
-        return ConfigError(f"algorithm.capo.{key} is an estimator hyperparameter: estimator hyperparameters go in "
-                           f"algorithm.capo.advantage_kwargs now (as capo's algo.advantage_kwargs): "
-                           f"+algorithm.capo.advantage_kwargs.{key}={value}")
-    return ConfigError(f"algorithm.capo.{key} is not a capo setting; allowed keys: {', '.join(OPTION_DEFAULTS)} "
-                       f"(estimator {core_name!r}'s hyperparameters go in advantage_kwargs: "
-                       f"{', '.join(hyperparameters(core_name)) or '(none)'})")
+        return (f"algorithm.capo.{key} is an estimator hyperparameter: estimator hyperparameters go in "
+                f"algorithm.capo.advantage_kwargs now (as capo's algo.advantage_kwargs): "
+                f"+algorithm.capo.advantage_kwargs.{key}={value}")
+    return (f"algorithm.capo.{key} is not a capo setting{did_you_mean(key, OPTION_DEFAULTS)}; allowed keys: "
+            f"{', '.join(OPTION_DEFAULTS)} (estimator {core_name!r}'s hyperparameters go in advantage_kwargs: "
+            f"{', '.join(hyperparameters(core_name)) or '(none)'})")
 
 
-def _options(settings: dict, core_name: str, config) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``algorithm.capo`` -> (the plugin's settings with their defaults, the estimator's hyperparameters)."""
+def _options(settings: dict, core_name: str, config,
+             engine: str = "verl") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``algorithm.capo`` -> (the plugin's settings with their defaults, the noise mask resolved; the estimator's
+    hyperparameters). ConfigError prefixed with ``engine`` for a key or value not allowed."""
     for key in settings:
         if key not in OPTION_DEFAULTS:
-            raise _old_key(key, settings[key], core_name)
+            raise ConfigError(f"{engine}: {_old_key(key, settings[key], core_name)}")
     opts = {**OPTION_DEFAULTS, **settings}
     hp = dict(opts.pop("advantage_kwargs") or {})
     opts["noise_mask"] = resolve_noise_mask(core_name, opts["noise_mask"])
     problem = noise_mask_problem(opts["noise_mask"], key="algorithm.capo.noise_mask")
     if problem:
-        raise ConfigError(problem)
+        raise ConfigError(f"{engine}: {problem}")
     if opts["reward"] not in TEXT_REWARDS:
         raise ConfigError(f"algorithm.capo.reward={opts['reward']!r} is not allowed; allowed values (the core reward "
                           f"your reward function computes): {', '.join(TEXT_REWARDS)}")
@@ -215,7 +218,7 @@ def _estimate(verl_name: str, token_level_rewards: torch.Tensor, response_mask: 
     """The body of the verl estimator ``verl_name`` (:func:`_make_estimator`): [N, T] advantages."""
     core_name = ESTIMATORS[verl_name]
     engine = f"verl estimator {verl_name!r} (algorithm.capo)"
-    opts, hp = _options(_settings(config), core_name, config)
+    opts, hp = _options(_settings(config), core_name, config, engine)
     check_estimator(core_name, hp, engine=engine, key="algorithm.capo.advantage_kwargs")
     ctx = current_batch()
     if ctx is None and (needs_scores(core_name) or needed_data(core_name, reward=opts["reward"])
