@@ -17,8 +17,8 @@ computed its own GRPO advantages, the advantages are recomputed on the full gath
 (:func:`capo.rollout.step.step_advantages`, shared with capo's trainer and the verl plugin: numerical guard, CAPO's
 noise mask, the extra inputs of ACE, SEED-GRPO and GDPO, the estimator, ``calib/*``) with the estimator named in
 :class:`CapoAdvantageConfig` (whose settings are spelled as capo's trainer spells them: ``advantage``,
-``advantage_kwargs``, ``noise_mask``, ``mask_low``, ...); this process's slice replaces ``out["advantages"]`` and the completions table shows capo's values. Presets by name: :func:`capo_preset`
-(a policy loss other than TRL's own -- c2gspg, clip_cov, kl_cov -- is refused with the reason). TRL's rollout,
+``advantage_kwargs``, ``noise_mask``, ``mask_low``, ...); this process's slice replaces ``out["advantages"]`` and
+the completions table shows capo's values. Presets by name: :func:`capo_preset` (a policy loss other than TRL's own -- c2gspg, clip_cov, kl_cov -- is refused with the reason). TRL's rollout,
 loss, clipping, aggregation and optimizer loop are untouched. Correct/incorrect is the verifier's verdict (capo's
 reward functions, or ``verdict_reward``), never a thresholded reward.
 

@@ -1,5 +1,5 @@
 """Calibration-aware and negative-enhanced GRPO variants, behind ``ADVANTAGES`` with the uniform signature of
-:mod:`capo.core.advantages` (``estimator(rewards, group_size, *, scores=None, keep=None, **hparams) -> [N]``).
+:mod:`capo.core.advantages` (``estimator(rewards, group_size, *, scores=None, keep=None, **advantage_kwargs) -> [N]``).
 
 Each method's extra per-response input is a keyword argument that only it reads (shapes [N], or [N, K]):
 

@@ -233,7 +233,8 @@ def _partner_rows(keep, partners, rewards) -> torch.Tensor | None:
 
 
 def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, **kwargs) -> torch.Tensor:
-    """Look up an estimator by name in ``ADVANTAGES`` and call it (unknown hparams raise TypeError naming them)."""
+    """Look up an estimator by name in ``ADVANTAGES`` and call it (an unknown hyperparameter in ``kwargs`` raises a
+    TypeError naming it)."""
     fn = ADVANTAGES.get(name)
     try:
         return fn(rewards, group_size, **kwargs)

@@ -29,8 +29,8 @@ MASK_LOW, MASK_HIGH = 1.05, 2.5
 # The quartiles the paper describes its thresholds as: the defaults of every quantile-mask knob.
 MASK_Q_LOW, MASK_Q_HIGH = 0.25, 0.75
 # The values of ``noise_mask`` on every path (trainer ``algo.noise_mask``, TRL ``CapoAdvantageConfig.noise_mask``,
-# verl ``algorithm.capo.noise_mask``): off; fixed = the mask_low/mask_high numbers; quantile = the mask_q_low/mask_q_high
-# quantiles of the reference perplexities of the base model's own rollouts (capo's trainer samples them before
+# verl ``algorithm.capo.noise_mask``): off; fixed = the mask_low/mask_high numbers; quantile = the
+# mask_q_low/mask_q_high quantiles of the reference perplexities of the base model's own rollouts (capo's trainer samples them before
 # training; an adapter reads the first training batch's, then freezes them: at step 0 the policy is the base model).
 NOISE_MASKS = ("off", "fixed", "quantile")
 MASK_RULES = NOISE_MASKS[1:]  # the values that turn the mask on: how its thresholds are obtained

@@ -1,8 +1,9 @@
 """capo's advantage estimators as verl estimator functions (``algorithm.adv_estimator=<name>``).
 
 Each reads its settings from ``algorithm.capo`` (named as capo's trainer names them: ``advantage_kwargs``,
-``noise_mask``, ``mask_low``, ...; the estimator itself is verl's ``algorithm.adv_estimator=capo_<advantage>``), the batch's log-probs and the reward function's per-row values from
-the :class:`~capo.adapters.verl_plugin.run.BatchContext` of the ``compute_advantage`` call, puts the real rows in
+``noise_mask``, ``mask_low``, ...; the estimator itself is verl's ``algorithm.adv_estimator=capo_<advantage>``),
+the batch's log-probs and the reward function's per-row values from the
+:class:`~capo.adapters.verl_plugin.run.BatchContext` of the ``compute_advantage`` call, puts the real rows in
 groups (verl reorders rows and pads the batch), and hands them to capo's one step
 (:func:`capo.rollout.step.step_advantages`, shared with capo's trainer and the TRL adapter).
 """
