@@ -107,7 +107,7 @@ def test_capo_through_verl_compute_advantage_equals_core():
 
 def test_grpo_with_capos_mask_through_verl_compute_advantage():
     """The paper's ablation, GRPO advantages x CAPO's mask: on when asked (+algorithm.capo.noise_mask=fixed), off by
-    default for capo_grpo; the same rule as capo's trainer and the TRL adapter (capo.core.mask_applies)."""
+    default for capo_grpo; the same rule as the TRL adapter (capo.core.default_noise_mask)."""
     rt = _ray_trainer()
     data = _batch(seed=6)
     mask_cfg = {"noise_mask": "fixed", "mask_low": 1.6, "mask_high": 2.2}
@@ -164,7 +164,8 @@ def test_unknown_capo_names_say_what_exists():
                                           "estimators: capo, capo_grpo, capo_dr_grpo, capo_rloo"):
         rt.compute_advantage(_batch(), adv_estimator="capo_gspo", config=OmegaConf.create({}))
     with pytest.raises(ConfigError, match="no hyperparameter 'temperature'; allowed: tau"):
-        rt.compute_advantage(_batch(), adv_estimator="capo", config=OmegaConf.create({"capo": {"advantage_kwargs": {"temperature": 1}}}))
+        rt.compute_advantage(_batch(), adv_estimator="capo",
+                             config=OmegaConf.create({"capo": {"advantage_kwargs": {"temperature": 1}}}))
     with pytest.raises(ConfigError, match=r"algorithm\.capo\.tau is an estimator hyperparameter.*"
                                           r"\+algorithm\.capo\.advantage_kwargs\.tau=0\.6"):
         rt.compute_advantage(_batch(), adv_estimator="capo", config=OmegaConf.create({"capo": {"tau": 0.6}}))
@@ -465,11 +466,13 @@ def test_method_input_estimators_through_verl_compute_advantage():
     mask = data.batch["response_mask"].double()
     old, ref = data.batch["old_log_probs"].double(), data.batch["ref_log_prob"].double()
     got = rt.compute_advantage(_copy(data), adv_estimator="capo_ace",
-                               config=OmegaConf.create({"capo": {"advantage_kwargs": {"alpha": 0.5}}})).batch["advantages"]
+                               config=OmegaConf.create({"capo": {"advantage_kwargs": {"alpha": 0.5}}})
+                               ).batch["advantages"]
     exp = _by_hand(data, "ace", alpha=0.5, confidence_shift=((old - ref) * mask).sum(-1))
     assert torch.allclose(got, exp, atol=TOL, rtol=0) and not torch.allclose(got, _by_hand(data, "grpo"), atol=1e-3)
     got = rt.compute_advantage(_copy(data), adv_estimator="capo_unlikeliness",
-                               config=OmegaConf.create({"capo": {"advantage_kwargs": {"beta": 0.5}}})).batch["advantages"]
+                               config=OmegaConf.create({"capo": {"advantage_kwargs": {"beta": 0.5}}})
+                               ).batch["advantages"]
     exp = _by_hand(data, "unlikeliness", beta=0.5, scores=(old * mask).sum(-1) / mask.sum(-1))
     assert torch.allclose(got, exp, atol=TOL, rtol=0)
     with pytest.raises(ConfigError, match="capo_ace.*reference-model log-probs.*use_kl_loss=True"):
