@@ -110,6 +110,7 @@ def test_old_algorithm_capo_keys_say_their_new_spelling():
     assert refused({"noise_mask": "on"}).startswith("eng: algorithm.capo.noise_mask='on' is not allowed")
     assert refused({"mask_lo": 1.0}).startswith("eng: algorithm.capo.mask_lo is not a capo setting (did you mean "
                                                 "'mask_low'?); allowed keys: advantage_kwargs, noise_mask")
+    assert "algorithm.adv_estimator=capo_<advantage>" in refused({"advantage": "capo_grpo"})
     for value in ("off", "fixed", "quantile"):
         assert est._options({"noise_mask": value}, "grpo", None)[0]["noise_mask"] == value
 

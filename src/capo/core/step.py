@@ -18,6 +18,7 @@ Conventions every caller follows (docs/papers.md, "Adapters: one CAPO-input step
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, replace
 
 import torch
@@ -48,9 +49,7 @@ def needs_scores(advantage: str) -> bool:
 
 def hyperparameters(advantage: str) -> list[str]:
     """The names ``advantage_kwargs`` may hold for estimator ``advantage``: its keyword parameters that are no
-    per-response input (``STEP_INPUTS``)."""
-    import inspect
-
+    per-response input (``STEP_INPUTS``; the signature says which knobs exist, never which inputs are read)."""
     params = inspect.signature(ADVANTAGES.get(advantage)).parameters
     return [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY and p not in STEP_INPUTS]
 

@@ -65,6 +65,9 @@ def _settings(config) -> dict[str, Any]:
 
 def _old_key(key: str, value, core_name: str) -> str:
     """What is wrong with a key ``algorithm.capo`` does not hold: an old name says its new spelling."""
+    if key in ("advantage", "estimator"):
+        return (f"algorithm.capo.{key} is not a setting: in verl the estimator is verl's own "
+                f"algorithm.adv_estimator=capo_<advantage> (capo for CAPO), e.g. algorithm.adv_estimator={value}")
     if key == "mask_rule":
         return (f"algorithm.capo.mask_rule is gone: algorithm.capo.noise_mask says the rule now "
                 f"({', '.join(NOISE_MASKS)}), e.g. +algorithm.capo.noise_mask={value}")
