@@ -39,9 +39,9 @@ MASK_RULES = NOISE_MASKS[1:]  # the values that turn the mask on: how its thresh
 def noise_mask_problem(value, *, key: str = "noise_mask") -> str | None:
     """What is wrong with a ``noise_mask`` value (the one check of it on every path), or None. A bool (the adapters'
     old vocabulary) is told its new spelling."""
-    if isinstance(value, bool):
+    if isinstance(value, bool):  # YAML 1.1 also reads a bare off as false: hence the quoting hint
         return (f"{key}={value!r} is the old spelling; {key} takes one of {', '.join(NOISE_MASKS)} now: "
-                f"{key}={'fixed' if value else 'off'} (or quantile)")
+                f"{key}={'fixed' if value else 'off'} (or quantile; in YAML write \"off\" quoted)")
     if value not in NOISE_MASKS:
         return (f"{key}={value!r} is not allowed{checks.did_you_mean(value, NOISE_MASKS)}; allowed values: "
                 f"{', '.join(NOISE_MASKS)}")
