@@ -47,7 +47,7 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
          "src/capo/core/dapo.py", "src/capo/core/rewards.py", "src/capo/core/scores.py"],
         ["tests/core/test_advantages.py", "tests/core/test_advantage_variants.py",
          "tests/core/test_masks_dapo_rewards.py", "tests/core/test_reward_variants.py",
-         "tests/core/test_advantage_step.py",  # masks.mask_applies & co. are tested with the step
+         "tests/core/test_advantage_step.py",  # masks.default_noise_mask & co. are tested with the step
          "tests/core/test_input_errors.py"],
         [],
     ),
@@ -174,8 +174,8 @@ FUNCTIONS: dict[str, list[str]] = {
     # not _make_estimator, _wrap, _patch_module, register: they run once, when the plugin loads (at import, before
     # mutmut selects a mutant); the per-call bodies they install are the functions below
     "adapters.verl": [*(f"capo.adapters.verl_plugin.estimators.x_{f}__mutmut_*"
-                        for f in ("_hparams", "_options", "_padding_rows", "_grouped_rows", "_ctx_values", "_verdicts",
-                                  "_floats", "_check_temperature", "_log_probs", "_step_batch", "_estimate")),
+                        for f in ("_settings", "_old_key", "_options", "_padding_rows", "_grouped_rows", "_ctx_values",
+                                  "_verdicts", "_floats", "_check_temperature", "_log_probs", "_step_batch", "_estimate")),
                       *(f"capo.adapters.verl_plugin.patch.x_{f}__mutmut_*"
                         for f in ("_name", "_check_name", "_compute_advantage", "_v1_extra", "_v1_compute_advantage"))],
 }

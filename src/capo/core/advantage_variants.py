@@ -1,5 +1,5 @@
 """Calibration-aware and negative-enhanced GRPO variants, behind ``ADVANTAGES`` with the uniform signature of
-:mod:`capo.core.advantages` (``estimator(rewards, group_size, *, scores=None, keep=None, **hparams) -> [N]``).
+:mod:`capo.core.advantages` (``estimator(rewards, group_size, *, scores=None, keep=None, **advantage_kwargs) -> [N]``).
 
 Each method's extra per-response input is a keyword argument that only it reads (shapes [N], or [N, K]):
 
@@ -38,7 +38,7 @@ def _shaped(name: str, x, rewards: torch.Tensor, *, floating: bool) -> torch.Ten
     return x
 
 
-@ADVANTAGES.register("ace")
+@ADVANTAGES.register("ace", reads=("confidence_shift",))
 def ace_advantage(
     rewards: torch.Tensor,
     group_size: int,
@@ -99,7 +99,7 @@ def semantic_entropy(cluster_ids: torch.Tensor, group_size: int, *, estimator: s
     return -(log_p / count).sum(dim=1) / k
 
 
-@ADVANTAGES.register("seed_grpo")
+@ADVANTAGES.register("seed_grpo", reads=("cluster_ids",))
 def seed_grpo_advantage(
     rewards: torch.Tensor,
     group_size: int,
@@ -138,7 +138,7 @@ def seed_grpo_advantage(
     return _apply_keep((base * f[:, None].to(base.device, base.dtype)).reshape(-1), keep)
 
 
-@ADVANTAGES.register("gdpo")
+@ADVANTAGES.register("gdpo", reads=("components",))
 def gdpo_advantage(
     rewards: torch.Tensor,
     group_size: int,

@@ -2,14 +2,17 @@
 
 Uniform signature (every estimator, so callers never special-case one)::
 
-    estimator(rewards, group_size, *, scores=None, keep=None, **hparams) -> advantages
+    estimator(rewards, group_size, *, scores=None, keep=None, **advantage_kwargs) -> advantages
 
 - ``rewards``: [N] floating, N = B*G; rows n*G..(n+1)*G-1 are the G responses of prompt n.
 - ``group_size``: G >= 2, must divide N.
 - ``scores``: [N] floating sequence confidences (mean token log-prob ``lpm`` from rollout-time log-probs, treated
-  as constants; CAPO's ``score="sum"`` multiplies them back by ``lengths``, [N] real tokens per response, which the
-  step supplies to an estimator whose signature names it). An estimator that reads them declares ``scores`` without a default (CAPO, unlikeliness); that is
-  the one rule callers read (:func:`capo.core.step.needs_scores`). The others accept and ignore them.
+  as constants; CAPO's ``score="sum"`` multiplies them back by ``lengths``, [N] real tokens per response). The others
+  accept and ignore them.
+- Further per-response inputs an estimator uses (``scores`` itself, CAPO's ``correct`` / ``partners`` / ``lengths``,
+  ACE's ``confidence_shift``, ...) are declared once, at registration: ``ADVANTAGES.register(name, reads=...)``.
+  The step passes exactly those (:func:`capo.core.step.estimate`); every other keyword argument is a
+  hyperparameter (``advantage_kwargs`` on every path).
 - ``keep``: [N] bool noise mask (CAPO's reference-perplexity mask, ``capo.core.masks``). Every estimator returns
   ``A_i * keep_i``; CAPO can also drop masked responses as pair partners.
 - returns [N] advantages, in the dtype of ``rewards``; broadcast to tokens by the policy loss.
@@ -109,7 +112,7 @@ def rloo_advantage(
     return _apply_keep((r - baseline).reshape(-1), keep)
 
 
-@ADVANTAGES.register("capo", reads=("scores",))
+@ADVANTAGES.register("capo", reads=("scores", "correct", "partners", "lengths"))
 def capo_advantage(
     rewards: torch.Tensor,
     group_size: int,
@@ -230,7 +233,8 @@ def _partner_rows(keep, partners, rewards) -> torch.Tensor | None:
 
 
 def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, **kwargs) -> torch.Tensor:
-    """Look up an estimator by name in ``ADVANTAGES`` and call it (unknown hparams raise TypeError naming them)."""
+    """Look up an estimator by name in ``ADVANTAGES`` and call it (an unknown hyperparameter in ``kwargs`` raises a
+    TypeError naming it)."""
     fn = ADVANTAGES.get(name)
     try:
         return fn(rewards, group_size, **kwargs)

@@ -132,7 +132,7 @@ def kl_cov_loss(
     return loss, metrics
 
 
-@POLICY_LOSSES.register("c2gspg")
+@POLICY_LOSSES.register("c2gspg", reads=("rewards",))
 def c2gspg_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,

@@ -34,7 +34,6 @@ from capo.core import (
     kl_penalty,
     logprob_advantage_covariance,
     logprob_mismatch,
-    mask_applies,
     overlong_penalty,
     policy_loss,
     ppl_quantile_thresholds,
@@ -255,9 +254,9 @@ class Trainer:
         """The configured estimator, loss, reward, noise mask (any estimator, when on) and group filter."""
         a = self.cfg.algo
         mask = None
-        if mask_applies(a.advantage, a.noise_mask != "off"):
+        if a.noise_mask != "off":  # thresholds measured or fixed before training (calibrate_mask)
             mask = MaskThresholds("fixed", *self.mask_thresholds, engine="capo train")
-        return StepSpec(a.advantage, hparams=a.advantage_kwargs, loss=a.loss,
+        return StepSpec(a.advantage, advantage_kwargs=a.advantage_kwargs, loss=a.loss,
                         reward=a.reward if ":" not in a.reward else "user", reward_kwargs=a.reward_kwargs, mask=mask,
                         group_filter=a.group_filter, engine="capo train",
                         gather=lambda x: self.acc.gather(x.to(self.acc.device)))
