@@ -41,7 +41,7 @@ def main() -> int:
     import torch
 
     from capo.evaluation.default_task import evaluate_default
-    from capo.tasks import default as d
+    from capo.tasks import model_builder as mb
     from capo.tasks import word_problems as wp
     from capo.tasks.generated import generated_task
 
@@ -50,14 +50,14 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     held = wp.word_problems("eval", args.eval_prompts, seed=0)
-    tok = d.build_tokenizer(model_max_length=wp.ARCH["max_positions"])
+    tok = mb.build_tokenizer(model_max_length=wp.ARCH["max_positions"])
     t0 = time.perf_counter()
 
     def on_step(step: int, model) -> None:
         if step % args.every:
             return
         model.eval()
-        d.save_model(d._export_llama(model), tok, out / f"step-{step}")  # first: a failed measurement loses nothing
+        mb.save_model(mb.export_llama(model), tok, out / f"step-{step}")  # first: a failed measurement loses nothing
         t1 = time.perf_counter()
         ev = evaluate_default(model, tok, held, group_size=8, max_new_tokens=task.max_new_tokens, seed=0,
                               dataset=wp.TASK_NAME)

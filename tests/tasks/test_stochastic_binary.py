@@ -159,11 +159,11 @@ def test_eval_measures_equal_independent_recomputations():
 def test_binary_distribution_equals_whole_sequence_logprobs():
     from transformers import Qwen2ForCausalLM
 
-    from capo.tasks import default as d
+    from capo.tasks import model_builder as mb
 
     torch.manual_seed(0)
-    tok = d.build_tokenizer(model_max_length=32)
-    model = Qwen2ForCausalLM(d._model_config(tok, 32, 1, 2, 64, max_positions=32)).float().eval()
+    tok = mb.build_tokenizer(model_max_length=32)
+    model = Qwen2ForCausalLM(mb.model_config(tok, 32, 1, 2, 64, max_positions=32)).float().eval()
     dist = st.binary_distribution(model, tok, n_categories=2)
     assert dist.shape == (2, 2, 99) and dist.dtype == torch.float64
     for c in range(2):

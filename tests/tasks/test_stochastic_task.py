@@ -173,11 +173,11 @@ def test_eval_measures_equal_independent_recomputations():
 def _tiny(seed: int = 0):
     from transformers import Qwen2ForCausalLM
 
-    from capo.tasks import default as d
+    from capo.tasks import model_builder as mb
 
     torch.manual_seed(seed)
-    tok = d.build_tokenizer(model_max_length=32)
-    model = Qwen2ForCausalLM(d._model_config(tok, 32, 1, 2, 64, max_positions=32)).float().eval()
+    tok = mb.build_tokenizer(model_max_length=32)
+    model = Qwen2ForCausalLM(mb.model_config(tok, 32, 1, 2, 64, max_positions=32)).float().eval()
     return model, tok
 
 

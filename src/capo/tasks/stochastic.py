@@ -206,19 +206,15 @@ def _distribution_stats(variant: str, llama, tok) -> dict:
 def build_stochastic_model(out_dir, seed: int = 0, *, steps: int | None = None, batch_size: int | None = None,
                            lr: float | None = None, log_every: int = 100, log=None, variant: str = "percent") -> dict:
     """Train the stochastic task's base model from scratch (fp32, CPU, deterministic for a seed and thread count) on
-    uniform answers to the prompts of every category and save it to ``out_dir``: ``variant`` "percent" (the task
+    uniform answers to the prompts of every category and save it to ``out_dir``
+    (:func:`capo.tasks.model_builder.build_model` with this task's settings): ``variant`` "percent" (the task
     ``stochastic``: 01-99 to ``P(c)=``) or "outcome" (``stochastic_binary``: ``D NN`` to ``B(c)=``, D and NN
     independent and uniform). The record (also in ``out_dir/capo_default.json``) has the exact answer distribution's
     distance from uniform (:func:`stated_distribution`, :func:`binary_distribution`): total variation per category
     (max), the valid mass (min) and, for "outcome", the range over categories of P(D = 1)."""
-    import json
-    import random
     import time
-    from pathlib import Path
 
-    from transformers import Qwen2ForCausalLM
-
-    from capo.tasks import default as d
+    from capo.tasks import model_builder as mb
 
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
@@ -226,29 +222,22 @@ def build_stochastic_model(out_dir, seed: int = 0, *, steps: int | None = None, 
     steps, batch_size = int(steps or WARMUP["steps"]), int(batch_size or WARMUP["batch_size"])
     lr = float(lr or WARMUP["lr"])
     t0 = time.perf_counter()
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    tok = d.build_tokenizer(model_max_length=ARCH["max_positions"])
-    model = Qwen2ForCausalLM(d._model_config(tok, ARCH["hidden"], ARCH["layers"], ARCH["heads"], ARCH["intermediate"],
-                                             max_positions=ARCH["max_positions"])).float()
-    train = problems_fn("train", steps * batch_size, seed=seed)
-    losses = d._warmup(model, train, tok, rng, steps=steps, batch_size=batch_size, lr=lr,
-                       warmup_steps=int(WARMUP["warmup_steps"]), log_every=log_every, log=log,
-                       respond=respond, prompt_fn=format_prompt)
-    llama = d._export_llama(model)
-    d.save_model(llama, tok, Path(out_dir))
+    recipe = mb.ModelRecipe(problems=lambda n: problems_fn("train", n, seed=seed), respond=respond,
+                            prompt=format_prompt, steps=steps, batch_size=batch_size, lr=lr,
+                            warmup_steps=int(WARMUP["warmup_steps"]), seed=seed, arch=mb.Architecture(**ARCH),
+                            hooks=mb.WarmupHooks(log=log, log_every=log_every))
+    built = mb.build_model(recipe, out_dir)
     answer_chars = 2 if variant == "percent" else 4
     n_answers = 99 if variant == "percent" else 198
     stats = {"task": f"capo:{name}", "options": DEFAULT_OPTIONS, "seed": seed, "steps": steps,
              "batch_size": batch_size, "lr": lr, "warmup_steps": int(WARMUP["warmup_steps"]),
-             "architecture": {"type": "llama (trained as qwen2, exported)", **ARCH, "vocab": len(tok)},
-             "params": sum(p.numel() for p in model.parameters()),
-             "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
+             "architecture": {"type": "llama (trained as qwen2, exported)", **ARCH, "vocab": len(built.tokenizer)},
+             "params": built.params, "final_loss": round(sum(built.losses[-20:]) / len(built.losses[-20:]), 4),
              "uniform_loss": round(math.log(n_answers) / (answer_chars + 1), 4),
-             **_distribution_stats(variant, llama, tok),
+             **_distribution_stats(variant, built.model, built.tokenizer),
              "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
              "train_seconds": round(time.perf_counter() - t0, 1)}
-    (Path(out_dir) / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")
+    mb.write_record(out_dir, stats)
     return stats
 
 
