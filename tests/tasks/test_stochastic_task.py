@@ -230,19 +230,18 @@ def test_training_config_requires_the_percent_format():
 
 def test_core_summary_with_gapped_question_ids_and_input_errors():
     """The trainer's ids have gaps (question i of rank r is i * world + r): a missing id is no question."""
-    from capo.core.calibration import stated_probability_summary
 
     q = torch.tensor([0.2, 0.4, 0.9, float("nan")], dtype=torch.float64)
-    got = stated_probability_summary(q, torch.tensor([False, False, True, True]), torch.tensor([0, 0, 4, 4]),
+    got = st.stated_probability_summary(q, torch.tensor([False, False, True, True]), torch.tensor([0, 0, 4, 4]),
                                      torch.tensor([0.3, 0.3, 0.8, 0.8]))
     assert got["stochastic_questions"] == 2
     assert got["stochastic_ece"] == pytest.approx((0.3 + 0.1) / 2)
     assert got["stochastic_rate_error"] == pytest.approx((0.0 + 0.1) / 2)
     assert got["stochastic_auroc"] == 1.0 and got["stochastic_mean_stated"] == pytest.approx(0.6)
     with pytest.raises(ValueError, match="stated"):
-        stated_probability_summary(torch.tensor([1.5]), torch.tensor([True]), torch.tensor([0]), torch.tensor([0.5]))
+        st.stated_probability_summary(torch.tensor([1.5]), torch.tensor([True]), torch.tensor([0]), torch.tensor([0.5]))
     with pytest.raises(ValueError, match="rate"):
-        stated_probability_summary(q, torch.ones(4, dtype=torch.bool), torch.zeros(4, dtype=torch.long),
+        st.stated_probability_summary(q, torch.ones(4, dtype=torch.bool), torch.zeros(4, dtype=torch.long),
                                    torch.ones(3))
 
 

@@ -24,6 +24,7 @@ from capo.core.checks import did_you_mean
 from capo.errors import ConfigError
 from capo.evaluation.metrics import assign_answer_ids, columns, stochastic_columns
 from capo.evaluation.stats import seed_paired_interval
+from capo.tasks.stochastic import stochastic_summary
 
 __all__ = ["MEASURES", "MIN_PROMPTS", "Model", "Comparison", "compare", "headline", "model_name", "prompts_behind",
            "too_few"]
@@ -202,8 +203,8 @@ def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:
         s["confidence_weighted_vote"] = voting.confidence_weighted_vote(aids, ok, g,
                                                                         torch.nan_to_num(c.verbal[ix], nan=0.0)).accuracy
     if (st := seed.stochastic) is not None:
-        s |= cal.stochastic_summary(st.stated[ix], st.outcome[ix], g, st.rate[ix],
-                                    chosen=None if st.chosen is None else st.chosen[ix])
+        s |= stochastic_summary(st.stated[ix], st.outcome[ix], g, st.rate[ix],
+                                chosen=None if st.chosen is None else st.chosen[ix])
     return {k: s.get(k, math.nan) for k, _, _ in MEASURES}
 
 
