@@ -287,7 +287,7 @@ def build_word_model(out_dir, seed: int = 0, *, steps: int | None = None, batch_
                             warmup_steps=int(WARMUP["warmup_steps"]), seed=seed, arch=mb.Architecture(**ARCH),
                             hooks=hooks)
     built = mb.build_model(recipe, out_dir)
-    stats = build_record(built.losses, log_every, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
+    stats = _build_record(built.losses, log_every, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
                          vocab=len(built.tokenizer), params=built.params)
     stats |= {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
               "train_seconds": round(time.perf_counter() - t0, 1)}
@@ -295,7 +295,7 @@ def build_word_model(out_dir, seed: int = 0, *, steps: int | None = None, batch_
     return stats
 
 
-def build_record(losses: list[float], every: int, *, seed: int, steps: int, batch_size: int, lr: float, vocab: int,
+def _build_record(losses: list[float], every: int, *, seed: int, steps: int, batch_size: int, lr: float, vocab: int,
                  params: int) -> dict:
     """The head of a word-problem build record: the settings, the architecture and the loss curve (the mean loss
     of each ``every`` steps; ``final_loss`` its last point)."""
