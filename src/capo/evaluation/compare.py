@@ -24,6 +24,7 @@ from capo.core.checks import did_you_mean
 from capo.errors import ConfigError
 from capo.evaluation.metrics import assign_answer_ids, columns, stochastic_columns
 from capo.evaluation.stats import seed_paired_interval
+from capo.tasks import stochastic as stochastic_task
 from capo.tasks.stochastic import stochastic_summary
 
 __all__ = ["MEASURES", "MIN_PROMPTS", "Model", "Comparison", "compare", "headline", "model_name", "prompts_behind",
@@ -42,10 +43,7 @@ MEASURES = [
     ("majority_vote", "majority-vote accuracy", 1),
     ("max_confidence_lpm", "accuracy of the most confident sample (lpm)", 1),
     ("confidence_weighted_vote", "verbal-confidence-weighted vote accuracy", 1),
-    ("stochastic_ece", "ECE of the per-question stated probability", -1),  # stochastic outcomes only
-    ("stochastic_rate_error", "mean |stated - true rate|", -1),
-    ("answer_ece", "ECE of the per-question frequency of predicting 1", -1),  # the binary variant only
-    ("answer_rate_error", "mean |frequency of predicting 1 - true rate|", -1),
+    *(m for m in stochastic_task.MEASURES if m[0] in stochastic_task.PAIRED),  # the stochastic task's
 ]
 
 
@@ -253,7 +251,7 @@ def _interval(lo: float, hi: float) -> tuple[str, bool]:
 
 HEADLINE = (("auc_mean", "AUC-mean"), ("accuracy", "accuracy"))  # the headline calibration measure, then accuracy
 # stochastic outcomes (every model has it): the stated probabilities' calibration, best and worst model (lower = better)
-STOCHASTIC_HEADLINE = "stochastic_ece", "ECE of the per-question stated probability"
+STOCHASTIC_HEADLINE = stochastic_task.MEASURES[0][:2]
 
 
 def _versus_reference(cmp: Comparison, key: str, label: str, sign: int = 1,

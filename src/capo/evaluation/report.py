@@ -19,6 +19,7 @@ import torch
 
 from capo.errors import DataError
 from capo.evaluation import compare, plots
+from capo.tasks import stochastic as stochastic_task
 
 __all__ = ["RunInfo", "draw_safely", "load_run", "render_report", "write_report"]
 
@@ -40,12 +41,7 @@ SUMMARY_KEYS = [
     ("verbal_auroc", "AUROC verbal", "{:.3f}"),
     ("verbal_auc_mean", "AUC-mean verbal", "{:.3f}"),
     ("verbal_missing", "verbal confidence missing", "{:.0f}"),
-    ("stochastic_ece", "ECE of the per-question stated probability", "{:.3f}"),
-    ("stochastic_rate_error", "mean |stated - true rate|", "{:.3f}"),
-    ("stochastic_auroc", "AUROC of the per-question stated probability", "{:.3f}"),
-    ("answer_ece", "ECE of the per-question frequency of predicting 1", "{:.3f}"),
-    ("answer_rate_error", "mean |frequency of predicting 1 - true rate|", "{:.3f}"),
-    ("answer_auroc", "AUROC of the per-question frequency of predicting 1", "{:.3f}"),
+    *((key, label, "{:.3f}") for key, label, _ in stochastic_task.MEASURES),  # the stochastic task's own measures
 ]
 SCALING_KEYS = [
     ("majority_vote", "majority vote"),
@@ -66,8 +62,7 @@ COUNT_KEYS = [
 # +1: higher is better, -1: lower is better (the arrow in each row label; the best value per row is marked)
 BETTER = {"accuracy": 1, "mean_at_k": 1, "auc_mean": 1, "auroc": 1, "ece": -1, "brier": -1, "aurc": -1,
           "verbal_ece": -1, "verbal_brier": -1, "verbal_auroc": 1, "verbal_auc_mean": 1,
-          "stochastic_ece": -1, "stochastic_rate_error": -1, "stochastic_auroc": 1,
-          "answer_ece": -1, "answer_rate_error": -1, "answer_auroc": 1,
+          **{key: better for key, _, better in stochastic_task.MEASURES},
           **{k: 1 for k, _ in SCALING_KEYS}}
 
 CSS = """

@@ -62,6 +62,16 @@ def score(stated: torch.Tensor, outcome: torch.Tensor, rule: str = "log") -> tor
 # (outcome, stated, chosen: capo.rollout.grade with the "percent" or "outcome" answer format); docs/metrics.md
 # defines each key.
 
+# (metrics key, readable name, +1 = higher is better / -1 = lower is better): the task's measures as capo eval's
+# report, model comparisons and their conclusion show them (PAIRED: the ones a comparison pairs across models)
+MEASURES = (("stochastic_ece", "ECE of the per-question stated probability", -1),
+            ("stochastic_rate_error", "mean |stated - true rate|", -1),
+            ("stochastic_auroc", "AUROC of the per-question stated probability", 1),
+            ("answer_ece", "ECE of the per-question frequency of predicting 1", -1),  # the binary variant only
+            ("answer_rate_error", "mean |frequency of predicting 1 - true rate|", -1),
+            ("answer_auroc", "AUROC of the per-question frequency of predicting 1", 1))
+PAIRED = ("stochastic_ece", "stochastic_rate_error", "answer_ece", "answer_rate_error")
+
 STATED_KEYS = ("stochastic_questions", "stochastic_ece", "stochastic_rate_error", "stochastic_auroc",
                "stochastic_mean_stated")
 # the same measures of the predicted outcome's frequency (the binary variant, answer format "outcome")
