@@ -199,7 +199,7 @@ def test_stated_distribution_equals_the_chain_rule_on_whole_sequences():
 def test_eval_on_the_stochastic_task_end_to_end(tmp_path, capsys):
     """capo eval picks the task's answer format by itself, writes each question's rate and the measures."""
     from capo.cli import main
-    from capo.tasks.default import save_model
+    from capo.tasks.model_builder import save_model
 
     model, tok = _tiny()
     save_model(model, tok, tmp_path / "m")

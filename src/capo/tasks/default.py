@@ -28,7 +28,7 @@ import torch
 
 from capo.tasks import model_builder as mb
 from capo.tasks.model_builder import (ANSWER_CLOSE, ANSWER_OPEN, CONF_CLOSE, CONF_OPEN, CONFIDENCE_GRID, TAGS,
-                                      build_tokenizer, save_model)
+                                      build_tokenizer)
 from capo.tasks.problem import SPLITS, Problem, check_split
 
 __all__ = [
