@@ -65,8 +65,13 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "core.calibration": (
         ["src/capo/core/calibration.py"],
         ["tests/core/test_calibration.py", "tests/core/test_calibration_extended.py",
-         "tests/core/test_calibration_stated.py", "tests/core/test_calibration_edges.py",
-         "tests/core/test_calibration_device.py"],
+         "tests/core/test_calibration_edges.py", "tests/core/test_calibration_device.py"],
+        [],
+    ),
+    "tasks.stochastic": (
+        ["src/capo/tasks/stochastic.py"],
+        ["tests/tasks/test_stochastic_measures.py", "tests/tasks/test_stochastic_task.py",
+         "tests/tasks/test_stochastic_binary.py"],
         [],
     ),
     "core.voting": (
@@ -350,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                          "--out (same source, new tests)")
     ap.add_argument("--mutants", action="append", default=[], metavar="GLOB",
                     help="with --rerun-survivors: also judge afresh the mutants whose names match GLOB (mutmut's "
-                         "names, e.g. 'capo.core.calibration.x_stated_means_summary__mutmut_*')")
+                         "names, e.g. 'capo.tasks.stochastic.x_stated_means_summary__mutmut_*')")
     ap.add_argument("--list", action="store_true", help="print the module -> files / tests map and exit")
     args = ap.parse_args(argv)
     if args.list:

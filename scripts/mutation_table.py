@@ -33,9 +33,12 @@ def render(data: dict) -> str:
     """The Markdown table of ``data["modules"]``, one row per module in the data's order, and the total."""
     rows = [HEADER]
     for m in data["modules"]:
+        if m["mutants"] is None:  # a configured module not run yet: say so, with why
+            rows.append(f"| `{m['module']}` ({m['files']}) | -- | | | {m['not_run']} | |")
+            continue
         rows.append(f"| `{m['module']}` ({m['files']}) | {m['mutants']} | {_pct(m['before'], m.get('before_note'))} "
                     f"| **{_pct(m['after'])}** | {m['left']}: {m['left_note']} | {m['run_time']} |")
-    total = sum(m["mutants"] for m in data["modules"])
+    total = sum(m["mutants"] or 0 for m in data["modules"])
     rows.append(f"| all {len(data['modules'])} modules | {total} | | | | |")
     return "\n".join(rows)
 

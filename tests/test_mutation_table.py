@@ -41,6 +41,9 @@ def test_render_by_hand():
                          "after": 90.0, "left": 1, "left_note": "equivalent", "run_time": "1 min"}]}
     assert t.render(data).splitlines()[2:] == [
         "| `core.x` (x.py) | 10 | 50.0% (8 run) | **90.0%** | 1: equivalent | 1 min |", "| all 1 modules | 10 | | | | |"]
+    data["modules"].append({"module": "tasks.y", "files": "y.py", "mutants": None, "not_run": "not run yet: moved"})
+    assert t.render(data).splitlines()[3:] == [
+        "| `tasks.y` (y.py) | -- | | | not run yet: moved | |", "| all 2 modules | 10 | | | | |"]
 
 
 def test_the_data_covers_the_configured_modules_and_files_each_survivor_under_one():
@@ -48,9 +51,14 @@ def test_the_data_covers_the_configured_modules_and_files_each_survivor_under_on
     names = [m["module"] for m in data["modules"]]
     assert sorted(names) == sorted(load("mutate").MODULES), "docs/data/mutation.json and scripts/mutate.py differ"
     assert len(names) == len(set(names))
-    for m in data["modules"]:
+    run = [m for m in data["modules"] if m["mutants"] is not None]
+    for m in run:
         assert 0 <= m["before"] <= m["after"] <= 100 and m["mutants"] > 0 and 0 <= m["left"] <= m["mutants"], m
+    for m in data["modules"]:  # a configured module not run yet says why and carries no score
+        if m["mutants"] is None:
+            assert m["not_run"] and not {"before", "after", "left"} & set(m), m
     for s in data["survivors"]:
-        assert s["modules"] and set(s["modules"]) <= set(names), s
+        assert s["modules"] and set(s["modules"]) <= {m["module"] for m in run}, s
         assert s["change"] and s["why"] and s["status"], s
-    assert {n for s in data["survivors"] for n in s["modules"]} == set(names), "a module without its survivors"
+    assert {n for s in data["survivors"] for n in s["modules"]} == {m["module"] for m in run}, \
+        "a module without its survivors"

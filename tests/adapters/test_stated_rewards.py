@@ -196,10 +196,10 @@ def test_verl_rlcr_log_and_brier_scores_and_their_verifier(monkeypatch):
 def test_tagged_rewards_read_the_tags_only_and_the_default_verifier_has_one_worker():
     """RLCR reads ``<answer>``: a boxed answer without tags is not read (correct 0, a format failure), and a
     confidence without an answer is a failure too (-1, not 0 - 0.8^2)."""
-    from capo.adapters._common import _default_verifier
+    from capo.adapters._common import default_verifier
 
     r = compute_score_rlcr("math", r"\boxed{4}", "4", {})
     assert (r["score"], r["correct"], r["format_ok"], r["pred"]) == (-1.0, 0.0, 0.0, "")
     assert compute_score_rlcr("math", "<confidence>0.8</confidence>", "4", {})["score"] == -1.0
-    with _default_verifier() as v:
+    with default_verifier() as v:
         assert v.workers == 1

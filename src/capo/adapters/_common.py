@@ -68,7 +68,8 @@ class ScoredBatch:
     answers: list[str | None]
 
 
-def _default_verifier():
+def default_verifier():
+    """The verifier the adapters grade with when their caller gives none: one worker interpreter."""
     from capo.verify import Verifier
 
     return Verifier(workers=1)
@@ -99,7 +100,7 @@ def score_texts(
         raise ValueError(f"unknown reward kind {kind!r}; allowed: {', '.join(TEXT_REWARDS)}")
     tagged = kind != "correctness"
     fmt = answer_format if answer_format in STATED_FORMATS or not tagged else "rlcr"
-    g = grade(texts, golds, verifier or _default_verifier(), answer_format=fmt)
+    g = grade(texts, golds, verifier or default_verifier(), answer_format=fmt)
     fail = {} if format_failure_reward is None else {"format_failure_reward": format_failure_reward}
     kw = dict(confidence=g.confidence, format_ok=g.format_ok, **fail, **(reward_kwargs or {})) if tagged else {}
     r = REWARDS.get(kind)(g.correct, **kw)

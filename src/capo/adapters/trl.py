@@ -171,9 +171,9 @@ class _TextReward:
                 f"columns: {', '.join(cols) or '(none)'}. Pass answer_key=<column>."
             )
         if self.verifier is None:
-            from capo.adapters._common import _default_verifier
+            from capo.adapters._common import default_verifier
 
-            self.verifier = _default_verifier()
+            self.verifier = default_verifier()
         self.last = score_texts(
             [completion_text(c) for c in completions], kwargs[self.answer_key], kind=self.kind,
             verifier=self.verifier, answer_format=self.answer_format,

@@ -167,7 +167,7 @@ def _configs(algos, seeds, extra, out: Path, steps, preset: str = "default") -> 
         check_options = generated_task(first.dataset).check_options
         if check_options(first.task_options) != check_options(None):
             raise ConfigError("--set data.task_options: the final held-out evaluation uses the task's default "
-                              f"options {check_options(None)}; train with them, or use scripts/collapse_sweep.py")
+                              f"options {check_options(None)}; train with them, or compare settings with `capo sweep` (e.g. sweeps/collapse_settings.yaml)")
     return cfgs
 
 

@@ -40,11 +40,12 @@ from capo.core import (
     sequence_logprob_mean,
     truncated_is_weights,
 )
-from capo.core.calibration import stochastic_summary, summarize
+from capo.core.calibration import summarize
 from capo.errors import CapoError
 from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
 from capo.rundir import Progress, run_lock
+from capo.tasks.stochastic import stochastic_summary
 from capo.trainer import checkpoint as ckpt
 from capo.trainer.config import TrainConfig, dump_yaml
 from capo.trainer.data import load_problems, render_prompts
