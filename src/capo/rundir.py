@@ -16,7 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
+try:
+    import orjson
+except ImportError:  # an environment that installed capo without its dependencies (the verl one): the same values
+    orjson = None
 
 from capo.errors import ConfigError
 
@@ -41,7 +44,7 @@ def json_loads(text: str | bytes):
     Infinity literals, lone surrogates, numbers beyond the float range: such a line goes to ``json.loads``) and reads
     integers beyond 64 bits as floats (a line with 19 digits in a row goes to ``json.loads``). Floats are correctly
     rounded by both (``tests/test_json_lines.py``)."""
-    if not _long_digit_run(text):
+    if orjson is not None and not _long_digit_run(text):
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:
@@ -69,7 +72,7 @@ def json_line(row) -> str:
     compact, floats in their shortest form), ~10x faster for rows of per-token lists. orjson writes NaN and infinities
     as null and refuses what it cannot write exactly (integers beyond 64 bits, non-string keys, lone surrogates,
     types it does not know): such a row is written by the standard library (NaN / Infinity literals, as before)."""
-    if _all_finite(row):
+    if orjson is not None and _all_finite(row):
         try:
             return orjson.dumps(row).decode() + "\n"
         except TypeError:  # orjson.JSONEncodeError
