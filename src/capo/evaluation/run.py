@@ -529,7 +529,8 @@ def _token_list(r: dict, f: str, where: str, checked: dict[str, bool]) -> list[f
     """Row ``r``'s per-token list ``f`` as floats; DataError naming the line when it is not a list of numbers in range
     (``checked``: :func:`_checked_token_fields` of the file)."""
     v = r[f]
-    if f not in checked and not (isinstance(v, list) and _number_types([v], logprob=f == "token_logprobs")):
+    if f not in checked and not (isinstance(v, list)
+                                 and _number_types([v], logprob=f == "token_logprobs") is not None):
         kind = "numbers <= 0" if f == "token_logprobs" else "finite numbers >= 0"
         raise DataError(f"{where}: {f!r} must be a list of {kind}")
     return v if checked.get(f) else list(map(float, v))
