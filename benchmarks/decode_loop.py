@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default=None, help="compile the loop's step with this torch.compile backend "
                     "(fullgraph; e.g. inductor on the CPU, where the loop otherwise runs eagerly); rollouts only")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (1: OpenMP's spin-waiting makes 2 "
-                    "threads many times slower on a shared machine, docs/results.md)")
+                    "threads many times slower on a shared machine, docs/performance.md)")
     add_quick(ap, model="default", preset="default", batch=4, new_tokens=24, reps=1, train_steps=2)
     a = ap.parse_args(argv)
     from capo.rollout import load_model

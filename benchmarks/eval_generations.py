@@ -9,8 +9,16 @@ replicate-by-replicate path (``capo.core.calibration.bootstrap_ci`` re-running e
 ``capo eval`` ran before), same seed: the largest absolute difference (must be <= 1e-9) and the speed ratio of the two,
 measured in this run.
 
+With ``--against SRC`` (the ``src`` folder of another capo checkout, e.g. the commit before a change) the command line
+``capo eval --generations`` of this checkout and of SRC run back to back on the same file, each in a fresh process at
+one thread (OMP_NUM_THREADS=1): both times, their ratio, and the largest difference between their metrics.json (every
+metric and curve; must be <= 1e-9) and whether their generations.jsonl rows hold the same values. On a shared machine
+the ratio of two runs taken together says more than either time.
+
     python benchmarks/eval_generations.py                      # 100,000 rows (~1 min), check on 5,000 rows
     python benchmarks/eval_generations.py --token-stats        # the three per-token statistics too (4 lists a row)
+    git archive 817fa95 src | tar -x -C /tmp/capo-before       # the code before the speed-up of issue 52, item 5
+    python benchmarks/eval_generations.py --token-stats --against /tmp/capo-before/src --check-rows 0
 """
 
 from __future__ import annotations
@@ -18,8 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +44,8 @@ from bench_env import add_quick  # noqa: E402
 from capo.core import calibration as cal  # noqa: E402
 from capo.evaluation import estimators, metrics  # noqa: E402
 from capo.evaluation.run import EvalSettings, read_rows, run_eval  # noqa: E402
+
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def write_generations(path: Path, rows: int, k: int, tokens: int, token_stats: bool, seed: int = 0) -> None:
@@ -107,6 +120,39 @@ def check(rows: list[dict], n_boot: int) -> tuple[float, float, float]:
     return max_difference(new, ref), t_new, t_ref
 
 
+def run_cli(src: Path, gen: Path, out: Path, n_boot: int) -> tuple[float, float]:
+    """(wall s, CPU s) of ``capo eval --generations gen --out out`` with capo from ``src``, in a fresh process at one
+    thread."""
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "capo.cli", "eval", "--generations", str(gen), "--out", str(out), "--n-boot", str(n_boot),
+           "--verify-workers", "1"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def against(gen: Path, out: Path, other: Path, rows: int, n_boot: int) -> float:
+    """Both command lines back to back (this checkout's into out/this first, then SRC's into out/against); prints the
+    times and the ratio; returns the largest difference between the two metrics.json (timings and config left out)."""
+    times, payloads = [], []
+    for name, src in (("this", SRC), ("against", other)):
+        times.append(run_cli(src, gen, out / name, n_boot))
+        payloads.append(json.loads((out / name / "metrics.json").read_text()))
+        payloads[-1].pop("config")
+        print(f"capo eval --generations with capo from {src}: {rows} rows in {times[-1][0]:.1f} s wall, "
+              f"{times[-1][1]:.1f} s CPU, {rows / times[-1][0]:,.0f} rows/s")
+    (new_wall, new_cpu), (old_wall, old_cpu) = times
+    print(f"ratio ({other} / this checkout): {old_wall / new_wall:.2f}x wall, {old_cpu / new_cpu:.2f}x CPU")
+    same_rows = read_rows(out / "this" / "generations.jsonl") == read_rows(out / "against" / "generations.jsonl")
+    diff = max_difference(*payloads)
+    print(f"metrics.json: max |difference| of every metric and curve {diff:.2e} (must be <= 1e-9); generations.jsonl "
+          f"rows hold the same values: {same_rows}")
+    assert same_rows
+    return diff
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=100_000)
@@ -114,8 +160,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=150, help="mean response length in tokens")
     ap.add_argument("--token-stats", action="store_true", help="add token_entropy, token_kl_uniform, token_topk_conf")
     ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates of the timed run (capo eval's)")
-    ap.add_argument("--check-rows", type=int, default=5000)
+    ap.add_argument("--check-rows", type=int, default=5000, help="rows of the check (0: no check)")
     ap.add_argument("--check-boot", type=int, default=1000, help="replicates of the check (capo eval's default)")
+    ap.add_argument("--against", type=Path, default=None, metavar="SRC",
+                    help="time the command line of this checkout and of capo from SRC back to back (module docstring)")
     ap.add_argument("--out", default=None, help="folder for the file and the run (default: a temporary one)")
     add_quick(ap, rows=4000, check_rows=800, check_boot=50)
     a = ap.parse_args()
@@ -126,17 +174,23 @@ def main() -> None:
     t0 = time.perf_counter()
     write_generations(gen, a.rows, a.k, a.tokens, a.token_stats)
     print(f"wrote {a.rows} rows ({gen.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.1f} s -> {gen}")
-    s = EvalSettings(generations=str(gen), n_boot=a.n_boot, verify_workers=1)
-    t0, c0 = time.perf_counter(), time.process_time()
-    run_eval(s, out / "run", progress=False)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    print(f"capo eval --generations: {a.rows} rows in {wall:.1f} s wall ({cpu:.1f} s CPU of this process), "
-          f"{a.rows / wall:,.0f} rows/s (target: 100,000 rows in <= 60 s)")
-    rows = read_rows(out / "run" / "generations.jsonl")[: a.check_rows]
-    diff, t_new, t_ref = check(rows, a.check_boot)
-    print(f"check on {len(rows)} rows, {a.check_boot} replicates: max |difference| of every metric and curve "
-          f"{diff:.2e} (must be <= 1e-9); compute_metrics {t_new:.2f} s vs {t_ref:.2f} s replicate by replicate "
-          f"({t_ref / t_new:.1f}x)")
+    if a.against is not None:
+        diff = against(gen, out, a.against.resolve(), a.rows, a.n_boot)
+    else:
+        s = EvalSettings(generations=str(gen), n_boot=a.n_boot, verify_workers=1)
+        t0, c0 = time.perf_counter(), time.process_time()
+        run_eval(s, out / "run", progress=False)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        print(f"capo eval --generations: {a.rows} rows in {wall:.1f} s wall ({cpu:.1f} s CPU of this process), "
+              f"{a.rows / wall:,.0f} rows/s (target: 100,000 rows in <= 60 s)")
+        diff = 0.0
+    if a.check_rows > 0:
+        rows = read_rows(out / ("this" if a.against is not None else "run") / "generations.jsonl")[: a.check_rows]
+        d, t_new, t_ref = check(rows, a.check_boot)
+        print(f"check on {len(rows)} rows, {a.check_boot} replicates: max |difference| of every metric and curve "
+              f"{d:.2e} (must be <= 1e-9); compute_metrics {t_new:.2f} s vs {t_ref:.2f} s replicate by replicate "
+              f"({t_ref / t_new:.1f}x)")
+        diff = max(diff, d)
     if a.out is None:
         shutil.rmtree(out)
     assert diff <= 1e-9, diff

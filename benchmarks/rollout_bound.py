@@ -13,7 +13,7 @@ the model cannot emit: the assets of ``trl_vs_capo.py``). Three timings, interle
   e.g. TRL's HF path, pays at least).
 
 Prints generated tokens/s of each and ``RATIO sampler/bound`` (CPU time of this process; 1.0 = the sampler costs
-nothing beyond the forwards). Target (docs/results.md): at most 2.
+nothing beyond the forwards). Target (docs/performance.md, "The reasoning testbed's step"): at most 2.
 
     python benchmarks/rollout_bound.py --size testbed --batch 16 --new-tokens 128 --reps 3
 """

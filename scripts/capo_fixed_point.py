@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from capo.core.calibration import stated_means_summary
+from capo.tasks.stochastic import stated_means_summary
 from capo.core.voting import majority_vote
 from capo.tasks.stochastic import binary_problems
 

@@ -8,9 +8,11 @@ files that exercise it, so one module takes minutes rather than the whole suite 
 each mutant, only the tests that call the mutated function. A module listed in ``ENGINE_TESTS`` (the verl plugin) runs
 its survivors again in the engine's own environment (``.venv-verl``, created by ``scripts/engine-env.sh`` if missing,
 mutmut installed in it), against the tests that need the engine. The script prints a table of scores and writes each
-module's surviving mutants (with their diffs) to ``<out>/<module>.survivors.txt``.
+module's surviving mutants (with their diffs) to ``<out>/<module>.survivors.txt``. The recorded scores and the
+survivors left, each with the reason it was left, are ``docs/data/mutation.json``; after a run, update the module's
+entry there and run ``python scripts/mutation_table.py`` to regenerate the table in docs/testing.md.
 
-    python scripts/mutate.py                       # every module (hours on 2 cores: docs/results.md,
+    python scripts/mutate.py                       # every module (hours on 2 cores: docs/testing.md,
                                                    # "Mutation testing", gives each module's time)
     python scripts/mutate.py --module verify --module metrics
     python scripts/mutate.py --list                # the module -> files / tests map
@@ -45,7 +47,7 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
          "src/capo/core/dapo.py", "src/capo/core/rewards.py", "src/capo/core/scores.py"],
         ["tests/core/test_advantages.py", "tests/core/test_advantage_variants.py",
          "tests/core/test_masks_dapo_rewards.py", "tests/core/test_reward_variants.py",
-         "tests/core/test_advantage_step.py",  # masks.mask_applies & co. are tested with the step
+         "tests/core/test_advantage_step.py",  # masks.default_noise_mask & co. are tested with the step
          "tests/core/test_input_errors.py"],
         [],
     ),
@@ -63,8 +65,13 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "core.calibration": (
         ["src/capo/core/calibration.py"],
         ["tests/core/test_calibration.py", "tests/core/test_calibration_extended.py",
-         "tests/core/test_calibration_stated.py", "tests/core/test_calibration_edges.py",
-         "tests/core/test_calibration_device.py"],
+         "tests/core/test_calibration_edges.py", "tests/core/test_calibration_device.py"],
+        [],
+    ),
+    "tasks.stochastic": (
+        ["src/capo/tasks/stochastic.py"],
+        ["tests/tasks/test_stochastic_measures.py", "tests/tasks/test_stochastic_task.py",
+         "tests/tasks/test_stochastic_binary.py"],
         [],
     ),
     "core.voting": (
@@ -172,8 +179,8 @@ FUNCTIONS: dict[str, list[str]] = {
     # not _make_estimator, _wrap, _patch_module, register: they run once, when the plugin loads (at import, before
     # mutmut selects a mutant); the per-call bodies they install are the functions below
     "adapters.verl": [*(f"capo.adapters.verl_plugin.estimators.x_{f}__mutmut_*"
-                        for f in ("_hparams", "_options", "_padding_rows", "_grouped_rows", "_ctx_values", "_verdicts",
-                                  "_floats", "_check_temperature", "_log_probs", "_step_batch", "_estimate")),
+                        for f in ("_settings", "_old_key", "_options", "_padding_rows", "_grouped_rows", "_ctx_values",
+                                  "_verdicts", "_floats", "_check_temperature", "_log_probs", "_step_batch", "_estimate")),
                       *(f"capo.adapters.verl_plugin.patch.x_{f}__mutmut_*"
                         for f in ("_name", "_check_name", "_compute_advantage", "_v1_extra", "_v1_compute_advantage"))],
 }
@@ -348,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                          "--out (same source, new tests)")
     ap.add_argument("--mutants", action="append", default=[], metavar="GLOB",
                     help="with --rerun-survivors: also judge afresh the mutants whose names match GLOB (mutmut's "
-                         "names, e.g. 'capo.core.calibration.x_stated_means_summary__mutmut_*')")
+                         "names, e.g. 'capo.tasks.stochastic.x_stated_means_summary__mutmut_*')")
     ap.add_argument("--list", action="store_true", help="print the module -> files / tests map and exit")
     args = ap.parse_args(argv)
     if args.list:

@@ -1,20 +1,33 @@
-"""Links into the documents resolve: every `[text](#anchor)` and `[text](file.md#anchor)` in the Markdown files names a
-heading that exists, and every place that cites a section of docs/results.md by its name in double quotes after the
-file name names one of its headings. docs/results.md is reorganised as results arrive; a renamed heading must
-take its references along. And no citation in the code or the documents points outside the repository (a private
-notes file, an issue number)."""
+"""Links and citations into the documents resolve, and no page grows into a notebook.
+
+- Every `[text](#anchor)` and `[text](file.md#anchor)` in the Markdown files names a heading that exists.
+- Every place that cites a section of a page by its name in double quotes after the page's path
+  (`docs/testing.md, "Mutation testing"`, `results/facts.md "Facts: the step"`, `findings.md ("...")`) names a page
+  that exists and one of its headings (a prefix of it is enough). Pages are reorganised as results arrive; a renamed
+  heading or a moved section must take its references along.
+- Every `docs/....md` path named in the code or the documents exists (CHANGELOG.md, which is history, may name pages
+  that were).
+- No page under docs/ is longer than 800 lines: findings read in minutes, details are split by question.
+- No citation in the code or the documents points outside the repository (a private notes file, an issue number)."""
 
 import re
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKDOWN = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
-CITING = [*MARKDOWN, *sorted((ROOT / "src").rglob("*.py")), *sorted((ROOT / "scripts").glob("*.py")),
-          *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]
+DOCS = ROOT / "docs"
+MARKDOWN = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "sweeps" / "README.md", *sorted(DOCS.rglob("*.md"))]
+CITING = [*MARKDOWN, *sorted((ROOT / "src").rglob("*.py")), *sorted((ROOT / "src").rglob("*.yaml")),
+          *sorted((ROOT / "scripts").glob("*.py")), *sorted((ROOT / "tests").rglob("*.py")),
+          *sorted((ROOT / "benchmarks").glob("*.py"))]
+CITING.remove(Path(__file__).resolve())  # this file's examples cite pages that do not exist, on purpose
 LINK = re.compile(r"\]\(([^)\s]*?)#([^)\s]+)\)")
-# results.md, "Name" / results.md "Name" / results.md ("Name"); the name may wrap onto the next line
-CITATION = re.compile(r'results\.md,?\s+\(?"([^"]+)"')
+# page.md, "Name" / page.md "Name" / page.md ("Name"), the page given by a path (docs/results/x.md, results/x.md,
+# x.md); the name may wrap onto the next line, and inside a Python string its quotes may be escaped (\"Name\")
+CITATION = re.compile(r'(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.md),?\s+\(?\\?"([^"\\]+)\\?"')
+# a docs page named by its path from the repository root
+DOCS_PATH = re.compile(r"(?<![\w/.-])docs/(?:[\w.-]+/)*[\w.-]+\.md\b")
+MAX_PAGE_LINES = 800
 
 
 def slug(heading: str) -> str:
@@ -57,7 +70,7 @@ def broken_links(path: Path, root: Path = ROOT) -> list[str]:
 
 
 def test_slug_and_anchor_rules():
-    # the rules the other tests rely on, on headings of the kinds results.md uses (numbers, code, parentheses)
+    # the rules the other tests rely on, on headings of the kinds the pages use (numbers, code, parentheses)
     text = "# A\n## 1. What capo shows: calibration\n### `capo eval` on GSM8K (k = 4)\n## Reading\n## Reading\n"
     assert anchors(text) == {"a", "1-what-capo-shows-calibration", "capo-eval-on-gsm8k-k--4", "reading", "reading-1"}
 
@@ -75,15 +88,77 @@ def test_markdown_anchor_links_resolve():
     assert not bad, "links to headings that do not exist:\n" + "\n".join(bad)
 
 
-def test_cited_results_sections_exist():
-    names = headings((ROOT / "docs" / "results.md").read_text())
+def cited_page(name: str, citing: Path, root: Path = ROOT) -> Path | None:
+    """The page a citation names: a path from the repository root, from the citing file's folder, or from docs/."""
+    for base in (root, citing.parent, root / "docs"):
+        if (base / name).is_file():
+            return base / name
+    return None
+
+
+def bad_citations(path: Path, root: Path = ROOT) -> list[str]:
+    """Each citation in ``path`` whose page does not exist or has no heading starting with the cited name."""
     bad = []
-    for path in CITING:
-        for cited in CITATION.findall(path.read_text()):
-            cited = " ".join(cited.split())  # a name wrapped over two lines
-            if not any(h.startswith(cited) for h in names):
-                bad.append(f"{path.relative_to(ROOT)}: {cited!r}")
-    assert not bad, "docs/results.md has no heading starting with:\n" + "\n".join(bad)
+    for name, cited in CITATION.findall(path.read_text()):
+        cited = " ".join(cited.split())  # a name wrapped over two lines
+        page = cited_page(name, path, root)
+        if page is None:
+            bad.append(f"{path.relative_to(root)}: {name} does not exist (cited for {cited!r})")
+        elif not any(h.startswith(cited) for h in headings(page.read_text())):
+            bad.append(f"{path.relative_to(root)}: {name} has no heading starting with {cited!r}")
+    return bad
+
+
+def test_a_citation_of_a_missing_page_or_heading_is_reported(tmp_path):
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "facts.md").write_text("# Facts\n## Facts: the step\n")
+    (tmp_path / "docs" / "findings.md").write_text("# Findings\n## What did not hold\n")
+    code = tmp_path / "code.py"
+    code.write_text('"""docs/results/facts.md, "Facts: the step"; results/facts.md ("Facts: the"); findings.md "What\n'
+                    '    did not hold"""\nmsg = "(docs/results/facts.md, \\"Facts: the step\\")"\n'
+                    '# docs/results/facts.md, "Facts: the sweep"; docs/results.md, "Facts: the step"\n')
+    assert bad_citations(code, tmp_path) == [
+        "code.py: docs/results/facts.md has no heading starting with 'Facts: the sweep'",
+        "code.py: docs/results.md does not exist (cited for 'Facts: the step')"]
+
+
+def test_cited_sections_exist():
+    bad = [b for path in CITING for b in bad_citations(path)]
+    assert not bad, "citations of pages or headings that do not exist:\n" + "\n".join(bad)
+
+
+def missing_pages(path: Path, root: Path = ROOT) -> list[str]:
+    return [f"{path.relative_to(root)}: {m}" for m in DOCS_PATH.findall(path.read_text()) if not (root / m).is_file()]
+
+
+def test_a_named_docs_page_exists(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "findings.md").write_text("# Findings\n")
+    doc = tmp_path / "d.py"
+    doc.write_text("see docs/findings.md and docs/results.md; mydocs/x.md is not a docs page\n")
+    assert missing_pages(doc, tmp_path) == ["d.py: docs/results.md"]
+
+
+def test_docs_pages_named_in_the_code_and_documents_exist():
+    bad = [b for path in CITING if path.name != "CHANGELOG.md" for b in missing_pages(path)]
+    assert not bad, "docs pages that do not exist:\n" + "\n".join(bad)
+
+
+def long_pages(root: Path = ROOT) -> list[str]:
+    return [f"{p.relative_to(root)}: {n} lines" for p in sorted((root / "docs").rglob("*.md"))
+            if (n := len(p.read_text().splitlines())) > MAX_PAGE_LINES]
+
+
+def test_a_long_page_is_reported(tmp_path):
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "short.md").write_text("line\n" * MAX_PAGE_LINES)
+    (tmp_path / "docs" / "results" / "long.md").write_text("line\n" * (MAX_PAGE_LINES + 1))
+    assert long_pages(tmp_path) == [f"docs/results/long.md: {MAX_PAGE_LINES + 1} lines"]
+
+
+def test_no_docs_page_is_longer_than_800_lines():
+    bad = long_pages()
+    assert not bad, f"pages over {MAX_PAGE_LINES} lines (split them by question):\n" + "\n".join(bad)
 
 
 # a citation only a reader with the project's private notes or its issue tracker could follow: "algorithms.md

@@ -123,7 +123,7 @@ def test_no_import_circles():
 
 
 def test_no_issue_numbers_in_the_package():
-    """Code says why in its own words; the issue tracker's numbers belong to CHANGELOG.md and docs/results.md."""
+    """Code says why in its own words; the issue tracker's numbers belong to CHANGELOG.md."""
     import re
 
     hits = [f"{p.relative_to(SRC)}:{i}" for p in sorted(SRC.rglob("*")) if p.suffix in {".py", ".yaml", ".md"}

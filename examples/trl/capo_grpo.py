@@ -104,8 +104,10 @@ def main(argv=None) -> int:
     from capo.adapters.trl import CapoGRPOTrainer, capo_preset
 
     capo, preset_settings, reward = capo_preset(a.algo)  # epsilon, loss_type, beta 0 from the preset
-    if a.mask or a.no_mask:
-        capo.noise_mask = bool(a.mask)  # the mask's reference = a frozen copy of the policy (loaded by the adapter)
+    if a.no_mask:
+        capo.noise_mask = "off"
+    elif a.mask and capo.noise_mask == "off":  # the preset's rule when it has one (capo: quantile), else fixed
+        capo.noise_mask = "fixed"  # the mask's reference = a frozen copy of the policy (loaded by the adapter)
     ds, model = data(a, type(reward).__name__.removesuffix("Reward").lower())
     trainer = CapoGRPOTrainer(model=model, reward_funcs=reward, args=grpo_config(a, preset_settings),
                               train_dataset=ds, capo=capo)

@@ -21,8 +21,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # Each line below is one setting; the comment says where it comes from.
 python3 -m verl.trainer.main_ppo \
     algorithm.adv_estimator=capo `# capo's CAPO estimator, registered by the capo plugin` \
-    +algorithm.capo.tau=0.6 `# logistic-surrogate temperature, paper: 0.6 for 1.5B (0.5 for 7B)` \
-    +algorithm.capo.noise_mask=true `# reference-perplexity noise mask (paper Sec. 4.3)` \
+    +algorithm.capo.advantage_kwargs.tau=0.6 `# logistic-surrogate temperature, paper: 0.6 for 1.5B (0.5 for 7B)` \
+    +algorithm.capo.noise_mask=fixed `# reference-perplexity noise mask at fixed thresholds (paper Sec. 4.3)` \
     +algorithm.capo.mask_low=1.05 `# keep an incorrect response only if PPL_ref >= 1.05 (paper, Qwen2.5-Math)` \
     +algorithm.capo.mask_high=2.5 `# keep a correct response only if PPL_ref <= 2.5 (paper, Qwen2.5-Math)` \
     algorithm.use_kl_in_reward=False `# no KL in the reward (paper: KL coefficient 0)` \

@@ -122,8 +122,8 @@ def main() -> int:
     engine = HFEngine(model, tok)
     problems = default_problems("train", a.steps * a.prompts, seed=a.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
-    # the full script's settings: +algorithm.capo.{tau, noise_mask} and the actor's PPO clip 0.2
-    algo_cfg = OmegaConf.create({"capo": {"tau": 0.6, "noise_mask": True}})
+    # the full script's settings: +algorithm.capo.{advantage_kwargs.tau, noise_mask} and the actor's PPO clip 0.2
+    algo_cfg = OmegaConf.create({"capo": {"advantage_kwargs": {"tau": 0.6}, "noise_mask": "fixed"}})
     actor_cfg = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2,
                                   "clip_ratio_c": 3.0, "global_batch_info": {"dp_size": 1, "batch_num_tokens": 1}})
     for i in range(a.steps):

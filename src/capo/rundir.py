@@ -1,5 +1,6 @@
 """Run-directory helpers shared by ``capo train``, ``capo eval`` and ``capo demo``: an exclusive lock that names
-the command holding the folder, atomic writes, JSONL reading that survives a torn last line, and the progress bar.
+the command holding the folder, atomic writes, JSONL reading that survives a torn last line, fast JSON lines (the
+standard library's values, read and written by orjson where it gives the same), and the progress bar.
 
 A leaf utility like :mod:`capo.errors`: any layer may import it; it imports nothing of capo but the errors.
 """
@@ -15,9 +16,68 @@ import sys
 import time
 from pathlib import Path
 
+try:
+    import orjson
+except ImportError:  # an environment that installed capo without its dependencies (the verl one): the same values
+    orjson = None
+
 from capo.errors import ConfigError
 
-__all__ = ["Progress", "atomic_write_text", "read_jsonl_rows", "run_lock"]
+__all__ = ["Progress", "atomic_write_text", "json_line", "json_loads", "read_jsonl_rows", "run_lock"]
+
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19  # 19 digits in a row, after _DIGITS_TO_ZERO
+
+
+def _long_digit_run(text: str | bytes) -> bool:
+    """Whether ``text`` has 19 digits in a row: possibly an integer beyond 64 bits, which orjson reads as a float and
+    the standard library as an int (repr'd floats never have more than 17). A C translate and search: ~10x faster
+    than the regular expression on number-heavy lines."""
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    return _LONG_RUN in raw.translate(_DIGITS_TO_ZERO)
+
+
+def json_loads(text: str | bytes):
+    """``json.loads(text)``, the same value (and the same error), ~2x faster on a generations file's lines.
+
+    orjson reads a line unless it may read it differently: it refuses what only the standard library accepts (NaN /
+    Infinity literals, lone surrogates, numbers beyond the float range: such a line goes to ``json.loads``) and reads
+    integers beyond 64 bits as floats (a line with 19 digits in a row goes to ``json.loads``). Floats are correctly
+    rounded by both (``tests/test_json_lines.py``)."""
+    if orjson is not None and not _long_digit_run(text):
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
+def _all_finite(v) -> bool:
+    """No NaN or infinite float anywhere in ``v`` (dicts, lists and tuples searched). A list of numbers is summed in
+    one C loop: any NaN or infinity makes the sum non-finite (so does an overflow, which only sends the row the slow
+    way)."""
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if not isinstance(v, (dict, list, tuple)):
+        return True
+    items = list(v.values()) if isinstance(v, dict) else v
+    try:
+        return math.isfinite(sum(items, 0.0))
+    except (TypeError, OverflowError):  # not all numbers, or an integer beyond the float range
+        return all(_all_finite(x) for x in items if isinstance(x, (float, dict, list, tuple)))
+
+
+def json_line(row) -> str:
+    """One JSONL line of ``row``: its values are those of ``json.dumps(row, ensure_ascii=False)`` (the text is
+    compact, floats in their shortest form), ~7x faster for rows of per-token lists. orjson writes NaN and infinities
+    as null and refuses what it cannot write exactly (integers beyond 64 bits, non-string keys, lone surrogates,
+    types it does not know): such a row is written by the standard library (NaN / Infinity literals, as before)."""
+    if orjson is not None and _all_finite(row):
+        try:
+            return orjson.dumps(row).decode() + "\n"
+        except TypeError:  # orjson.JSONEncodeError
+            pass
+    return json.dumps(row, ensure_ascii=False) + "\n"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -47,7 +107,7 @@ def read_jsonl_rows(path: Path, repair: bool = False) -> list:
         line = data[pos:nl]
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append(json_loads(line))
             except json.JSONDecodeError:
                 break
         pos = nl + 1

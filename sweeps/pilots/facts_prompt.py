@@ -5,7 +5,7 @@ each prompt format below and prints, per format: accuracy, the share of response
 or cut sentences: UNPARSABLE), the share cut by the token budget, the mean response length, the share of questions
 the model half-knows (some but not all of its k answers right: where a group's advantages are not all zero), the
 pooled AUROC and the per-question AUC-mean of the mean token log-prob (lpm), and accuracy per relation. The format
-chosen, and why, is written in docs/results.md ("Facts: the prompt pilot").
+chosen, and why, is written in docs/results/real-model.md ("Facts: the prompt pilot").
 
     python sweeps/pilots/facts_prompt.py --per-relation 16 -k 8 --out runs/pilots/facts_prompt.json
 """

@@ -66,7 +66,7 @@ def _trl_path(est, hp, correct, conf, fmt, rewards, mask, lp, ref):
     from capo.adapters import trl
     from capo.rollout.step import StepBatch, step_advantages
 
-    cfg = trl.CapoAdvantageConfig(estimator=est, estimator_kwargs=hp, noise_mask=True, mask_low=LOW, mask_high=HIGH)
+    cfg = trl.CapoAdvantageConfig(advantage=est, advantage_kwargs=hp, noise_mask="fixed", mask_low=LOW, mask_high=HIGH)
     self = types.SimpleNamespace(capo=cfg, reward_funcs=[], reward_weights=torch.ones(1),
                                  accelerator=Accelerator(cpu=True), _capo_thresholds=trl.mask_thresholds(cfg))
     batch = StepBatch(rewards=rewards, group_size=G, mask=mask, correct=correct, token_logp=lp, ref_token_logp=ref,
@@ -90,7 +90,7 @@ def _verl_path(est, hp, correct, conf, fmt, rewards, mask, lp, ref):
                       "confidence": conf[perm].numpy().astype(object)})
     ctx = vp.BatchContext(data, run=vp.CapoRun(), temperature=data.meta_info["temperature"])
     uid = np.array([f"u{i // G}" for i in range(len(lp))], dtype=object)[perm.numpy()]
-    cfg = {"capo": {**hp, "noise_mask": True, "mask_low": LOW, "mask_high": HIGH}}
+    cfg = {"capo": {"advantage_kwargs": hp, "noise_mask": "fixed", "mask_low": LOW, "mask_high": HIGH}}
     with vp.batch_context(ctx):
         adv, _ = vp.ESTIMATOR_FNS["capo" if est == "capo" else f"capo_{est}"](
             tok_rewards[perm], mask[perm].float(), index=uid, config=cfg)
@@ -129,18 +129,39 @@ def test_trainer_trl_verl_same_advantages_and_calibration_metrics(est, hp):
 
 
 def test_mask_is_on_by_default_for_capo_only_on_every_path():
-    """One rule (capo.core.mask_applies): unset means on for capo, off for grpo; an explicit setting wins."""
+    """One rule (capo.core.default_noise_mask): unset means fixed for capo, off for grpo; an explicit setting wins,
+    spelled with the trainer's values on every path."""
     pytest.importorskip("trl")
-    from capo.adapters.trl import CapoAdvantageConfig
+    from capo.adapters.trl import CapoAdvantageConfig, mask_thresholds
     from capo.adapters.verl_plugin.estimators import _options
-    from capo.core import mask_applies
+    from capo.core import default_noise_mask
 
-    for est, default in (("capo", True), ("grpo", False), ("unlikeliness", False)):
-        assert mask_applies(est, None) is default
-        assert CapoAdvantageConfig(estimator=est).uses_mask() is default
-        assert _options({}, est, None)["noise_mask"] is default
-        assert CapoAdvantageConfig(estimator=est, noise_mask=not default).uses_mask() is (not default)
-        assert _options({"noise_mask": not default}, est, None)["noise_mask"] is (not default)
+    for est, default in (("capo", "fixed"), ("grpo", "off"), ("unlikeliness", "off")):
+        other = "off" if default == "fixed" else "quantile"
+        assert default_noise_mask(est) == default
+        assert CapoAdvantageConfig(advantage=est).uses_mask() is (default != "off")
+        assert _options({}, est, None)[0]["noise_mask"] == default
+        assert CapoAdvantageConfig(advantage=est, noise_mask=other).uses_mask() is (other != "off")
+        assert _options({"noise_mask": other}, est, None)[0]["noise_mask"] == other
+        m = mask_thresholds(CapoAdvantageConfig(advantage=est, noise_mask=other))
+        assert (m is None) if other == "off" else (m.rule == other)
+
+
+def test_trl_config_old_names_say_the_new_ones():
+    """CapoAdvantageConfig speaks the trainer's vocabulary; each old keyword raises naming its replacement."""
+    pytest.importorskip("trl")
+    from capo.adapters.trl import CapoAdvantageConfig, mask_thresholds
+    from capo.errors import ConfigError
+
+    for old, new in (("estimator", "advantage"), ("estimator_kwargs", "advantage_kwargs"), ("mask_rule", "noise_mask")):
+        with pytest.raises(TypeError, match=rf"^CapoAdvantageConfig: '{old}' is now called '{new}'"):
+            CapoAdvantageConfig(**{old: "capo" if old != "estimator_kwargs" else {}})
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'bogus'"):
+        CapoAdvantageConfig(bogus=1)
+    for old, new in ((True, "fixed"), (False, "off")):
+        with pytest.raises(ConfigError, match=rf"^CapoGRPOTrainer: noise_mask={old} is the old spelling.*"
+                                              rf"noise_mask={new}"):
+            mask_thresholds(CapoAdvantageConfig(noise_mask=old))
 
 
 def test_verl_run_state_belongs_to_the_trainer_object():
@@ -156,7 +177,7 @@ def test_verl_run_state_belongs_to_the_trainer_object():
     a, b = FakeTrainer(), FakeTrainer()
     assert fit(a) is CapoRun.of(a) and fit(b) is CapoRun.of(b) and CapoRun.of(a) is not CapoRun.of(b)
     assert CapoRun.current() is None
-    opts = {"mask_rule": "quantile", "mask_low": 1.05, "mask_high": 2.5, "mask_q_low": 0.25, "mask_q_high": 0.75}
+    opts = {"noise_mask": "quantile", "mask_low": 1.05, "mask_high": 2.5, "mask_q_low": 0.25, "mask_q_high": 0.75}
     m = CapoRun.of(a).mask(opts, engine="e")
     assert CapoRun.of(a).mask(opts, engine="e") is m and CapoRun.of(b).mask(opts, engine="e") is not m
     assert m.resolve(torch.tensor([1.0, 2.0, 3.0, 4.0])) == (1.75, 3.25) and m.value == (1.75, 3.25)

@@ -78,7 +78,7 @@ def _trl_self(est, hp, reward_fn, weights):
 
     from capo.adapters.trl import CapoAdvantageConfig
 
-    return types.SimpleNamespace(capo=CapoAdvantageConfig(estimator=est, estimator_kwargs=hp),
+    return types.SimpleNamespace(capo=CapoAdvantageConfig(advantage=est, advantage_kwargs=hp),
                                  reward_funcs=reward_fn, reward_weights=torch.tensor(weights),
                                  accelerator=Accelerator(cpu=True), _capo_thresholds=None)
 
@@ -134,7 +134,7 @@ def test_trainer_trl_verl_same_advantages(est, hp, reward, verifier):
     b = _batch(reward)
     a_tr = _trainer_path(est, hp, reward, b, verifier)
     a_trl = _trl_path(est, hp, reward, b, verifier)
-    cfg = {"capo": {**hp, "reward": reward}}
+    cfg = {"capo": {"advantage_kwargs": hp, "reward": reward}}
     a_verl = _verl_call(f"capo_{est}", b, cfg, _reward_dicts(b), est == "ace", verifier)
     grpo = advantage_step("grpo", b["rewards"], b["correct"], G, token_logp=b["lp"], mask=b["mask"]).advantages
     assert (a_tr - grpo).abs().max() > 1e-3, "the method must differ from GRPO on this batch"
@@ -209,7 +209,7 @@ def test_trl_gdpo_one_component_per_reward_function():
     self = _trl_self("gdpo", {}, [lambda **k: None, lambda **k: None], [1.0, 0.5])
     batch = StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"], correct=b["correct"], token_logp=b["lp"])
     batch, spec = CapoGRPOTrainer._capo_step_inputs(self, rpf, batch)
-    assert spec.hparams == {"weights": [1.0, 0.5]}
+    assert spec.advantage_kwargs == {"weights": [1.0, 0.5]}
     want = ADVANTAGES.get("gdpo")(b["rewards"], G, components=torch.nan_to_num(rpf), weights=[1.0, 0.5])
     got = step_advantages(batch, spec).result.advantages
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
@@ -223,7 +223,7 @@ def test_presets_reach_the_adapters_or_say_why():
     from capo.adapters.verl_plugin import preset_overrides
 
     cfg, grpo, fn = capo_preset("ngrpo")
-    assert cfg.estimator == "ngrpo" and grpo == {"loss_type": "dapo", "beta": 0.0, "epsilon": 0.16,
+    assert cfg.advantage == "ngrpo" and grpo == {"loss_type": "dapo", "beta": 0.0, "epsilon": 0.16,
                                                  "epsilon_high": 0.24}
     assert isinstance(capo_preset("gdpo")[2], RLCRReward) and isinstance(capo_preset("ppo_c")[2], PPOCReward)
     assert capo_preset("ace")[0].needs_reference() and not capo_preset("seed_grpo")[0].needs_reference()
@@ -241,7 +241,7 @@ def test_presets_reach_the_adapters_or_say_why():
     assert "reward.custom_reward_function.name=compute_score_ppo_c" in preset_overrides("ppo_c")
     # capo's whole-sequence variant: CAPO's estimator with score "sum" at tau 1, the quantile mask kept
     cs, grpo_cs, _ = capo_preset("capo_sum")
-    assert (cs.estimator, cs.estimator_kwargs, cs.noise_mask, cs.mask_rule) == ("capo", {"tau": 1.0, "score": "sum"},
-                                                                               True, "quantile")
-    assert {"algorithm.adv_estimator=capo", "+algorithm.capo.tau=1.0", "+algorithm.capo.score=sum",
-            "+algorithm.capo.mask_rule=quantile"} <= set(preset_overrides("capo_sum"))
+    assert (cs.advantage, cs.advantage_kwargs, cs.noise_mask) == ("capo", {"tau": 1.0, "score": "sum"}, "quantile")
+    assert {"algorithm.adv_estimator=capo", "+algorithm.capo.advantage_kwargs.tau=1.0",
+            "+algorithm.capo.advantage_kwargs.score=sum",
+            "+algorithm.capo.noise_mask=quantile"} <= set(preset_overrides("capo_sum"))

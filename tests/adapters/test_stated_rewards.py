@@ -111,12 +111,11 @@ def test_engine_preset_fills_the_defaults_and_trl_preset_settings_by_hand():
 
     cfg, grpo, fn = capo_preset("grpo")
     assert grpo == {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.2}
-    assert (cfg.estimator, cfg.estimator_kwargs, cfg.noise_mask, cfg.mask_rule) == ("grpo", {}, False, "fixed")
+    assert (cfg.advantage, cfg.advantage_kwargs, cfg.noise_mask) == ("grpo", {}, "off")
     assert isinstance(fn, CorrectnessReward) and fn.answer_key == "answer" and fn.verifier is None
     v = _NoVerifier()
     cfg, grpo, fn = capo_preset("capo", answer_key="gold", verifier=v)
-    assert (cfg.estimator, cfg.estimator_kwargs, cfg.noise_mask, cfg.mask_rule) == ("capo", {"tau": 0.6}, True,
-                                                                                    "quantile")
+    assert (cfg.advantage, cfg.advantage_kwargs, cfg.noise_mask) == ("capo", {"tau": 0.6}, "quantile")
     assert fn.answer_key == "gold" and fn.verifier is v and fn.reward_kwargs == {}
 
 
@@ -145,9 +144,12 @@ def test_check_estimator_refuses_unknown_knobs_and_step_inputs():
     check_estimator("capo", {"tau": 0.6}, engine="trl")
     check_estimator("grpo", None, engine="verl")
     for hp, bad in (({"bogus": 1}, "'bogus'"), ({"rewards": 1}, "'rewards'"), ({"tau": 0.6, "bogus": 1}, "'bogus'")):
-        with pytest.raises(ConfigError, match=rf"^trl: advantage estimator 'capo' has no hyperparameter {bad}; "
+        with pytest.raises(ConfigError, match=rf"^trl: advantage_kwargs: advantage estimator 'capo' has no "
+                                              rf"hyperparameter {bad}; "
                                               r"allowed: tau, surrogate, norm, masked_partners, score$"):
             check_estimator("capo", hp, engine="trl")
+    with pytest.raises(ConfigError, match=r"^verl: algorithm\.capo\.advantage_kwargs\.tau must be > 0, got 0"):
+        check_estimator("capo", {"tau": 0}, engine="verl", key="algorithm.capo.advantage_kwargs")
 
 
 def test_trl_reward_classes_pass_their_settings_on():
@@ -194,10 +196,10 @@ def test_verl_rlcr_log_and_brier_scores_and_their_verifier(monkeypatch):
 def test_tagged_rewards_read_the_tags_only_and_the_default_verifier_has_one_worker():
     """RLCR reads ``<answer>``: a boxed answer without tags is not read (correct 0, a format failure), and a
     confidence without an answer is a failure too (-1, not 0 - 0.8^2)."""
-    from capo.adapters._common import _default_verifier
+    from capo.adapters._common import default_verifier
 
     r = compute_score_rlcr("math", r"\boxed{4}", "4", {})
     assert (r["score"], r["correct"], r["format_ok"], r["pred"]) == (-1.0, 0.0, 0.0, "")
     assert compute_score_rlcr("math", "<confidence>0.8</confidence>", "4", {})["score"] == -1.0
-    with _default_verifier() as v:
+    with default_verifier() as v:
         assert v.workers == 1

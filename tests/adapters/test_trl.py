@@ -59,11 +59,12 @@ def _probe_class():
             rewards = torch.tensor(seven_reward(texts), dtype=torch.float64)
             lpm = sequence_logprob_mean(token_logps(self.accelerator.unwrap_model(self.model)).double(), mask)
             keep = torch.ones(len(texts), dtype=torch.bool)
-            if cfg.noise_mask or (cfg.noise_mask is None and cfg.estimator == "capo"):  # any estimator, default capo
+            on = cfg.noise_mask not in (None, "off") or (cfg.noise_mask is None and cfg.advantage == "capo")
+            if on:  # any estimator when set; unset: capo only
                 ppl = torch.exp(-sequence_logprob_mean(token_logps(self.probe_ref).double(), mask))
                 keep = capo_noise_mask(ppl, rewards > 0.5, low=cfg.mask_low, high=cfg.mask_high)
-            return compute_advantages(cfg.estimator, rewards, G, scores=lpm if cfg.estimator == "capo" else None,
-                                      keep=keep, **cfg.estimator_kwargs), keep
+            return compute_advantages(cfg.advantage, rewards, G, scores=lpm if cfg.advantage == "capo" else None,
+                                      keep=keep, **cfg.advantage_kwargs), keep
 
         def _compute_loss(self, model, inputs):
             self.used = getattr(self, "used", [])
@@ -79,7 +80,7 @@ def test_capo_advantages_used_by_trl_equal_core(tiny_model_dir, tmp_path):
     from capo.adapters.trl import CapoAdvantageConfig
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    cfg = CapoAdvantageConfig(estimator="capo", estimator_kwargs={"tau": 0.6}, noise_mask=True,
+    cfg = CapoAdvantageConfig(advantage="capo", advantage_kwargs={"tau": 0.6}, noise_mask="fixed",
                               mask_low=1.3, mask_high=1.9)
     Probe = _probe_class()
     Probe.probe_ref = reference_model(tiny_model_dir)
@@ -113,7 +114,7 @@ def test_capo_grpo_equals_trl_grpo(tiny_model_dir, tmp_path):
     from capo.adapters.trl import CapoAdvantageConfig
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    cfg = CapoAdvantageConfig(estimator="grpo", estimator_kwargs={"eps": 1e-4, "std_ddof": 1, "scale": "group"},
+    cfg = CapoAdvantageConfig(advantage="grpo", advantage_kwargs={"eps": 1e-4, "std_ddof": 1, "scale": "group"},
                               calibration_metrics=False)
     Probe = _probe_class()
     tr = Probe(model=tiny_model_dir, reward_funcs=seven_reward, args=_args(tmp_path), train_dataset=_dataset(),
@@ -139,7 +140,7 @@ def test_rlcr_end_to_end_logs_verbal_calibration(tiny_model_dir, tmp_path):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     reward = RLCRReward(answer_key="answer")
     tr = CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=reward, args=_args(tmp_path), train_dataset=_dataset(),
-                         processing_class=tok, capo=CapoAdvantageConfig(estimator="grpo", estimator_kwargs={"eps": 1e-4}))
+                         processing_class=tok, capo=CapoAdvantageConfig(advantage="grpo", advantage_kwargs={"eps": 1e-4}))
     tr.train()
     b = reward.last
     assert b is not None and len(b.rewards) == 8
@@ -181,12 +182,12 @@ def test_bad_configuration_messages(tiny_model_dir, tmp_path):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     with pytest.raises(ConfigError, match="not known to the installed capo; allowed values: " + ", ".join(ADVANTAGES.names())):
         CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=seven_reward, args=_args(tmp_path),
-                        train_dataset=_dataset(), processing_class=tok, capo=CapoAdvantageConfig(estimator="gspo_adv"))
+                        train_dataset=_dataset(), processing_class=tok, capo=CapoAdvantageConfig(advantage="gspo_adv"))
     with pytest.raises(ConfigError, match="no hyperparameter 'temperature'; allowed: tau"):
         CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=seven_reward, args=_args(tmp_path),
                         train_dataset=_dataset(), processing_class=tok,
-                        capo=CapoAdvantageConfig(estimator_kwargs={"temperature": 0.6}))
+                        capo=CapoAdvantageConfig(advantage_kwargs={"temperature": 0.6}))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with pytest.raises(ConfigError, match="Pass ref_model=<model or path>"):
         CapoGRPOTrainer(model=model, reward_funcs=seven_reward, args=_args(tmp_path), train_dataset=_dataset(),
-                        processing_class=tok, capo=CapoAdvantageConfig(estimator="capo", noise_mask=True))
+                        processing_class=tok, capo=CapoAdvantageConfig(advantage="capo", noise_mask="fixed"))

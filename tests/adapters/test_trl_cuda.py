@@ -78,7 +78,7 @@ def test_bf16_capo_run_on_cuda_ranks_fp32_temperature1_logprobs(tiny_model_dir, 
 
     from capo.adapters.trl import CapoAdvantageConfig
 
-    cfg = CapoAdvantageConfig(estimator="capo", estimator_kwargs={"tau": 0.6}, mask_rule="quantile",
+    cfg = CapoAdvantageConfig(advantage="capo", advantage_kwargs={"tau": 0.6}, noise_mask="quantile",
                               mask_q_low=0.3, mask_q_high=0.7)
     tr = _probe(tiny_model_dir)(model=tiny_model_dir, reward_funcs=seven_reward, train_dataset=dataset(),
                                 args=grpo_args(tmp_path / "out", bf16=True, temperature=TEMPERATURE, max_steps=3),

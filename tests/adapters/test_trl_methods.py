@@ -50,7 +50,7 @@ def test_trl_issue18_estimators_equal_core(est, hp, tiny_model_dir, tmp_path):
         Recorder.probe_ref = _tiny.reference_model(tiny_model_dir)
         tr = Recorder(model=tiny_model_dir, reward_funcs=CorrectnessReward(verifier=v),
                       args=_tiny.grpo_args(tmp_path / "out"), train_dataset=_tiny.dataset(), processing_class=tok,
-                      capo=CapoAdvantageConfig(estimator=est, estimator_kwargs=hp, calibration_metrics=False))
+                      capo=CapoAdvantageConfig(advantage=est, advantage_kwargs=hp, calibration_metrics=False))
         tr.train()
         assert len(tr.records) == 2
         differs = 0
@@ -79,22 +79,27 @@ def test_trl_ace_without_a_reference_says_what_to_pass(tiny_model_dir, tmp_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with pytest.raises(ConfigError, match=r"^CapoGRPOTrainer: CAPO's noise mask needs reference-model log-probs, "
                                           r"and nothing supplies them: .* or pass `model` as a path, or set "
-                                          r"CapoAdvantageConfig\(noise_mask=False\)\.$"):
+                                          r"CapoAdvantageConfig\(noise_mask='off'\)\.$"):
         CapoGRPOTrainer(model=model, reward_funcs=_tiny.seven_reward, args=_tiny.grpo_args(tmp_path / "out"),
                         train_dataset=_tiny.dataset(), processing_class=tok, capo=CapoAdvantageConfig())
-    with pytest.raises(ConfigError, match="^CapoGRPOTrainer: mask_rule='bogus' is not allowed"):
+    with pytest.raises(ConfigError, match="^CapoGRPOTrainer: noise_mask='bogus' is not allowed; allowed values: off, "
+                                          "fixed, quantile"):
         CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=_tiny.seven_reward, args=_tiny.grpo_args(tmp_path / "out"),
                         train_dataset=_tiny.dataset(), processing_class=tok,
-                        capo=CapoAdvantageConfig(mask_rule="bogus"))
+                        capo=CapoAdvantageConfig(noise_mask="bogus"))
+    with pytest.raises(ConfigError, match="^CapoGRPOTrainer: noise_mask=True is the old spelling.*noise_mask=fixed"):
+        CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=_tiny.seven_reward, args=_tiny.grpo_args(tmp_path / "out"),
+                        train_dataset=_tiny.dataset(), processing_class=tok,
+                        capo=CapoAdvantageConfig(noise_mask=True))
     with pytest.raises(ConfigError, match=r"^CapoGRPOTrainer: estimator 'ace' \(an input it reads is built from "
                                           r"them\) needs "
                                           r"reference-model log-probs.*Pass ref_model=<model or path>"):
         CapoGRPOTrainer(model=model, reward_funcs=_tiny.seven_reward, args=_tiny.grpo_args(tmp_path / "out"),
-                        train_dataset=_tiny.dataset(), processing_class=tok, capo=CapoAdvantageConfig(estimator="ace"))
+                        train_dataset=_tiny.dataset(), processing_class=tok, capo=CapoAdvantageConfig(advantage="ace"))
     # the step's message names the engine (StepSpec.engine) and its hint (the adapter's _HINTS)
     with pytest.raises(ConfigError, match="^CapoGRPOTrainer: advantage estimator 'seed_grpo' needs the extracted "
                                           "answers.*use capo's CorrectnessReward"):
         tr = CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=_tiny.seven_reward,
                              args=_tiny.grpo_args(tmp_path / "out", max_steps=1), train_dataset=_tiny.dataset(),
-                             processing_class=tok, capo=CapoAdvantageConfig(estimator="seed_grpo"))
+                             processing_class=tok, capo=CapoAdvantageConfig(advantage="seed_grpo"))
         tr.train()

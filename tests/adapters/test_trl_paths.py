@@ -100,7 +100,7 @@ def test_capo_with_rlcr_reward_reads_the_verdicts(tiny_model_dir, tmp_path):
     from capo.adapters.trl import CapoAdvantageConfig, RLCRReward
 
     reward = RLCRReward(answer_key="answer")
-    cfg = CapoAdvantageConfig(estimator="capo", estimator_kwargs={"tau": 0.6}, noise_mask=False)
+    cfg = CapoAdvantageConfig(advantage="capo", advantage_kwargs={"tau": 0.6}, noise_mask="off")
     tr = _trainer(tiny_model_dir, tmp_path, cfg, reward=reward, max_steps=3)
     tr.train()
     low_reward_correct = 0
@@ -128,7 +128,7 @@ def test_gdpo_with_the_rlcr_reward_alone_normalises_rlcrs_two_terms(tiny_model_d
             return out
 
     reward = Keep(answer_key="answer", format_failure_reward=fail)
-    cfg = CapoAdvantageConfig(estimator="gdpo", noise_mask=False, calibration_metrics=False)
+    cfg = CapoAdvantageConfig(advantage="gdpo", noise_mask="off", calibration_metrics=False)
     tr = _trainer(tiny_model_dir, tmp_path, cfg, reward=reward, max_steps=2, max_completion_length=6)
     tr.train()
     assert len(reward.history) == len(tr.records) == 2
@@ -161,7 +161,7 @@ def test_gdpo_with_two_reward_functions_normalises_each_with_trls_weights(tiny_m
         return [int(m.group()) / 9 if (m := re.search(r"\d", c)) else 0.0 for c in completions]
 
     for hp, weights in [({}, [1.0, 0.5]), ({"weights": [0.2, 1.0]}, [0.2, 1.0])]:
-        cfg = CapoAdvantageConfig(estimator="gdpo", estimator_kwargs=hp, noise_mask=False)
+        cfg = CapoAdvantageConfig(advantage="gdpo", advantage_kwargs=hp, noise_mask="off")
         tr = _trainer(tiny_model_dir, tmp_path / str(weights), cfg, reward=[seven_reward, digit],
                       reward_weights=[1.0, 0.5])
         tr.train()
@@ -184,7 +184,7 @@ def test_trls_evaluation_runs_capos_step_with_its_own_group_size_and_logs_under_
     the documented keys."""
     from capo.adapters.trl import CapoAdvantageConfig
 
-    cfg = CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9)
+    cfg = CapoAdvantageConfig(advantage="capo", mask_low=1.3, mask_high=1.9)
     tr = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=1, num_generations_eval=2, per_device_eval_batch_size=4)
     chunks, forward = [], tr._capo_token_logps
     tr._capo_token_logps = lambda model, out, batch_size: chunks.append(batch_size) or forward(model, out, batch_size)
@@ -229,7 +229,7 @@ def test_tokens_a_tool_wrote_are_left_out_of_capos_scores(tiny_model_dir, tmp_pa
         return out
 
     monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", with_tools)
-    tr = _trainer(tiny_model_dir, tmp_path, CapoAdvantageConfig(estimator="capo", noise_mask=False), max_steps=2)
+    tr = _trainer(tiny_model_dir, tmp_path, CapoAdvantageConfig(advantage="capo", noise_mask="off"), max_steps=2)
     tr.train()
     differs = 0
     for rec in tr.records:
@@ -252,10 +252,10 @@ def test_construction_passes_trls_positional_arguments_and_names_itself_in_error
 
     tok, data = AutoTokenizer.from_pretrained(tiny_model_dir), _dataset()
     tr = CapoGRPOTrainer(tiny_model_dir, seven_reward, _args(tmp_path), data, processing_class=tok,
-                         capo=CapoAdvantageConfig(estimator="grpo"))
+                         capo=CapoAdvantageConfig(advantage="grpo"))
     assert tr.train_dataset is data and tr.capo_last_batch is None
-    for bad in (dict(estimator="grpoo"), dict(estimator="grpo", estimator_kwargs={"tauu": 1.0})):
-        with pytest.raises(ConfigError, match="^CapoGRPOTrainer: advantage estimator "):
+    for bad in (dict(advantage="grpoo"), dict(advantage="grpo", advantage_kwargs={"tauu": 1.0})):
+        with pytest.raises(ConfigError, match="^CapoGRPOTrainer: (advantage_kwargs: )?advantage estimator "):
             CapoGRPOTrainer(tiny_model_dir, seven_reward, _args(tmp_path), data, processing_class=tok,
                             capo=CapoAdvantageConfig(**bad))
 
@@ -265,7 +265,7 @@ def test_truncated_completions_are_no_partners_and_quantile_mask(tiny_model_dir,
     confident partner (lpm 0). Quantile mask: thresholds from the first batch's PPL_ref, then frozen."""
     from capo.adapters.trl import CapoAdvantageConfig
 
-    cfg = CapoAdvantageConfig(estimator="capo", estimator_kwargs={"tau": 0.6}, mask_rule="quantile",
+    cfg = CapoAdvantageConfig(advantage="capo", advantage_kwargs={"tau": 0.6}, noise_mask="quantile",
                               mask_q_low=0.3, mask_q_high=0.7)
     tr = _trainer(tiny_model_dir, tmp_path, cfg, mask_truncated_completions=True, max_completion_length=7,
                   max_steps=3)
@@ -288,7 +288,7 @@ def test_temperature_convention(tiny_model_dir, tmp_path, mode):
     TRL's temperature-scaled ones. The reference goes through TRL's fused head (patched, no full logits)."""
     from capo.adapters.trl import CapoAdvantageConfig
 
-    cfg = CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9, logprobs=mode)
+    cfg = CapoAdvantageConfig(advantage="capo", mask_low=1.3, mask_high=1.9, logprobs=mode)
     tr = _trainer(tiny_model_dir, tmp_path, cfg, temperature=0.7, model_init_kwargs={"attn_implementation": "eager"})
     assert tr._capo_ref.config._attn_implementation == "eager"  # loaded with args.model_init_kwargs
     assert "forward" in tr._capo_ref.__dict__  # TRL's fused per-token log-prob head is installed on it
@@ -309,7 +309,7 @@ def test_trl_own_old_logprobs(tiny_model_dir, tmp_path, extra):
     forward) and the advantages still equal capo core's."""
     from capo.adapters.trl import CapoAdvantageConfig
 
-    cfg = CapoAdvantageConfig(estimator="capo", noise_mask=False)
+    cfg = CapoAdvantageConfig(advantage="capo", noise_mask="off")
     tr = _trainer(tiny_model_dir, tmp_path, cfg, per_device_train_batch_size=4, max_steps=4, **extra)
     tr.train()
     assert all(r["out"].get("old_per_token_logps") is not None for r in tr.records)
@@ -331,7 +331,7 @@ def test_unscored_rows_are_no_partners(tiny_model_dir, tmp_path):
         r = seven_reward(completions)
         return [None if u else v for v, u in zip(r, unscored(completions).tolist())]
 
-    cfg = CapoAdvantageConfig(estimator="capo", noise_mask=False, verdict_reward="verifier")
+    cfg = CapoAdvantageConfig(advantage="capo", noise_mask="off", verdict_reward="verifier")
     tr = _trainer(tiny_model_dir, tmp_path, cfg, reward=verifier, max_steps=3)
     tr.train()
     skipped = torch.cat([unscored(r["texts"]) for r in tr.records])
@@ -347,7 +347,7 @@ def test_verdict_reward_must_be_binary(tiny_model_dir, tmp_path):
     def graded(completions, **kw):
         return [0.3 for _ in completions]
 
-    cfg = CapoAdvantageConfig(estimator="capo", noise_mask=False)
+    cfg = CapoAdvantageConfig(advantage="capo", noise_mask="off")
     tr = _trainer(tiny_model_dir, tmp_path, cfg, reward=graded, max_steps=1)
     with pytest.raises(CapoError, match="returned values other than 0/1, so it cannot serve as the verifier"):
         tr.train()
@@ -398,7 +398,7 @@ def test_trls_own_reference_at_beta_nonzero_serves_the_mask(tiny_model_dir, tmp_
     key for TRL's log-probs went unnoticed)."""
     from capo.adapters.trl import CapoAdvantageConfig
 
-    cfg = CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9)
+    cfg = CapoAdvantageConfig(advantage="capo", mask_low=1.3, mask_high=1.9)
     tr = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=2, learning_rate=5e-2, beta=0.04, temperature=1.0)
     assert tr._capo_ref is None and tr.ref_model is not None  # TRL's reference, not capo's
     tr.train()
@@ -417,7 +417,7 @@ def test_peft_reference_is_the_base_model(tiny_model_dir, tmp_path):
     peft = pytest.importorskip("peft", reason="peft is not installed")
     from capo.adapters.trl import CapoAdvantageConfig
 
-    cfg = CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9)
+    cfg = CapoAdvantageConfig(advantage="capo", mask_low=1.3, mask_high=1.9)
     lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     tr = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=2, learning_rate=5e-2,
                   trainer_kw={"peft_config": lora})
@@ -448,7 +448,7 @@ def test_peft_pretrained_adapter_reference_is_trls_ref_adapter(tiny_model_dir, t
             if "lora_B" in name:
                 p.normal_(0, 0.5)  # a "pretrained" adapter: the policy is not the base model
     ref = copy.deepcopy(pm).merge_and_unload().eval()
-    cfg = CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9)
+    cfg = CapoAdvantageConfig(advantage="capo", mask_low=1.3, mask_high=1.9)
     tr = _trainer(tiny_model_dir, tmp_path, cfg, model=pm, probe_ref=ref, max_steps=1, beta=0.04, temperature=0.7)
     assert "ref" in tr.accelerator.unwrap_model(tr.model).peft_config
     tr.train()
@@ -516,6 +516,6 @@ def test_training_on_two_processes_equals_one(est, tiny_model_dir, tmp_path):
     # it is checked against lr / 50 instead (a real error moves parameters by ~lr).
     noise = {k for k in diffs if k.endswith("k_proj.bias")}
     print(f"{est}: moved {moved:.2e}; max |2 procs - 1 proc| {max(diffs[k] for k in diffs if k not in noise):.2e}, "
-          f"k_proj.bias {max(diffs[k] for k in noise):.2e}")  # docs/results.md records these (pytest -s)
+          f"k_proj.bias {max(diffs[k] for k in noise):.2e}")  # docs/results/engines.md records these (pytest -s)
     assert max(diffs[k] for k in diffs if k not in noise) <= 2e-5, sorted(diffs.items(), key=lambda x: -x[1])[:3]
     assert max(diffs[k] for k in noise) <= 5e-3 / 50, {k: diffs[k] for k in noise}

@@ -4,7 +4,7 @@ its extra log-prob forwards, how rows are padded and gathered across processes, 
 batches. The end-to-end paths (a reference from a path, a
 PEFT base, TRL's own reference at beta != 0) are trained for real in test_trl_paths.py; these pin the arguments
 those runs cannot tell apart on one CPU process (mutation testing, issue 41: each test here failed on the mutants
-it names, checked by hand: docs/results.md, "Mutation testing").
+it names, checked by hand: docs/testing.md, "Mutation testing").
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def _train(model_dir, tmp_path, *, temperature, steps):
 
     from capo.adapters.trl import CapoAdvantageConfig
 
-    cfg = CapoAdvantageConfig(estimator="capo", estimator_kwargs={"tau": 0.6}, noise_mask=True, mask_rule="quantile")
+    cfg = CapoAdvantageConfig(advantage="capo", advantage_kwargs={"tau": 0.6}, noise_mask="quantile")
     args = grpo_args(tmp_path / "out", use_vllm=True, vllm_mode="colocate", max_steps=steps, temperature=temperature,
                      learning_rate=1e-3)
     tr = _probe(model_dir)(model=model_dir, reward_funcs=seven_reward, args=args, train_dataset=dataset(24),

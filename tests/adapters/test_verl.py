@@ -91,7 +91,8 @@ def test_verl_loaded_the_plugin_through_its_entry_point():
 def test_capo_through_verl_compute_advantage_equals_core():
     rt = _ray_trainer()
     data = _batch()
-    cfg = OmegaConf.create({"adv_estimator": "capo", "capo": {"tau": 0.6, "mask_low": 1.6, "mask_high": 2.2}})
+    cfg = OmegaConf.create({"adv_estimator": "capo", "capo": {"advantage_kwargs": {"tau": 0.6}, "mask_low": 1.6,
+                                                                 "mask_high": 2.2}})
     out = rt.compute_advantage(data, adv_estimator="capo", num_repeat=G, config=cfg)
     got = out.batch["advantages"]
     exp = _expected(data, "capo", tau=0.6, mask_low=1.6, mask_high=2.2)
@@ -105,11 +106,11 @@ def test_capo_through_verl_compute_advantage_equals_core():
 
 
 def test_grpo_with_capos_mask_through_verl_compute_advantage():
-    """The paper's ablation, GRPO advantages x CAPO's mask: on when asked (+algorithm.capo.noise_mask=true), off by
-    default for capo_grpo; the same rule as capo's trainer and the TRL adapter (capo.core.mask_applies)."""
+    """The paper's ablation, GRPO advantages x CAPO's mask: on when asked (+algorithm.capo.noise_mask=fixed), off by
+    default for capo_grpo; the same rule as the TRL adapter (capo.core.default_noise_mask)."""
     rt = _ray_trainer()
     data = _batch(seed=6)
-    mask_cfg = {"noise_mask": True, "mask_low": 1.6, "mask_high": 2.2}
+    mask_cfg = {"noise_mask": "fixed", "mask_low": 1.6, "mask_high": 2.2}
     got = rt.compute_advantage(_copy(data), adv_estimator="capo_grpo",
                                config=OmegaConf.create({"capo": mask_cfg})).batch["advantages"]
     exp = _expected(data, "grpo", eps=1e-6, mask_low=1.6, mask_high=2.2)
@@ -122,7 +123,7 @@ def test_grpo_with_capos_mask_through_verl_compute_advantage():
 def test_capo_without_mask_needs_no_reference():
     rt = _ray_trainer()
     data = _batch(seed=1, with_ref=False)
-    cfg = OmegaConf.create({"capo": {"tau": 0.5, "noise_mask": False, "norm": "pairs"}})
+    cfg = OmegaConf.create({"capo": {"advantage_kwargs": {"tau": 0.5, "norm": "pairs"}, "noise_mask": "off"}})
     got = rt.compute_advantage(data, adv_estimator="capo", config=cfg).batch["advantages"]
     assert torch.allclose(got, _expected(data, "capo", tau=0.5, norm="pairs"), atol=TOL, rtol=0)
 
@@ -163,7 +164,11 @@ def test_unknown_capo_names_say_what_exists():
                                           "estimators: capo, capo_grpo, capo_dr_grpo, capo_rloo"):
         rt.compute_advantage(_batch(), adv_estimator="capo_gspo", config=OmegaConf.create({}))
     with pytest.raises(ConfigError, match="no hyperparameter 'temperature'; allowed: tau"):
-        rt.compute_advantage(_batch(), adv_estimator="capo", config=OmegaConf.create({"capo": {"temperature": 1}}))
+        rt.compute_advantage(_batch(), adv_estimator="capo",
+                             config=OmegaConf.create({"capo": {"advantage_kwargs": {"temperature": 1}}}))
+    with pytest.raises(ConfigError, match=r"algorithm\.capo\.tau is an estimator hyperparameter.*"
+                                          r"\+algorithm\.capo\.advantage_kwargs\.tau=0\.6"):
+        rt.compute_advantage(_batch(), adv_estimator="capo", config=OmegaConf.create({"capo": {"tau": 0.6}}))
 
 
 def test_unequal_groups_are_refused():
@@ -222,7 +227,7 @@ def test_example_launch_script_composes_with_verls_config(tmp_path):
     from verl.trainer.ppo.utils import need_reference_policy
 
     a = cfg.actor_rollout_ref
-    assert cfg.algorithm.adv_estimator == "capo" and cfg.algorithm.capo.tau == 0.6
+    assert cfg.algorithm.adv_estimator == "capo" and cfg.algorithm.capo.advantage_kwargs.tau == 0.6
     assert need_reference_policy(cfg) and a.actor.use_kl_loss and a.actor.kl_loss_coef == 0
     assert a.actor.entropy_coeff == 0 and a.actor.clip_ratio == 0.2 and a.actor.optim.lr == 1e-6
     assert cfg.data.train_batch_size == 128 and a.actor.ppo_mini_batch_size == 64 and a.rollout.n == 8
@@ -265,7 +270,7 @@ def _expected_verdicts(data, correct, **hp):
 def test_capo_with_rlcr_rewards_reads_the_verdicts():
     rt = _ray_trainer()
     data, correct = _rlcr_batch()
-    cfg = OmegaConf.create({"capo": {"tau": 0.6, "noise_mask": False}})
+    cfg = OmegaConf.create({"capo": {"advantage_kwargs": {"tau": 0.6}, "noise_mask": "off"}})
     got = rt.compute_advantage(data, adv_estimator="capo", config=cfg).batch["advantages"]
     exp = _expected_verdicts(data, correct, tau=0.6)
     assert torch.allclose(got, exp, atol=TOL, rtol=0)
@@ -279,14 +284,14 @@ def test_capo_refuses_non_binary_rewards_without_verdicts():
     data, _ = _rlcr_batch()
     del data.non_tensor_batch["correct"]
     with pytest.raises(ConfigError, match="must return a dict with 'correct'"):
-        rt.compute_advantage(data, adv_estimator="capo", config=OmegaConf.create({"capo": {"noise_mask": False}}))
+        rt.compute_advantage(data, adv_estimator="capo", config=OmegaConf.create({"capo": {"noise_mask": "off"}}))
 
 
 def test_temperature_scaled_log_probs_need_the_knob():
     rt = _ray_trainer()
     data = _batch()
     data.meta_info["temperature"] = 0.7
-    cfg = {"capo": {"noise_mask": False}}
+    cfg = {"capo": {"noise_mask": "off"}}
     with pytest.raises(ConfigError, match=r"rollout temperature \(0.7\).*\+algorithm.capo.logprobs=sampling"):
         rt.compute_advantage(data, adv_estimator="capo", config=OmegaConf.create(cfg))
     cfg["capo"]["logprobs"] = "sampling"
@@ -307,7 +312,7 @@ def test_quantile_mask_thresholds_come_from_the_first_batch_and_stay():
     from capo.adapters.verl_plugin import CapoRun
 
     rt = _ray_trainer()
-    cfg = OmegaConf.create({"capo": {"mask_rule": "quantile", "mask_q_low": 0.3, "mask_q_high": 0.7}})
+    cfg = OmegaConf.create({"capo": {"noise_mask": "quantile", "mask_q_low": 0.3, "mask_q_high": 0.7}})
     first, second = _batch(seed=4), _batch(seed=5)
     low, high = _quantiles(first, 0.3, 0.7)
     run = CapoRun()
@@ -315,7 +320,7 @@ def test_quantile_mask_thresholds_come_from_the_first_batch_and_stay():
         for data in (first, second):
             got = rt.compute_advantage(_copy(data), adv_estimator="capo", config=cfg).batch["advantages"]
             assert torch.allclose(got, _expected(data, "capo", mask_low=low, mask_high=high), atol=TOL, rtol=0)
-    opts = {"mask_rule": "quantile", "mask_low": 1.05, "mask_high": 2.5, "mask_q_low": 0.3, "mask_q_high": 0.7}
+    opts = {"noise_mask": "quantile", "mask_low": 1.05, "mask_high": 2.5, "mask_q_low": 0.3, "mask_q_high": 0.7}
     assert run.mask(opts, engine="test").value == (low, high)
     own = _quantiles(second, 0.3, 0.7)
     assert own != (low, high)
@@ -410,7 +415,8 @@ def test_verl_v1_trainer_advantage_step_with_padding_rows_and_reward_loop(monkey
     assert len(batch.keys) == 14 and all(k.startswith("pad") for k in batch.keys[12:])
     cfg = OmegaConf.create({
         "algorithm": {"adv_estimator": "capo", "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0,
-                      "norm_adv_by_std_in_grpo": True, "capo": {"tau": 0.6, "mask_low": 1.2, "mask_high": 1.8}},
+                      "norm_adv_by_std_in_grpo": True, "capo": {"advantage_kwargs": {"tau": 0.6}, "mask_low": 1.2,
+                                                                    "mask_high": 1.8}},
         "actor_rollout_ref": {"rollout": {"n": G, "temperature": 1.0}}})
     metrics = {}
     tb.PPOTrainer._compute_advantage(type("T", (), {"config": cfg})(), batch, metrics)
@@ -460,11 +466,13 @@ def test_method_input_estimators_through_verl_compute_advantage():
     mask = data.batch["response_mask"].double()
     old, ref = data.batch["old_log_probs"].double(), data.batch["ref_log_prob"].double()
     got = rt.compute_advantage(_copy(data), adv_estimator="capo_ace",
-                               config=OmegaConf.create({"capo": {"alpha": 0.5}})).batch["advantages"]
+                               config=OmegaConf.create({"capo": {"advantage_kwargs": {"alpha": 0.5}}})
+                               ).batch["advantages"]
     exp = _by_hand(data, "ace", alpha=0.5, confidence_shift=((old - ref) * mask).sum(-1))
     assert torch.allclose(got, exp, atol=TOL, rtol=0) and not torch.allclose(got, _by_hand(data, "grpo"), atol=1e-3)
     got = rt.compute_advantage(_copy(data), adv_estimator="capo_unlikeliness",
-                               config=OmegaConf.create({"capo": {"beta": 0.5}})).batch["advantages"]
+                               config=OmegaConf.create({"capo": {"advantage_kwargs": {"beta": 0.5}}})
+                               ).batch["advantages"]
     exp = _by_hand(data, "unlikeliness", beta=0.5, scores=(old * mask).sum(-1) / mask.sum(-1))
     assert torch.allclose(got, exp, atol=TOL, rtol=0)
     with pytest.raises(ConfigError, match="capo_ace.*reference-model log-probs.*use_kl_loss=True"):

@@ -70,29 +70,54 @@ def _ungrouped(x):
 # ----------------------------------------------------------------------------------------------- verl's config
 
 
-def test_hparams_read_algorithm_capo_from_a_mapping_an_attribute_config_or_nothing():
-    assert est._hparams(None) == {}
-    assert est._hparams({"capo": None}) == {} and est._hparams({}) == {}
-    assert est._hparams({"capo": {"tau": 0.5}}) == {"tau": 0.5}
-    assert est._hparams(SimpleNamespace(capo={"tau": 0.25})) == {"tau": 0.25}  # a config object without .get
-    assert est._hparams(SimpleNamespace()) == {}
-    cfg = {"capo": {"tau": 0.5}}
-    est._hparams(cfg)["tau"] = 9.0  # a copy: popping the plugin's knobs leaves verl's config alone
-    assert cfg == {"capo": {"tau": 0.5}}
+def test_settings_read_algorithm_capo_from_a_mapping_an_attribute_config_or_nothing():
+    assert est._settings(None) == {}
+    assert est._settings({"capo": None}) == {} and est._settings({}) == {}
+    assert est._settings({"capo": {"noise_mask": "off"}}) == {"noise_mask": "off"}
+    assert est._settings(SimpleNamespace(capo={"mask_low": 1.2})) == {"mask_low": 1.2}  # a config without .get
+    assert est._settings(SimpleNamespace()) == {}
+    cfg = {"capo": {"advantage_kwargs": {"tau": 0.5}}}
+    opts, hp = est._options(est._settings(cfg), "capo", cfg)
+    hp["tau"] = 9.0  # a copy: reading the settings leaves verl's config alone
+    assert cfg == {"capo": {"advantage_kwargs": {"tau": 0.5}}} and opts["noise_mask"] == "fixed"
 
 
-def test_hparams_resolve_omegaconf_interpolations_into_plain_containers():
+def test_settings_resolve_omegaconf_interpolations_into_plain_containers():
     omegaconf = pytest.importorskip("omegaconf")
-    cfg = omegaconf.OmegaConf.create({"t": 0.7, "capo": {"tau": "${t}", "weights": [1.0, 2.0]}})
-    hp = est._hparams(cfg)
+    cfg = omegaconf.OmegaConf.create({"t": 0.7, "capo": {"advantage_kwargs": {"tau": "${t}", "weights": [1.0, 2.0]}}})
+    _, hp = est._options(est._settings(cfg), "capo", cfg)
     assert hp == {"tau": 0.7, "weights": [1.0, 2.0]}
     assert type(hp["weights"]) is list  # not a ListConfig
 
 
+def test_old_algorithm_capo_keys_say_their_new_spelling():
+    """algorithm.capo speaks the trainer's vocabulary: estimator hyperparameters under advantage_kwargs, noise_mask
+    off|fixed|quantile (capo.core.NOISE_MASKS); each old spelling is refused naming the new one."""
+    def refused(settings, core="capo"):
+        with pytest.raises(ConfigError) as e:
+            est._options(settings, core, None, "eng")
+        return str(e.value)
+
+    assert refused({"tau": 0.6}) == ("eng: algorithm.capo.tau is an estimator hyperparameter: estimator "
+                                      "hyperparameters go in algorithm.capo.advantage_kwargs now (as capo's "
+                                      "algo.advantage_kwargs): +algorithm.capo.advantage_kwargs.tau=0.6")
+    assert "+algorithm.capo.advantage_kwargs.eps=0.0001" in refused({"eps": 1e-4}, "grpo")
+    assert refused({"mask_rule": "quantile"}).startswith("eng: algorithm.capo.mask_rule is gone: "
+                                                         "algorithm.capo.noise_mask says the rule now (off, fixed, "
+                                                         "quantile), e.g. +algorithm.capo.noise_mask=quantile")
+    assert refused({"noise_mask": True}).startswith("eng: algorithm.capo.noise_mask=True is the old spelling")
+    assert "algorithm.capo.noise_mask=off" in refused({"noise_mask": False})
+    assert refused({"noise_mask": "on"}).startswith("eng: algorithm.capo.noise_mask='on' is not allowed")
+    assert refused({"mask_lo": 1.0}).startswith("eng: algorithm.capo.mask_lo is not a capo setting (did you mean "
+                                                "'mask_low'?); allowed keys: advantage_kwargs, noise_mask")
+    assert "algorithm.adv_estimator=capo_<advantage>" in refused({"advantage": "capo_grpo"})
+    for value in ("off", "fixed", "quantile"):
+        assert est._options({"noise_mask": value}, "grpo", None)[0]["noise_mask"] == value
+
+
 def test_grpo_scale_follows_verls_norm_flag_unless_set():
     def scale(hp, config, name="grpo"):
-        est._options(hp, name, config)
-        return hp.get("scale")
+        return est._options({"advantage_kwargs": hp}, name, config)[1].get("scale")
 
     assert scale({}, {"norm_adv_by_std_in_grpo": False}) == "none"
     assert scale({}, {"norm_adv_by_std_in_grpo": True}) == "group"
@@ -141,7 +166,7 @@ def test_confidences_and_format_flags_are_float64_with_nan_for_missing():
 def test_step_batch_hands_capo_the_grouped_rows_answers_flags_and_the_runs_verifier():
     nt = {"pred": ["7", "", None, "8", "7", "x", "", "8"], "format_ok": [1.0, 0.5, 0.0, 1.0, 1.0, None, 1.0, 0.0],
           "correct": [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0], "confidence": [0.9, 0.2, None, 0.6, 0.5, 0.4, 0.3, 0.1]}
-    opts = est._options({}, "seed_grpo", None)
+    opts, _ = est._options({}, "seed_grpo", None)
     ctx = _ctx({"old_log_probs": LOGP}, nt, run=CapoRun(verifier="the run's verifier"))
     b, rows = est._step_batch(ctx, "capo_seed_grpo", opts, _tok(REWARDS), MASK, list(UID))
     assert rows.tolist() == ORDER and b.group_size == G
@@ -152,12 +177,12 @@ def test_step_batch_hands_capo_the_grouped_rows_answers_flags_and_the_runs_verif
     assert b.confidence.dtype == torch.float64 and torch.isnan(b.confidence[ORDER.index(2)])
     assert b.verifier == "the run's verifier"
     b, _ = est._step_batch(_ctx({"old_log_probs": LOGP}, {}, run=CapoRun(verifier="unused")), "capo_grpo",
-                           est._options({}, "grpo", None), _tok(REWARDS), MASK, list(UID))
+                           est._options({}, "grpo", None)[0], _tok(REWARDS), MASK, list(UID))
     assert b.answers is None and b.verifier is None and b.format_ok is None and b.confidence is None  # none started
 
 
 def test_bypass_mode_reads_the_rollout_log_probs_as_the_old_policys():
-    cfg = {"capo": {"noise_mask": False}}
+    cfg = {"capo": {"noise_mask": "off"}}
     own = _call("capo", config=cfg, ctx=_ctx({"old_log_probs": LOGP}))
     bypass = _call("capo", config=cfg, ctx=_ctx({"rollout_log_probs": LOGP}))
     assert torch.equal(bypass, own) and bool((own != 0).any())
@@ -172,9 +197,9 @@ def test_bypass_mode_reads_the_rollout_log_probs_as_the_old_policys():
 # ----------------------------------------------------------------------------------------------- what it refuses
 
 
-@pytest.mark.parametrize("name, cfg", [("capo", {"capo": {"noise_mask": False}}), ("capo_seed_grpo", {}),
+@pytest.mark.parametrize("name, cfg", [("capo", {"capo": {"noise_mask": "off"}}), ("capo_seed_grpo", {}),
                                        ("capo_gdpo", {"capo": {"reward": "rlcr"}}),
-                                       ("capo_grpo", {"capo": {"noise_mask": True}})],
+                                       ("capo_grpo", {"capo": {"noise_mask": "fixed"}})],
                          ids=["scores", "answers", "rlcr-components", "mask"])
 def test_an_estimator_that_needs_the_batch_refuses_a_call_outside_compute_advantage(name, cfg):
     with pytest.raises(ConfigError, match=f"^verl estimator '{name}' was called outside verl's compute_advantage"):
@@ -205,12 +230,16 @@ def test_ace_without_old_log_probs_names_the_setting():
 
 def test_the_plugins_refusals_name_the_verl_estimator():
     ctx = _ctx({"old_log_probs": LOGP, "ref_log_prob": LOGP})
-    with pytest.raises(ConfigError, match=r"verl estimator 'capo' \(algorithm\.capo\)"):
+    with pytest.raises(ConfigError, match=r"verl estimator 'capo' \(algorithm\.capo\): algorithm.capo.bogus_knob"):
         _call("capo", config={"capo": {"bogus_knob": 1}}, ctx=ctx)
-    with pytest.raises(ConfigError, match=r"^verl estimator 'capo' \(algorithm\.capo\): mask_rule='nope'"):
-        _call("capo", config={"capo": {"mask_rule": "nope"}}, ctx=ctx)
+    with pytest.raises(ConfigError, match=r"^verl estimator 'capo' \(algorithm\.capo\): algorithm\.capo\.noise_mask="
+                                          r"'nope' is not allowed"):
+        _call("capo", config={"capo": {"noise_mask": "nope"}}, ctx=ctx)
+    with pytest.raises(ConfigError, match=r"^verl estimator 'capo' \(algorithm\.capo\): algorithm\.capo\."
+                                          r"advantage_kwargs\.tau must be > 0, got 0"):
+        _call("capo", config={"capo": {"advantage_kwargs": {"tau": 0}}}, ctx=ctx)
     with pytest.raises(ConfigError, match=r"temperature \(0\.7\)"):
-        _call("capo", config={"capo": {"noise_mask": False}}, ctx=_ctx({"old_log_probs": LOGP}, temperature=0.7))
+        _call("capo", config={"capo": {"noise_mask": "off"}}, ctx=_ctx({"old_log_probs": LOGP}, temperature=0.7))
 
 
 def test_gdpo_with_rlcr_uses_the_configured_format_failure_reward():

@@ -52,8 +52,8 @@ def main():
             seen[-1]["advantages"] = o["advantages"].detach().cpu().tolist()
             return o
 
-    capo = {"capo": CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9),
-            "seed_grpo": CapoAdvantageConfig(estimator="seed_grpo", estimator_kwargs={"alpha": 1.0})}[est]
+    capo = {"capo": CapoAdvantageConfig(advantage="capo", mask_low=1.3, mask_high=1.9),
+            "seed_grpo": CapoAdvantageConfig(advantage="seed_grpo", advantage_kwargs={"alpha": 1.0})}[est]
     with Verifier(workers=1) as v:
         tr = Fixed(model=model_dir, reward_funcs=CorrectnessReward(verifier=v), train_dataset=dataset(32),
                    args=grpo_args(out / "run", max_steps=steps, per_device_train_batch_size=per_device),

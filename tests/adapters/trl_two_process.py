@@ -35,7 +35,7 @@ def main():
     ds = dataset(16)
     tr = Rec(model=model_dir, reward_funcs=seven_reward, args=args, train_dataset=ds,
              processing_class=AutoTokenizer.from_pretrained(model_dir),
-             capo=CapoAdvantageConfig(estimator="capo", mask_low=1.3, mask_high=1.9))
+             capo=CapoAdvantageConfig(advantage="capo", mask_low=1.3, mask_high=1.9))
     tr.train()
     rank = tr.accelerator.process_index
     out.mkdir(parents=True, exist_ok=True)

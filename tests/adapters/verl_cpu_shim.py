@@ -346,7 +346,7 @@ def main_ppo_run(work: Path, steps: int = 2, prompts: int = 8, n: int = 4,
            "RAY_DEDUP_LOGS": "0", "WANDB_MODE": "disabled",
            "VERL_ENGINE_DEVICE": "cuda"}  # verl registers its FSDP engine for cuda and npu only: pick it by name
     args = [
-        "algorithm.adv_estimator=capo", "+algorithm.capo.tau=0.6", "+algorithm.capo.noise_mask=true",
+        "algorithm.adv_estimator=capo", "+algorithm.capo.advantage_kwargs.tau=0.6", "+algorithm.capo.noise_mask=fixed",
         "algorithm.use_kl_in_reward=False",
         f"data.train_files={data}", f"data.val_files={data}", f"data.train_batch_size={prompts}",
         "data.max_prompt_length=16", "data.max_response_length=32", "data.dataloader_num_workers=0",

@@ -31,7 +31,7 @@ def test_capo_with_rlcr_reward_uses_verdicts_not_the_reward():
     r = r.double()
     assert r[0].item() == pytest.approx(0.36) and r[1].item() == pytest.approx(-0.81)
     lp, m = _tokens([-1.0, -0.5])
-    res = advantage_step("capo", r, correct, 2, token_logp=lp, mask=m, hparams={"tau": 0.5})
+    res = advantage_step("capo", r, correct, 2, token_logp=lp, mask=m, advantage_kwargs={"tau": 0.5})
     w = sig((-0.5 - -1.0) / 0.5) / 0.5  # (1/tau) sigmoid((lpm_j - lpm_i)/tau), i correct, j incorrect
     torch.testing.assert_close(res.advantages, torch.tensor([w / 2, -w / 2], **f64), rtol=0, atol=1e-12)
 
@@ -77,7 +77,7 @@ def test_step_drops_rows_without_tokens_as_partners():
     lp, m = _tokens([-1.0, -2.0, -3.0])
     m[2] = 0  # e.g. TRL's mask_truncated_completions
     r = torch.tensor([1.0, 0.0, 0.0], **f64)
-    res = advantage_step("capo", r, r == 1, 3, token_logp=lp, mask=m, hparams={"tau": 1.0})
+    res = advantage_step("capo", r, r == 1, 3, token_logp=lp, mask=m, advantage_kwargs={"tau": 1.0})
     assert res.valid.tolist() == [True, True, False]
     w01 = sig(-2.0 - -1.0)
     torch.testing.assert_close(res.advantages, torch.tensor([w01 / 3, -w01 / 3, 0.0], **f64), rtol=0, atol=1e-12)
@@ -90,7 +90,7 @@ def test_step_noise_mask_and_guard():
     r = torch.tensor([1.0, 0.0, float("nan"), 1.0], **f64)
     correct = torch.tensor([True, False, False, True])
     res = advantage_step("capo", r, correct, 2, token_logp=lp, mask=m, ref_token_logp=ref,
-                         mask_thresholds=(1.05, 2.5), hparams={"tau": 1.0})
+                         mask_thresholds=(1.05, 2.5), advantage_kwargs={"tau": 1.0})
     # row 1: incorrect with PPL_ref 1.01 < low -> "near-correct", masked; row 0 kept (correct, 1.01 <= 2.5)
     assert res.keep.tolist() == [True, False, True, True]  # row 2: incorrect, PPL_ref 7.4 >= low: kept
     assert res.bad.tolist() == [False, False, True, False] and res.active.tolist() == [True, True, False, False]
@@ -102,7 +102,7 @@ def test_step_noise_mask_and_guard():
 def test_step_passes_non_capo_estimators_their_inputs_unchanged():
     lp, m = _tokens([-1.0, -2.0, -1.5, -0.5])
     r = torch.tensor([0.3, 0.9, 0.1, 0.2], **f64)
-    res = advantage_step("grpo", r, torch.zeros(4, dtype=torch.bool), 4, token_logp=lp, mask=m, hparams={"eps": 0.0})
+    res = advantage_step("grpo", r, torch.zeros(4, dtype=torch.bool), 4, token_logp=lp, mask=m, advantage_kwargs={"eps": 0.0})
     torch.testing.assert_close(res.advantages, (r - r.mean()) / r.std())
 
 
@@ -123,12 +123,21 @@ def test_calibration_metrics_are_summarize_under_calib_names():
     assert m["calib/verbal_missing"] == 1.0
 
 
-def test_which_estimators_need_scores_is_read_from_their_signatures():
-    """needs_scores: a ``scores`` parameter without a default; a new estimator is registered once."""
-    from capo.core import ADVANTAGES, needs_scores
+def test_what_an_estimator_reads_is_its_registry_declaration():
+    """needs_scores and the inputs the step passes are the ``reads=`` declarations, and every declaration is
+    complete: an estimator parameter that names a per-response input (other than ``scores``/``keep``, which every
+    estimator takes) is declared. A new estimator is registered once."""
+    import inspect
+
+    from capo.core import ADVANTAGES, STEP_INPUTS, needs_scores
 
     assert {n for n in ADVANTAGES.names() if needs_scores(n)} == {"capo", "unlikeliness"}
+    assert ADVANTAGES.reads("capo") == {"scores", "correct", "partners", "lengths"}
+    assert {n: set(ADVANTAGES.reads(n)) for n in ("ace", "seed_grpo", "gdpo")} == {
+        "ace": {"confidence_shift"}, "seed_grpo": {"cluster_ids"}, "gdpo": {"components"}}
     for name in ADVANTAGES.names():
+        named = set(inspect.signature(ADVANTAGES.get(name)).parameters) & set(STEP_INPUTS) - {"scores", "keep"}
+        assert named <= ADVANTAGES.reads(name), name
         if not needs_scores(name):  # the others accept and ignore scores
             r = torch.tensor([1.0, 0.0, 0.0, 1.0], **f64)
             kw = {"components": r[:, None]} if name == "gdpo" else {"cluster_ids": torch.arange(4)} \
@@ -137,13 +146,79 @@ def test_which_estimators_need_scores_is_read_from_their_signatures():
             torch.testing.assert_close(ADVANTAGES.get(name)(r, 2, scores=-torch.arange(4, **f64), **kw), a)
 
 
+def test_the_step_passes_only_declared_inputs(monkeypatch):
+    """An estimator that declares no input gets none of the step's own (correct, partners, lengths), whatever its
+    signature names: the declaration, not the signature, decides."""
+    from capo.core import registry
+
+    seen = {}
+
+    def probe(rewards, group_size, *, scores=None, keep=None, correct=None, lengths=None):
+        seen.update(correct=correct, lengths=lengths)
+        return torch.zeros_like(rewards)
+
+    monkeypatch.setitem(registry.ADVANTAGES._fns, "probe", probe)
+    monkeypatch.setitem(registry.ADVANTAGES._reads, "probe", frozenset({"lengths"}))
+    r = torch.tensor([1.0, 0.0], **f64)
+    advantage_step("probe", r, r == 1, 2, token_logp=torch.zeros(2, 3, **f64), mask=torch.ones(2, 3))
+    assert seen["correct"] is None and seen["lengths"].tolist() == [3, 3]
+
+
+def test_the_steps_old_keyword_names_say_the_new_ones():
+    from capo.core import estimate, guard_batch
+    from capo.rollout.method_inputs import StepSpec
+
+    r = torch.tensor([1.0, 0.0], **f64)
+    lp, m = torch.zeros(2, 3, **f64), torch.ones(2, 3)
+    with pytest.raises(TypeError, match=r"^advantage_step: 'hparams' is now called 'advantage_kwargs'"):
+        advantage_step("grpo", r, r == 1, 2, token_logp=lp, mask=m, hparams={"eps": 0.0})
+    g = guard_batch(r, 2, token_logp=lp, mask=m)
+    with pytest.raises(TypeError, match=r"^estimate: 'hparams' is now called 'advantage_kwargs'"):
+        estimate("grpo", g, r == 1, 2, hparams={"eps": 0.0})
+    with pytest.raises(TypeError, match=r"missing 1 required positional argument: 'advantage'"):  # Python names it
+        estimate(estimator="grpo", guarded=g, correct=r == 1, group_size=2)
+    with pytest.raises(TypeError, match=r"^estimate\(\) got an unexpected keyword argument 'nope'"):
+        estimate("grpo", g, r == 1, 2, nope=1)
+    with pytest.raises(TypeError, match=r"^StepSpec: 'estimator' is now called 'advantage'"):
+        StepSpec(estimator="grpo")
+    with pytest.raises(TypeError, match=r"^StepSpec: 'hparams' is now called 'advantage_kwargs'"):
+        StepSpec("grpo", hparams={})
+    assert StepSpec(advantage="capo", advantage_kwargs={"tau": 1.0}).advantage_kwargs == {"tau": 1.0}
+
+
+def test_advantage_kwargs_are_checked_once_by_the_estimator_itself():
+    """The early check every path runs (trainer, TRL, verl) refuses unknown names and the values the estimator's own
+    checks refuse (CAPO's tau > 0 lives only in capo_advantage), naming the setting as the engine spells it."""
+    from capo.core import ADVANTAGES, advantage_kwargs_problem, hyperparameters
+
+    assert hyperparameters("capo") == ["tau", "surrogate", "norm", "masked_partners", "score"]
+    assert all(advantage_kwargs_problem(n, {}) is None for n in ADVANTAGES.names())
+    assert advantage_kwargs_problem("capo", {"tau": 0}, key="algo.advantage_kwargs") == \
+        "algo.advantage_kwargs.tau must be > 0, got 0"
+    assert advantage_kwargs_problem("capo", {"tau": -1.0}).startswith("advantage_kwargs.tau must be > 0")
+    assert advantage_kwargs_problem("capo", {"tau": 0.6, "score": "sum"}) is None
+    assert advantage_kwargs_problem("capo", {"lengths": 1}) == ("advantage_kwargs: advantage estimator 'capo' has no "
+                                                                "hyperparameter 'lengths'; allowed: tau, surrogate, "
+                                                                "norm, masked_partners, score")
+    assert advantage_kwargs_problem("seed_grpo", {"alpha": 2.0}).startswith("advantage_kwargs.alpha must be <= 1")
+    assert advantage_kwargs_problem("gdpo", {"weights": [1.0, 0.5]}) is None  # two components probed for two weights
+
+
 def test_mask_rules():
-    """One rule for where the mask applies, its default and its knob ranges (trainer, TRL, verl read these)."""
-    from capo.core import mask_applies, mask_knob_problem, mask_on_by_default
+    """One list of mask values, one default and its knob ranges (trainer, TRL, verl read these)."""
+    from capo.core import (NOISE_MASKS, default_noise_mask, mask_knob_problem, noise_mask_problem,
+                           resolve_noise_mask)
     from capo.core.presets import ALGORITHMS
 
-    assert [n for n in ALGORITHMS if mask_on_by_default(n)] == ["capo"]
-    assert mask_applies("grpo", True) and not mask_applies("capo", False) and mask_applies("capo", None)
+    assert NOISE_MASKS == ("off", "fixed", "quantile")
+    assert {n: default_noise_mask(n) for n in ALGORITHMS if default_noise_mask(n) != "off"} == {"capo": "fixed"}
+    assert resolve_noise_mask("grpo", "quantile") == "quantile" and resolve_noise_mask("capo", "off") == "off"
+    assert resolve_noise_mask("capo", None) == "fixed" and resolve_noise_mask("grpo", None) == "off"
+    assert all(noise_mask_problem(v) is None for v in NOISE_MASKS)
+    assert noise_mask_problem("quantil", key="algo.noise_mask") == (
+        "algo.noise_mask='quantil' is not allowed (did you mean 'quantile'?); allowed values: off, fixed, quantile")
+    assert noise_mask_problem(True).startswith("noise_mask=True is the old spelling") and \
+        "noise_mask=fixed" in noise_mask_problem(True) and "noise_mask=off" in noise_mask_problem(False)
     assert mask_knob_problem(1.05, 2.5) is None and mask_knob_problem(1.0, 1.0, 0.5, 0.5) is None
     assert mask_knob_problem(0.0, 2.5, prefix="algo.") == "need 0 < algo.mask_low <= algo.mask_high, got 0.0, 2.5"
     assert mask_knob_problem(3.0, 2.5) == "need 0 < mask_low <= mask_high, got 3.0, 2.5"
@@ -175,7 +250,7 @@ def test_step_supplies_lengths_for_capo_sum():
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])
     lp = torch.tensor([[-0.5, -0.5, 9, 9], [-0.25] * 4, [-2.0, 9, 9, 9], [-0.1, -0.2, -0.3, 9]], **f64)
     r = torch.tensor([1.0, 0.0, 0.0, 1.0], **f64)
-    res = advantage_step("capo", r, r == 1, 2, token_logp=lp, mask=mask, hparams={"tau": 1.0, "score": "sum"})
+    res = advantage_step("capo", r, r == 1, 2, token_logp=lp, mask=mask, advantage_kwargs={"tau": 1.0, "score": "sum"})
     assert res.lengths.tolist() == [2, 4, 1, 3]
     sums = sequence_logprob_sum(lp, mask)  # -1, -1, -2, -0.6
     want = compute_advantages("capo", r, 2, scores=sums, tau=1.0)

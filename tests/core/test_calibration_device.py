@@ -1,6 +1,6 @@
 """The calibration metrics compute on their inputs' device, never on torch's default device (the module's contract:
 "computed in float64 on the inputs' device"), and the FFT convolution behind smooth ECE is a full linear
-convolution (mutation testing, issue 41: the ``core.calibration`` survivors, docs/results.md "Mutation testing").
+convolution (mutation testing, issue 41: the ``core.calibration`` survivors, docs/testing.md "Mutation testing").
 
 A machine without a GPU has one real device, so the test makes the *default* device differ from the inputs' one:
 ``torch.set_default_device("meta")`` while the inputs stay on the CPU. A tensor that the code allocates without
@@ -19,6 +19,7 @@ import torch
 
 from _device import assert_same_on_the_meta_default_device  # tests/ is on sys.path (its conftest.py)
 from capo.core import calibration as cal
+from capo.tasks import stochastic
 
 F64 = torch.float64
 # six responses of three questions (labels 5, 7, 9; question 9 has one class only)
@@ -48,8 +49,8 @@ def _metrics() -> dict:
         "aurc": cal.aurc(S, C),
         "percentile_interval": cal.percentile_interval(S, 0.1),
         "summarize": cal.summarize(torch.log(S), C, G, verbal_conf=V),
-        "stated_question_means": [t.tolist() for t in cal.stated_question_means(S, C, G, S / 2)],
-        "stochastic_summary": cal.stochastic_summary(S, C, G, S / 2, chosen=C.to(F64)),
+        "stated_question_means": [t.tolist() for t in stochastic.stated_question_means(S, C, G, S / 2)],
+        "stochastic_summary": stochastic.stochastic_summary(S, C, G, S / 2, chosen=C.to(F64)),
         "e_aurc": cal.e_aurc(S, C), "prr": cal.prr(S, C),
         "bootstrap_draws": cal.bootstrap_draws(3, 4, seed=1).tolist(),
         "bootstrap_ci": cal.bootstrap_ci(cal.brier, S, C, group_ids=G, n_boot=20, seed=2),

@@ -1,5 +1,5 @@
 """Defaults and edges of the calibration metrics that the hand-computed tests did not pin (mutation testing, issue 41:
-the ``core.calibration`` survivors, docs/results.md "Mutation testing")."""
+the ``core.calibration`` survivors, docs/testing.md "Mutation testing")."""
 
 import math
 

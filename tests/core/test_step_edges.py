@@ -1,5 +1,5 @@
 """The step's row bookkeeping and argument passing, and the registries, on hand-computed cases (mutation testing,
-issue 41: the survivors of ``core.step``, docs/results.md "Mutation testing"). GRPO with its default std_ddof=1 on
+issue 41: the survivors of ``core.step``, docs/testing.md "Mutation testing"). GRPO with its default std_ddof=1 on
 a group of rewards (1, 0) gives (+-0.5) / sqrt(0.5) = +-1/sqrt(2)."""
 
 import math
@@ -29,12 +29,15 @@ def test_registry_registers_looks_up_and_refuses():
     reg = Registry("widget")
     assert "a" not in reg and reg.names() == []
 
-    def f():
+    def f(*, scores=None):
         return 1
 
     def g():
         return 2
 
+    with pytest.raises(ValueError, match=r"widget 'a' declares reads=\['lengths'\] that are not parameters"):
+        reg.register("a", reads=("lengths",))(f)  # a declaration the function cannot take is refused
+    assert "a" not in reg
     assert reg.register("a", reads=("scores",))(f) is f  # the decorator returns the function itself
     assert reg.register("b")(g) is g
     assert "a" in reg and "b" in reg and "c" not in reg
@@ -96,14 +99,14 @@ def test_noise_mask_reads_low_and_high_from_their_places():
 
 def test_advantage_step_forwards_active_valid_and_inputs():
     res = advantage_step("grpo", R, CORRECT, 2, token_logp=LP, mask=M, active=torch.tensor([True, True, False, False]),
-                         hparams=NO_EPS)
+                         advantage_kwargs=NO_EPS)
     torch.testing.assert_close(res.advantages, torch.tensor([H, -H, 0.0, 0.0], **f64))
     res = advantage_step("grpo", R, CORRECT, 2, token_logp=LP, mask=M, valid=torch.tensor([True, True, True, False]),
-                         hparams=NO_EPS)
+                         advantage_kwargs=NO_EPS)
     torch.testing.assert_close(res.advantages, torch.tensor([H, -H, H, 0.0], **f64))
     # SEED-GRPO: group 0 gives one answer (SE 0: GRPO's advantage), group 1 two (SE = log 2 = SE_max: f = 1 - 1 = 0)
     res = advantage_step("seed_grpo", R, CORRECT, 2, token_logp=LP, mask=M,
-                         inputs={"cluster_ids": torch.tensor([0, 0, 0, 1])}, hparams=NO_EPS)
+                         inputs={"cluster_ids": torch.tensor([0, 0, 0, 1])}, advantage_kwargs=NO_EPS)
     torch.testing.assert_close(res.advantages, torch.tensor([H, -H, 0.0, 0.0], **f64))
 
 

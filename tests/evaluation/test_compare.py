@@ -83,6 +83,72 @@ def test_report_reference_flag(tmp_path, capsys):
     assert not (tmp_path / "x.html").exists()
 
 
+def test_report_figures_and_tables_write_the_comparison_for_sweep_report(tmp_path, capsys):
+    """`capo report --figures DIR --prefix P` writes P-summary.json (model -> measure -> per-seed values), which
+    `capo sweep report --compare-summary` pairs by seed, and the two comparison figures; `--tables` prints the
+    comparison as Markdown."""
+    runs = _runs(tmp_path)
+    figs = tmp_path / "figs"
+    argv = ["report", *[str(r.path) for r in runs], "--out", str(tmp_path / "r.html"), "--reference", "grpo"]
+    assert main([*argv, "--figures", str(figs), "--prefix", "default", "--tables", "--n-boot", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "| model | seeds | accuracy | AUC-mean |" in out and "Paired difference vs grpo" in out and "50 draws" in out
+    assert sorted(p.name for p in figs.iterdir()) == ["default-acc_vs_auc.png", "default-paired_vs_grpo.png",
+                                                       "default-summary.json"]
+    data = json.loads((figs / "default-summary.json").read_text())
+    metrics = {r.name: json.loads((r.path / "metrics.json").read_text())["metrics"] for r in runs}
+    assert list(data) == ["base", "grpo", "capo"] and "pass_at_8" in data["grpo"]
+    assert data["capo"]["auc_mean"] == [metrics["capo-seed0"]["auc_mean"], metrics["capo-seed1"]["auc_mean"]]
+    assert data["base"]["accuracy"] == [metrics["base"]["accuracy"]]
+    assert main(["sweep", "report", str(figs / "default-summary.json"), "--compare-summary", "--reference", "grpo"]) == 0
+    diff = (metrics["capo-seed0"]["accuracy"] + metrics["capo-seed1"]["accuracy"]
+            - metrics["grpo-seed0"]["accuracy"] - metrics["grpo-seed1"]["accuracy"]) / 2
+    assert f"| capo | accuracy | 2 | {diff:+.3f} [" in capsys.readouterr().out
+    assert main([*argv[:-2], "--figures", str(tmp_path / "none")]) == 2
+    assert "--tables, --figures and --split-on need --reference" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+
+
+def test_report_split_on_compares_each_run_with_the_reference_on_both_sides_of_the_split(tmp_path, capsys):
+    """`capo report --split-on TEXT`: accuracy, AUC-mean and the paired AUC-mean difference vs the reference on all
+    prompts, on those containing TEXT and on the others, each computed from that subset's rows alone."""
+    import torch
+
+    from capo.core import calibration as cal
+
+    runs = _runs(tmp_path)
+    for r in runs:  # prompts p0, p3, ... get the marker; the others lose their question mark
+        gen = r.path / "generations.jsonl"
+        rows = [json.loads(ln) for ln in gen.read_text().splitlines()]
+        for row in rows:
+            marked = int(str(row["prompt_id"])[1:]) % 3 == 0
+            row["prompt"] = row["prompt"].replace("?", ".") + ("+?" if marked else "")
+        gen.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["report", *[str(r.path) for r in runs], "--out", str(tmp_path / "r.html"), "--reference", "base"]
+    assert main([*argv, "--split-on", "?", "--n-boot", "300"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("paired AUC-mean diff vs base [95% CI] (prompts) |")
+    assert [ln.split(" | ")[:2] for ln in lines[2:5]] == [["| base", "all"], ["| capo-seed0", "all"],
+                                                          ["| capo-seed1", "all"]]
+
+    def cols(run, marked):
+        rows = [json.loads(ln) for ln in (run.path / "generations.jsonl").read_text().splitlines()]
+        rows = [x for x in rows if ("?" in x["prompt"]) == marked]
+        ids = {p: i for i, p in enumerate(sorted({x["prompt_id"] for x in rows}))}
+        return (torch.tensor([x["mean_logprob"] for x in rows], dtype=torch.float64),
+                torch.tensor([x["verdict"] == "correct" for x in rows]), torch.tensor([ids[x["prompt_id"]] for x in rows]))
+
+    by = {r.name: r for r in runs}
+    grpo, base = cols(by["grpo-seed0"], False), cols(by["base"], False)
+    pd = cal.paired_difference(*grpo, *base, n_boot=300, seed=0)
+    want = (f"| grpo-seed0 | without ? | {float(grpo[1].double().mean()):.3f} | {cal.auc_mean(*grpo).value:.3f} | "
+            f"{pd.value:+.3f} [{pd.low:+.3f}, {pd.high:+.3f}] ({pd.n_groups_used}) |")
+    assert want in lines
+    assert sum(" | with ? | " in ln for ln in lines) == len(runs)
+    assert main([*argv[:-1], "grpo", "--split-on", "?"]) == 2  # grpo names two runs: no single reference run
+    assert "one reference run (e.g. base); 'grpo' has 2 runs" in capsys.readouterr().err
+
+
 def test_rows_without_answer_ids_get_them_from_the_verifier(tmp_path):
     """`capo eval` computes the answer classes after writing generations.jsonl, so its rows carry no answer_id: the
     comparison recomputes them (same function, same verifier) and its votes equal metrics.json's."""

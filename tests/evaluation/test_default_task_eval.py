@@ -35,7 +35,7 @@ def test_shipped_model_outputs_parse_and_leave_room_for_rl():
     model, tok = load_default()
     probs = default_problems("eval", 48, seed=0)
     r = evaluate_default(model, tok, probs, group_size=4, seed=0)
-    # measured with these settings: see docs/results.md "The embedded default (chain sums, 0.37M model)"
+    # measured with these settings: see docs/model-builds.md "The embedded default (chain sums, 0.37M model)"
     assert r["format_rate"] >= 0.95
     assert r["terminated_rate"] >= 0.95
     assert 0.1 <= r["accuracy"] <= 0.8

@@ -221,6 +221,17 @@ def test_generations_file_errors(tmp_path, capsys, row, match):
     assert not (out / "metrics.json").exists()
 
 
+def test_a_bad_token_list_is_named_and_valid_ones_pass_row_by_row(tmp_path, capsys):
+    """With one bad list in the file the field is checked row by row: an empty list (an empty response) and a list
+    with integers pass, the bad one's line is named."""
+    rows = [{"prompt_id": "q", "text": "", "gold": "1", "token_logprobs": []},
+            {"prompt_id": "q", "text": "x", "gold": "1", "token_logprobs": [-1, -0.5]},
+            {"prompt_id": "q", "text": "y", "gold": "1", "token_logprobs": [-1.0, True]}]
+    gen = write_gen(tmp_path / "g.jsonl", rows)
+    assert main(["eval", "--generations", str(gen), "--out", str(tmp_path / "run"), "--verify-workers", "1"]) == 2
+    assert "g.jsonl line 3: 'token_logprobs' must be a list of numbers <= 0" in capsys.readouterr().err
+
+
 def test_generations_malformed_and_missing(tmp_path, capsys):
     gen = tmp_path / "g.jsonl"
     gen.write_text('{"prompt_id": 1}\n{oops\n')

@@ -31,7 +31,7 @@ def batch(**kw):
 def test_fixed_thresholds_and_masked_fraction():
     # keep = (right and PPL <= 2.5) or (wrong and PPL >= 1.8): rows 0 (right, 1) and 1 (wrong, 2) kept; row 2 (right,
     # 3 > 2.5) and row 3 (wrong, 1.5 < 1.8) masked -> 1/2
-    spec = StepSpec("capo", mask=MaskThresholds("fixed", low=1.8, high=2.5, engine="t"))
+    spec = StepSpec("capo", mask=MaskThresholds("fixed", mask_low=1.8, mask_high=2.5, engine="t"))
     out = step_advantages(batch(), spec)
     assert out.thresholds == (1.8, 2.5)
     assert out.result.keep.tolist() == [True, True, False, False]
@@ -47,7 +47,7 @@ def test_fixed_thresholds_and_masked_fraction():
 
 
 def test_quantile_thresholds_are_read_once_from_two_or_more_finite_perplexities():
-    m = MaskThresholds("quantile", q_low=0.2, q_high=0.6, engine="t")
+    m = MaskThresholds("quantile", mask_q_low=0.2, mask_q_high=0.6, engine="t")
     assert m.value is None
     assert m.resolve(torch.tensor([1.0, math.nan])) is None and m.value is None  # one finite value: not yet
     # exactly two finite values: 2 and 4 -> linear quantiles 2 + 0.2 * 2 = 2.4 and 2 + 0.6 * 2 = 3.2
@@ -57,17 +57,34 @@ def test_quantile_thresholds_are_read_once_from_two_or_more_finite_perplexities(
 
 def test_default_thresholds_and_knob_errors():
     assert MaskThresholds(engine="t").value == (MASK_LOW, MASK_HIGH)
-    assert MaskThresholds(engine="t", low=1.2, high=1.9).value == (1.2, 1.9)
-    with pytest.raises(ConfigError, match="t: mask_rule='median'"):
+    assert MaskThresholds(engine="t", mask_low=1.2, mask_high=1.9).value == (1.2, 1.9)
+    with pytest.raises(ConfigError, match="t: noise_mask='median' is not allowed"):
         MaskThresholds("median", engine="t")
     with pytest.raises(ConfigError, match="t: need 0 < mask_low <= mask_high"):
-        MaskThresholds(low=3.0, high=2.0, engine="t")
+        MaskThresholds(mask_low=3.0, mask_high=2.0, engine="t")
     with pytest.raises(ConfigError, match="t: need 0 <= mask_q_low <= mask_q_high <= 1"):
-        MaskThresholds("quantile", q_low=0.9, q_high=0.1, engine="t")
+        MaskThresholds("quantile", mask_q_low=0.9, mask_q_high=0.1, engine="t")
     with pytest.raises(ConfigError, match="t: need 0 <= mask_q_low <= mask_q_high <= 1"):
-        MaskThresholds("quantile", q_low=0.1, q_high=1.5, engine="t")
+        MaskThresholds("quantile", mask_q_low=0.1, mask_q_high=1.5, engine="t")
     with pytest.raises(ConfigError, match="t: CAPO's noise mask needs reference-model log-probs"):
         step_advantages(batch(ref_token_logp=None), StepSpec("capo", mask=MaskThresholds(engine="t"), engine="t"))
+    with pytest.raises(ConfigError, match="t: noise_mask=off has no thresholds"):
+        MaskThresholds("off", engine="t")
+
+
+def test_noise_mask_thresholds_resolve_the_default_and_check_the_value_once():
+    """The one way TRL and verl turn a noise_mask setting into the run's thresholds: unset = fixed for capo only."""
+    from capo.rollout.step import noise_mask_thresholds
+
+    assert noise_mask_thresholds("capo", None, engine="t").value == (MASK_LOW, MASK_HIGH)
+    assert noise_mask_thresholds("grpo", None, engine="t") is None
+    assert noise_mask_thresholds("capo", "off", engine="t") is None
+    q = noise_mask_thresholds("grpo", "quantile", engine="t", mask_q_low=0.1, mask_q_high=0.9)
+    assert (q.rule, q.q_low, q.q_high, q.value) == ("quantile", 0.1, 0.9, None)
+    with pytest.raises(ConfigError, match=r"^t: x.noise_mask=True is the old spelling.*x.noise_mask=fixed"):
+        noise_mask_thresholds("grpo", True, engine="t", key="x.noise_mask")
+    with pytest.raises(ConfigError, match=r"^t: noise_mask='on' is not allowed; allowed values: off, fixed, quantile"):
+        noise_mask_thresholds("capo", "on", engine="t")
 
 
 def test_filtered_fraction_counts_rows_of_all_equal_groups():
@@ -116,7 +133,7 @@ def test_calibration_metrics_with_verbal_confidence_and_when_off():
 
 def test_step_without_log_probs():
     # no token log-probs: lpm is 0 for every row (float64), GRPO still runs, no calib/*
-    out = step_advantages(batch(token_logp=None, ref_token_logp=None), StepSpec("grpo", hparams={"eps": 0.0}))
+    out = step_advantages(batch(token_logp=None, ref_token_logp=None), StepSpec("grpo", advantage_kwargs={"eps": 0.0}))
     assert out.result.scores.dtype == f64 and out.result.scores.tolist() == [0.0] * 4
     assert out.result.advantages.tolist() == pytest.approx([2 ** -0.5, -(2 ** -0.5)] * 2, abs=1e-12)
     assert out.metrics == {}
@@ -125,7 +142,7 @@ def test_step_without_log_probs():
 def test_quantile_mask_reads_the_existing_rows_reference_perplexities():
     # existing rows 0-2 have reference perplexities 1, 2, 3 -> quantiles 0.25 / 0.75 = 1.5 / 2.5 (row 3's 1.5 would
     # move them to 1.375 / 2.25)
-    spec = StepSpec("capo", mask=MaskThresholds("quantile", q_low=0.25, q_high=0.75, engine="t"))
+    spec = StepSpec("capo", mask=MaskThresholds("quantile", mask_q_low=0.25, mask_q_high=0.75, engine="t"))
     out = step_advantages(batch(valid=torch.tensor([True, True, True, False])), spec)
     assert out.thresholds == pytest.approx((1.5, 2.5), abs=1e-12)
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from capo.core import REWARDS
-from capo.core.calibration import stochastic_summary
 from capo.evaluation.metrics import compute_metrics
 from capo.rollout import grade
 from capo.tasks import stochastic as st
@@ -91,14 +90,14 @@ def test_summary_hand_computed():
     outcome = torch.tensor([False] * 4 + [True] * 4)
     gid = torch.tensor([0] * 4 + [1] * 4)
     rate = torch.tensor([0.2] * 4 + [0.9] * 4, dtype=torch.float64)
-    s = stochastic_summary(stated, outcome, gid, rate, chosen=chosen)
+    s = st.stochastic_summary(stated, outcome, gid, rate, chosen=chosen)
     # stated means 0.3 (a=0) and 2/3 (a=1); answer frequencies 0.25 (a=0) and 2/3 (a=1)
     assert s["stochastic_ece"] == pytest.approx((0.3 + 1 / 3) / 2)
     assert s["stochastic_rate_error"] == pytest.approx((0.1 + (0.9 - 2 / 3)) / 2)
     assert s["answer_questions"] == 2 and s["answer_ece"] == pytest.approx((0.25 + 1 / 3) / 2)
     assert s["answer_rate_error"] == pytest.approx((0.05 + (0.9 - 2 / 3)) / 2)
     assert s["answer_auroc"] == 1.0 and s["answer_mean_stated"] == pytest.approx((0.25 + 2 / 3) / 2)
-    assert "answer_ece" not in stochastic_summary(stated, outcome, gid, rate)
+    assert "answer_ece" not in st.stochastic_summary(stated, outcome, gid, rate)
 
 
 def _binary_rows(responses: list[list[str]], outcome: list[int], rate: list[float]) -> list[dict]:
@@ -159,11 +158,11 @@ def test_eval_measures_equal_independent_recomputations():
 def test_binary_distribution_equals_whole_sequence_logprobs():
     from transformers import Qwen2ForCausalLM
 
-    from capo.tasks import default as d
+    from capo.tasks import model_builder as mb
 
     torch.manual_seed(0)
-    tok = d.build_tokenizer(model_max_length=32)
-    model = Qwen2ForCausalLM(d._model_config(tok, 32, 1, 2, 64, max_positions=32)).float().eval()
+    tok = mb.build_tokenizer(model_max_length=32)
+    model = Qwen2ForCausalLM(mb.model_config(tok, 32, 1, 2, 64, max_positions=32)).float().eval()
     dist = st.binary_distribution(model, tok, n_categories=2)
     assert dist.shape == (2, 2, 99) and dist.dtype == torch.float64
     for c in range(2):

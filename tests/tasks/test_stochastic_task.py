@@ -173,11 +173,11 @@ def test_eval_measures_equal_independent_recomputations():
 def _tiny(seed: int = 0):
     from transformers import Qwen2ForCausalLM
 
-    from capo.tasks import default as d
+    from capo.tasks import model_builder as mb
 
     torch.manual_seed(seed)
-    tok = d.build_tokenizer(model_max_length=32)
-    model = Qwen2ForCausalLM(d._model_config(tok, 32, 1, 2, 64, max_positions=32)).float().eval()
+    tok = mb.build_tokenizer(model_max_length=32)
+    model = Qwen2ForCausalLM(mb.model_config(tok, 32, 1, 2, 64, max_positions=32)).float().eval()
     return model, tok
 
 
@@ -199,7 +199,7 @@ def test_stated_distribution_equals_the_chain_rule_on_whole_sequences():
 def test_eval_on_the_stochastic_task_end_to_end(tmp_path, capsys):
     """capo eval picks the task's answer format by itself, writes each question's rate and the measures."""
     from capo.cli import main
-    from capo.tasks.default import save_model
+    from capo.tasks.model_builder import save_model
 
     model, tok = _tiny()
     save_model(model, tok, tmp_path / "m")
@@ -230,19 +230,18 @@ def test_training_config_requires_the_percent_format():
 
 def test_core_summary_with_gapped_question_ids_and_input_errors():
     """The trainer's ids have gaps (question i of rank r is i * world + r): a missing id is no question."""
-    from capo.core.calibration import stated_probability_summary
 
     q = torch.tensor([0.2, 0.4, 0.9, float("nan")], dtype=torch.float64)
-    got = stated_probability_summary(q, torch.tensor([False, False, True, True]), torch.tensor([0, 0, 4, 4]),
+    got = st.stated_probability_summary(q, torch.tensor([False, False, True, True]), torch.tensor([0, 0, 4, 4]),
                                      torch.tensor([0.3, 0.3, 0.8, 0.8]))
     assert got["stochastic_questions"] == 2
     assert got["stochastic_ece"] == pytest.approx((0.3 + 0.1) / 2)
     assert got["stochastic_rate_error"] == pytest.approx((0.0 + 0.1) / 2)
     assert got["stochastic_auroc"] == 1.0 and got["stochastic_mean_stated"] == pytest.approx(0.6)
     with pytest.raises(ValueError, match="stated"):
-        stated_probability_summary(torch.tensor([1.5]), torch.tensor([True]), torch.tensor([0]), torch.tensor([0.5]))
+        st.stated_probability_summary(torch.tensor([1.5]), torch.tensor([True]), torch.tensor([0]), torch.tensor([0.5]))
     with pytest.raises(ValueError, match="rate"):
-        stated_probability_summary(q, torch.ones(4, dtype=torch.bool), torch.zeros(4, dtype=torch.long),
+        st.stated_probability_summary(q, torch.ones(4, dtype=torch.bool), torch.zeros(4, dtype=torch.long),
                                    torch.ones(3))
 
 

@@ -60,6 +60,25 @@ def test_capo_train_print_config(capsys):
     assert "algo.noise_mask=quantile" in out.err and "smollm2_gsm8k" in out.err
 
 
+def test_capo_train_runs_grpo_without_the_mask_or_a_reference_and_says_so(capsys, monkeypatch):
+    """The run itself (not only --print-config): the config the trainer receives has the mask off and needs no
+    reference model, and the note is printed before training starts."""
+    import capo.trainer.loop as loop
+
+    seen = {}
+
+    def fake_train(cfg):
+        seen["cfg"], seen["err"] = cfg, capsys.readouterr().err  # what was printed before training began
+        return {"train/accuracy": 0.5}
+
+    monkeypatch.setattr(loop, "train", fake_train)
+    assert main(["train", "--config", "smollm2_gsm8k", "--algo.name", "grpo"]) == 0
+    cfg = seen["cfg"]
+    assert (cfg.algo.advantage, cfg.algo.noise_mask, cfg.algo.kl_coef) == ("grpo", "off", 0.0)
+    assert not cfg.needs_reference  # Trainer loads a reference model only when this is True
+    assert seen["err"].count("capo train: note: ") == 1 and "algo.noise_mask=quantile" in seen["err"]
+
+
 def test_a_sweeps_method_overrides_behave_the_same(tmp_path):
     s = {"name": "t", "preset": "smollm2_gsm8k", "seeds": [0],
          "methods": {"capo": {"algo.name": "capo"}, "grpo": {"algo.name": "grpo"},

@@ -1,6 +1,6 @@
 """The trainer on a CUDA device: every algorithm's rollout, reward, step, update, checkpoint, evaluation and resume
 with CUDA tensors. Skipped unless the test device (tests/_device.py) is cuda: CI has no GPU; `sh scripts/gpu-check.sh`
-runs them on a lent H100/H200 (docs/results.md, "The trainer on a GPU"), where the first CUDA training run found the
+runs them on a lent H100/H200 (docs/testing.md, "The trainer on a GPU"), where the first CUDA training run found the
 CPU-only assumptions these tests now guard."""
 
 import json

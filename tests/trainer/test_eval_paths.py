@@ -2,7 +2,8 @@
 
 They differ only in how they seed and batch the sampler (`Trainer.evaluate`: one call, seed run.seed + 10007;
 `capo eval`: batches, seed * 1000003 + batch index), so two readings of the same model differ by sampling noise
-alone (`scripts/eval_paths.py` measures that noise; docs/results.md, the reasoning testbed's powered comparison)."""
+alone (`scripts/eval_paths.py` measures that noise; docs/results/reasoning-testbed.md, "Powered comparison on the
+reasoning testbed")."""
 
 import pytest
 

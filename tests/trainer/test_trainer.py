@@ -220,6 +220,10 @@ def test_two_processes_equal_one(tiny_model, tmp_path):
     ({"optim.nope": 1}, "unknown key optim.nope; allowed keys in optim: lr"),
     ({"rollout.group_size": "eight"}, "rollout.group_size must be of type int, got 'eight'"),
     ({"algo.advantage_kwargs": "{tau: 0}", "algo.name": "capo"}, "algo.advantage_kwargs.tau must be > 0"),
+    ({"algo.advantage_kwargs": "{tauu: 1}", "algo.name": "capo"},
+     "algo.advantage_kwargs: advantage estimator 'capo' has no hyperparameter 'tauu'; allowed: tau, surrogate"),
+    ({"algo.advantage_kwargs": "{alpha: 2}", "algo.name": "seed_grpo"}, "algo.advantage_kwargs.alpha must be <= 1"),
+    ({"algo.noise_mask": "on"}, "algo.noise_mask='on' is not allowed; allowed values: off, fixed, quantile"),
 ])
 def test_bad_config_fails_before_work(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("?", r"\?")):

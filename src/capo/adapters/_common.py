@@ -4,18 +4,17 @@ Everything here works on plain tensors and strings: rewards from verdicts (built
 ``REWARDS``), the presets as an engine can run them, and the checks that turn a bad estimator name or missing input
 into a :class:`capo.errors.ConfigError` that says what to enable. Neither engine is imported here. The rules both
 adapters share with capo's trainer live below them: the noise mask's in :mod:`capo.core.masks`, which estimators
-read scores in :func:`capo.core.needs_scores`, the one step in :mod:`capo.rollout.step`.
+read scores in :func:`capo.core.needs_scores` (the registry's ``reads=``), the one step in :mod:`capo.rollout.step`.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capo.core import ADVANTAGES, REWARDS, STEP_INPUTS
+from capo.core import ADVANTAGES, REWARDS, advantage_kwargs_problem
 from capo.errors import ConfigError
 from capo.rollout.grading import grade
 from capo.verify import DEFAULT_ANSWER_FORMAT
@@ -31,22 +30,19 @@ STATED_FORMATS = ("percent", "outcome")
 LOGPROB_MODES = ("raw", "sampling")
 
 
-def check_estimator(name: str, hparams: dict | None = None, *, engine: str) -> None:
-    """Raise ConfigError if ``name`` is not a capo advantage estimator, or ``hparams`` names an unknown knob."""
+def check_estimator(name: str, advantage_kwargs: dict | None = None, *, engine: str,
+                    key: str = "advantage_kwargs") -> None:
+    """Raise ConfigError if ``name`` is not a capo advantage estimator, or ``advantage_kwargs`` holds a knob it does
+    not take or a value it refuses (:func:`capo.core.advantage_kwargs_problem`, the check capo's trainer runs too);
+    ``key``: how the engine spells the setting."""
     if name not in ADVANTAGES:
         raise ConfigError(
             f"{engine}: advantage estimator {name!r} is not known to the installed capo; allowed values: "
             f"{', '.join(ADVANTAGES.names())}. Upgrade capo if the name comes from a newer version."
         )
-    params = inspect.signature(ADVANTAGES.get(name)).parameters
-    extra = sorted(set(hparams or {}) - {p for p in params if params[p].kind is inspect.Parameter.KEYWORD_ONLY}
-                   | (set(hparams or {}) & set(STEP_INPUTS)))
-    if extra:
-        allowed = [p for p in params if params[p].kind is inspect.Parameter.KEYWORD_ONLY and p not in STEP_INPUTS]
-        raise ConfigError(
-            f"{engine}: advantage estimator {name!r} has no hyperparameter {', '.join(map(repr, extra))}; "
-            f"allowed: {', '.join(allowed) or '(none)'}"
-        )
+    problem = advantage_kwargs_problem(name, dict(advantage_kwargs or {}), key=key)
+    if problem:
+        raise ConfigError(f"{engine}: {problem}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -72,7 +68,8 @@ class ScoredBatch:
     answers: list[str | None]
 
 
-def _default_verifier():
+def default_verifier():
+    """The verifier the adapters grade with when their caller gives none: one worker interpreter."""
     from capo.verify import Verifier
 
     return Verifier(workers=1)
@@ -103,7 +100,7 @@ def score_texts(
         raise ValueError(f"unknown reward kind {kind!r}; allowed: {', '.join(TEXT_REWARDS)}")
     tagged = kind != "correctness"
     fmt = answer_format if answer_format in STATED_FORMATS or not tagged else "rlcr"
-    g = grade(texts, golds, verifier or _default_verifier(), answer_format=fmt)
+    g = grade(texts, golds, verifier or default_verifier(), answer_format=fmt)
     fail = {} if format_failure_reward is None else {"format_failure_reward": format_failure_reward}
     kw = dict(confidence=g.confidence, format_ok=g.format_ok, **fail, **(reward_kwargs or {})) if tagged else {}
     r = REWARDS.get(kind)(g.correct, **kw)

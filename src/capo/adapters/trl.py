@@ -9,15 +9,16 @@ Use :class:`CapoGRPOTrainer` in place of ``trl.GRPOTrainer``::
         reward_funcs=CorrectnessReward(answer_key="answer"),
         args=GRPOConfig(..., beta=0.0, num_generations=8),
         train_dataset=ds,                      # columns "prompt" and "answer"
-        capo=CapoAdvantageConfig(estimator="capo", estimator_kwargs={"tau": 0.6}),
+        capo=CapoAdvantageConfig(advantage="capo", advantage_kwargs={"tau": 0.6}),
     )
 
 What it changes in TRL, and nothing else: after TRL's ``_generate_and_score_completions`` has generated, scored and
 computed its own GRPO advantages, the advantages are recomputed on the full gathered batch by capo's one step
 (:func:`capo.rollout.step.step_advantages`, shared with capo's trainer and the verl plugin: numerical guard, CAPO's
 noise mask, the extra inputs of ACE, SEED-GRPO and GDPO, the estimator, ``calib/*``) with the estimator named in
-:class:`CapoAdvantageConfig`; this process's slice replaces ``out["advantages"]`` and the completions table shows capo's values. Presets by name: :func:`capo_preset`
-(a policy loss other than TRL's own -- c2gspg, clip_cov, kl_cov -- is refused with the reason). TRL's rollout,
+:class:`CapoAdvantageConfig` (whose settings are spelled as capo's trainer spells them: ``advantage``,
+``advantage_kwargs``, ``noise_mask``, ``mask_low``, ...); this process's slice replaces ``out["advantages"]`` and
+the completions table shows capo's values. Presets by name: :func:`capo_preset` (a policy loss other than TRL's own -- c2gspg, clip_cov, kl_cov -- is refused with the reason). TRL's rollout,
 loss, clipping, aggregation and optimizer loop are untouched. Correct/incorrect is the verifier's verdict (capo's
 reward functions, or ``verdict_reward``), never a thresholded reward.
 
@@ -57,10 +58,10 @@ from capo.adapters._common import (
     engine_preset,
     score_texts,
 )
-from capo.core import MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, mask_applies, needs_scores
+from capo.core import MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, checks, needs_scores, resolve_noise_mask
 from capo.errors import CapoError, ConfigError
 from capo.rollout.method_inputs import advantage_inputs, needed_data
-from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
+from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, noise_mask_thresholds, step_advantages
 from capo.verify import DEFAULT_ANSWER_FORMAT
 
 try:
@@ -82,32 +83,37 @@ TRL_INTERNALS = {
 }
 
 
+# CapoAdvantageConfig's old keyword names -> the names capo's trainer uses (algo.advantage, ...)
+_RENAMED = {"estimator": "advantage", "estimator_kwargs": "advantage_kwargs", "mask_rule": "noise_mask"}
+
+
 @dataclass
 class CapoAdvantageConfig:
-    """How :class:`CapoGRPOTrainer` computes advantages and what it logs."""
+    """How :class:`CapoGRPOTrainer` computes advantages and what it logs. The settings have the names (and values)
+    of capo's trainer's ``algo.*`` keys; the old names (``estimator``, ``estimator_kwargs``, ``mask_rule``) raise a
+    TypeError naming the new ones."""
 
-    estimator: str = "capo"
+    advantage: str = "capo"
     """capo advantage estimator name (``capo.core.ADVANTAGES``): capo, grpo, dr_grpo, rloo, ace, seed_grpo, gdpo,
     unlikeliness, ngrpo. ace needs reference log-probs (as the noise mask; see ``ref_model``), seed_grpo the
     extracted answers of a capo reward function, gdpo reads RLCR's two terms (RLCRReward alone) or one component
-    per reward function (weighted by ``reward_weights`` unless estimator_kwargs gives ``weights``)."""
-    estimator_kwargs: dict[str, Any] = field(default_factory=dict)
+    per reward function (weighted by ``reward_weights`` unless advantage_kwargs gives ``weights``)."""
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
     """Hyperparameters of the estimator, e.g. {"tau": 0.6} for capo, {"eps": 1e-4} for grpo (TRL's eps)."""
-    noise_mask: bool | None = None
-    """CAPO's reference-perplexity noise mask on the estimator's advantages (A_i * keep_i): True/False for any
-    estimator (GRPO + mask is the paper's ablation); None = the default, on for capo only
-    (``capo.core.mask_on_by_default``). Needs reference log-probs."""
-    mask_rule: str = "fixed"
-    """"fixed": mask_low/mask_high; "quantile": the mask_q_low/mask_q_high quantiles of the reference perplexities
-    of the first training generation batch (the base model's own rollouts at step 0), then frozen."""
+    noise_mask: str | None = None
+    """CAPO's reference-perplexity noise mask on the estimator's advantages (A_i * keep_i), for any estimator (GRPO +
+    mask is the paper's ablation): "off"; "fixed" (mask_low/mask_high); "quantile" (the mask_q_low/mask_q_high
+    quantiles of the reference perplexities of the first training generation batch, i.e. the base model's own
+    rollouts at step 0, then frozen); None = the default, "fixed" for capo and "off" otherwise
+    (``capo.core.default_noise_mask``). Needs reference log-probs."""
     mask_low: float = MASK_LOW
     """Keep an incorrect response only if PPL_ref >= mask_low (paper value for Qwen2.5-Math)."""
     mask_high: float = MASK_HIGH
     """Keep a correct response only if PPL_ref <= mask_high (paper value for Qwen2.5-Math)."""
     mask_q_low: float = MASK_Q_LOW
-    """Quantile giving mask_low under mask_rule="quantile"."""
+    """Quantile giving mask_low under noise_mask="quantile"."""
     mask_q_high: float = MASK_Q_HIGH
-    """Quantile giving mask_high under mask_rule="quantile"."""
+    """Quantile giving mask_high under noise_mask="quantile"."""
     verdict_reward: str | None = None
     """Where correct/incorrect comes from when no capo reward function (CorrectnessReward, RLCRReward) is used:
     the name of the reward function whose values are the verifier's 0/1 verdicts (default: the first one). Its
@@ -118,24 +124,26 @@ class CapoAdvantageConfig:
     calibration_metrics: bool = True
     """Log calib/* metrics each generation batch (needs the rollout log-probs: may cost the extra forward)."""
 
+    def __new__(cls, *args, **kwargs):
+        checks.renamed("CapoAdvantageConfig", {k: v for k, v in kwargs.items() if k in _RENAMED}, _RENAMED)
+        return super().__new__(cls)
+
     def uses_mask(self) -> bool:
-        return mask_applies(self.estimator, self.noise_mask)
+        return resolve_noise_mask(self.advantage, self.noise_mask) != "off"
 
     def needs_reference(self) -> bool:
         """Reference log-probs: CAPO's noise mask, or an estimator input built from them (ACE)."""
-        return self.uses_mask() or "ref_token_logp" in needed_data(self.estimator)
+        return self.uses_mask() or "ref_token_logp" in needed_data(self.advantage)
 
     def needs_scores(self) -> bool:
-        return needs_scores(self.estimator) or "token_logp" in needed_data(self.estimator) or self.calibration_metrics
+        return needs_scores(self.advantage) or "token_logp" in needed_data(self.advantage) or self.calibration_metrics
 
 
 def mask_thresholds(cfg: CapoAdvantageConfig) -> MaskThresholds | None:
-    """The run's noise-mask state (quantile thresholds freeze on its first batch), or None when the mask does not
-    apply to ``cfg.estimator`` (:func:`capo.core.mask_applies`)."""
-    if not cfg.uses_mask():
-        return None
-    return MaskThresholds(cfg.mask_rule, cfg.mask_low, cfg.mask_high, cfg.mask_q_low, cfg.mask_q_high,
-                          engine="CapoGRPOTrainer")
+    """The run's noise-mask state (quantile thresholds freeze on its first batch), or None when the mask is off
+    (:func:`capo.rollout.step.noise_mask_thresholds`, as the verl plugin; ConfigError for a value not allowed)."""
+    return noise_mask_thresholds(cfg.advantage, cfg.noise_mask, engine="CapoGRPOTrainer", mask_low=cfg.mask_low,
+                                 mask_high=cfg.mask_high, mask_q_low=cfg.mask_q_low, mask_q_high=cfg.mask_q_high)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -163,9 +171,9 @@ class _TextReward:
                 f"columns: {', '.join(cols) or '(none)'}. Pass answer_key=<column>."
             )
         if self.verifier is None:
-            from capo.adapters._common import _default_verifier
+            from capo.adapters._common import default_verifier
 
-            self.verifier = _default_verifier()
+            self.verifier = default_verifier()
         self.last = score_texts(
             [completion_text(c) for c in completions], kwargs[self.answer_key], kind=self.kind,
             verifier=self.verifier, answer_format=self.answer_format,
@@ -239,14 +247,13 @@ def capo_preset(name: str, *, answer_key: str = "answer", verifier=None) -> tupl
     """An ``algo.name`` preset (``capo.core.presets.ALGORITHMS``) for TRL: (CapoAdvantageConfig, the GRPOConfig
     settings it implies -- loss_type, epsilon, epsilon_high, beta 0 --, the reward function). ConfigError for a
     preset TRL cannot run (a policy loss other than PPO-clip: c2gspg, clip_cov, kl_cov, gspo, cispo; DAPO's group
-    filter and overlong shaping), saying why. The CAPO preset's quantile mask maps to ``mask_rule="quantile"``."""
+    filter and overlong shaping), saying why. The preset's ``noise_mask`` is taken as it is (CAPO's: "quantile")."""
     p = engine_preset(name, "trl")
     lk = p["loss_kwargs"]
     grpo = {"loss_type": _LOSS_TYPES[p["aggregation"]], "beta": 0.0,
             "epsilon": lk.get("eps_low", 0.2), "epsilon_high": lk.get("eps_high", lk.get("eps_low", 0.2))}
-    cfg = CapoAdvantageConfig(estimator=p["advantage"], estimator_kwargs=dict(p["advantage_kwargs"]),
-                              noise_mask=p["noise_mask"] != "off",
-                              mask_rule="quantile" if p["noise_mask"] == "quantile" else "fixed")
+    cfg = CapoAdvantageConfig(advantage=p["advantage"], advantage_kwargs=dict(p["advantage_kwargs"]),
+                              noise_mask=p["noise_mask"])
     reward = _REWARD_CLASSES[p["reward"]](answer_key, verifier=verifier, reward_kwargs=p["reward_kwargs"])
     return cfg, grpo, reward
 
@@ -273,7 +280,7 @@ class CapoGRPOTrainer(GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args=None, *pos, capo: CapoAdvantageConfig | None = None,
                  ref_model=None, **kwargs):
         self.capo = capo or CapoAdvantageConfig()
-        check_estimator(self.capo.estimator, self.capo.estimator_kwargs, engine="CapoGRPOTrainer")
+        check_estimator(self.capo.advantage, self.capo.advantage_kwargs, engine="CapoGRPOTrainer")
         if self.capo.logprobs not in LOGPROB_MODES:
             raise ConfigError(f"CapoGRPOTrainer: logprobs={self.capo.logprobs!r} is not allowed; allowed values: "
                               f"{', '.join(LOGPROB_MODES)}")
@@ -296,8 +303,8 @@ class CapoGRPOTrainer(GRPOTrainer):
                 ref_model = model
             if ref_model is None:
                 what = ("CAPO's noise mask" if self.capo.uses_mask() else
-                        f"estimator {self.capo.estimator!r} (an input it reads is built from them)")
-                off = (", or set CapoAdvantageConfig(noise_mask=False)" if self.capo.uses_mask() else "")
+                        f"estimator {self.capo.advantage!r} (an input it reads is built from them)")
+                off = (", or set CapoAdvantageConfig(noise_mask='off')" if self.capo.uses_mask() else "")
                 raise ConfigError(
                     f"CapoGRPOTrainer: {what} needs reference-model log-probs, and nothing supplies them: "
                     "TRL computes them only when beta != 0, and `model` was passed as an instance. Pass "
@@ -437,11 +444,11 @@ class CapoGRPOTrainer(GRPOTrainer):
         RLCR's two terms with RLCRReward alone, else one per reward function (``rpf`` [N, F]; unscored = 0), weighted
         by TRL's ``reward_weights`` unless ``weights`` is given."""
         cfg = self.capo
-        hp = dict(cfg.estimator_kwargs)
+        hp = dict(cfg.advantage_kwargs)
         funcs = [f for f in self.reward_funcs if isinstance(f, _TextReward) and f.last is not None]
         f = funcs[0] if funcs else None
         rlcr = len(self.reward_funcs) == 1 and isinstance(f, RLCRReward)
-        need = needed_data(cfg.estimator, reward="rlcr" if rlcr else "terms")  # gather only what is read
+        need = needed_data(cfg.advantage, reward="rlcr" if rlcr else "terms")  # gather only what is read
         if f is not None and "answers" in need:
             from accelerate.utils import gather_object
 
@@ -451,9 +458,9 @@ class CapoGRPOTrainer(GRPOTrainer):
                                                                    device=self.accelerator.device)).cpu()
         batch.verifier = f.verifier if f is not None else None
         batch.reward_terms = torch.nan_to_num(rpf.double().cpu())
-        if "components" in advantage_inputs(cfg.estimator) and not rlcr:
+        if "components" in advantage_inputs(cfg.advantage) and not rlcr:
             hp.setdefault("weights", [float(w) for w in self.reward_weights])
-        spec = StepSpec(cfg.estimator, hparams=hp, reward="rlcr" if rlcr else "terms",
+        spec = StepSpec(cfg.advantage, advantage_kwargs=hp, reward="rlcr" if rlcr else "terms",
                         reward_kwargs={"format_failure_reward": f.format_failure_reward}
                         if rlcr and f.format_failure_reward is not None else {},
                         mask=self._capo_thresholds, calibration=cfg.calibration_metrics, engine="CapoGRPOTrainer",

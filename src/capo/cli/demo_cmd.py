@@ -17,12 +17,12 @@ from capo.settings import from_namespace, opt
 # preset names; the preset names the base model and the task
 DEMO_TASKS = ("default", "collapse", "word_problems", "stochastic", "facts")
 # Seconds per training step and per held-out evaluation (of the demo's size) on the 2-core reference machine at one
-# thread (docs/results.md); the up-front estimate scales them by this machine's speed (the probe), and the demo
-# re-estimates after its first run.
+# thread (docs/performance.md, "Wall time of the shipped commands"); the up-front estimate scales them by this
+# machine's speed (the probe), and the demo re-estimates after its first run.
 SECONDS_ESTIMATE = {"default": (2.0, 30.0), "collapse": (2.0, 30.0), "word_problems": (22.0, 30.0),
-                    "stochastic": (1.0, 10.0), "facts": (13.0, 60.0)}  # facts: an AMX CPU, bf16 (docs/results.md)
+                    "stochastic": (1.0, 10.0), "facts": (13.0, 60.0)}  # facts: an AMX CPU, bf16 (results/real-model.md)
 # The speed probe (`probe_seconds`): median seconds of its fixed workload on the 2-core reference machine with a core
-# free (load average <= cores; docs/metrics.md, "capo demo's time estimate").
+# free (load average <= cores; docs/metrics.md, "`capo demo`'s time estimate").
 PROBE_REFERENCE_S = 0.20
 # Algorithms compared when --algos is not given: the reasoning testbed's steps cost ~10x the default's, so its demo
 # compares GRPO and CAPO only; the stochastic task's demo is the positive control, GRPO (std) against Dr. GRPO.
@@ -35,7 +35,7 @@ class DemoBudget:
     """What a task's demo runs when --steps / --eval-problems / --eval-k are not given, and the config overrides it
     adds under any --set (``sets``). The reasoning testbed's is cut to about 10 minutes on 2 cores: a handful of
     steps, a small periodic and final evaluation, and CAPO's quantile mask measured on 16 prompts -- enough to run the
-    whole comparison and print its conclusion, not enough to tell the methods apart (docs/results.md)."""
+    whole comparison and print its conclusion, not enough to tell the methods apart (docs/findings.md)."""
 
     steps: int | None = None  # None: the preset's
     eval_problems: int = 100
@@ -167,7 +167,7 @@ def _configs(algos, seeds, extra, out: Path, steps, preset: str = "default") -> 
         check_options = generated_task(first.dataset).check_options
         if check_options(first.task_options) != check_options(None):
             raise ConfigError("--set data.task_options: the final held-out evaluation uses the task's default "
-                              f"options {check_options(None)}; train with them, or use scripts/collapse_sweep.py")
+                              f"options {check_options(None)}; train with them, or compare settings with `capo sweep` (e.g. sweeps/collapse_settings.yaml)")
     return cfgs
 
 

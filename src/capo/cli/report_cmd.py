@@ -24,6 +24,18 @@ class ReportSettings:
     reference: str | None = opt(None, "the model the paired differences are taken against: a run name without its "
                                 "-seedN suffix, e.g. grpo (default: base when there is one, else the first model)",
                                 metavar="MODEL")
+    n_boot: int = opt(200, "bootstrap draws of every paired interval over prompts (with --reference)")
+    tables: bool = opt(False, "also print the comparison as Markdown: each measure's mean (sd over seeds) per "
+                       "model, each model minus the reference with its paired interval, the conclusion (needs "
+                       "--reference)")
+    figures: str | None = opt(None, "also write PREFIX-summary.json (each model's per-seed values, what `capo sweep "
+                              "report --compare-summary` reads), then PREFIX-acc_vs_auc.png and "
+                              "PREFIX-paired_vs_REFERENCE.png into this folder (needs --reference)", metavar="DIR")
+    prefix: str = opt("compare", "file-name prefix of --figures' files")
+    split_on: str | None = opt(None, "also print each eval run's accuracy, AUC-mean and paired AUC-mean difference "
+                               "vs the --reference run on all prompts, on the prompts containing TEXT and on the "
+                               "others (e.g. '?': coin_sum's hidden-coin prompts)",
+                               metavar="TEXT")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -45,6 +57,10 @@ def run(ns) -> int:
     names = [n.strip() for n in args.names.split(",")] if args.names else None
     if names is not None and len(names) != len(args.runs):
         raise ConfigError(f"--names has {len(names)} names but {len(args.runs)} run directories were given")
+    if args.reference is None and (args.tables or args.figures is not None or args.split_on is not None):
+        raise ConfigError("--tables, --figures and --split-on need --reference: they show the comparison against it")
+    if args.n_boot < 0:
+        raise ConfigError(f"--n-boot must be >= 0, got {args.n_boot}")
     if args.examples < 0:
         raise ConfigError(f"--examples must be >= 0, got {args.examples}")
     runs = []
@@ -62,7 +78,26 @@ def run(ns) -> int:
         evals = [r for r in runs if r.kind == "eval"]
         if not evals:
             raise ConfigError("--reference needs at least one eval run (a folder with metrics.json)")
-        cmp = compare(evals, reference=args.reference)
+        cmp = compare(evals, n_boot=args.n_boot, reference=args.reference)
     out = write_report(runs, Path(args.out), title=args.title, comparison=cmp)
+    _comparison_outputs(cmp, runs, args)
     print(f"capo report: {len(runs)} run(s) -> {out}")
     return 0
+
+
+def _comparison_outputs(cmp, runs: list, args: ReportSettings) -> None:
+    """``--tables`` and ``--split-on`` (Markdown on stdout), ``--figures`` (summary JSON, then the two figures)."""
+    from capo.evaluation.report import markdown_tables, write_comparison_files
+
+    if cmp is None:
+        return
+    if args.tables:
+        print(markdown_tables(cmp))
+    if args.split_on is not None:
+        from capo.evaluation.compare import split_table
+
+        evals = [r for r in runs if r.kind == "eval"]
+        print(split_table(evals, args.reference, args.split_on, n_boot=args.n_boot))
+    if args.figures is not None:
+        for path in write_comparison_files(cmp, Path(args.figures), args.prefix):
+            print(f"capo report: {path}")

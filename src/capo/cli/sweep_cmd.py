@@ -46,7 +46,7 @@ class SweepReportSettings:
 
     records: list = opt([], "a sweep's records folder (sweeps/records/NAME), or several whose records share preset, "
                         "evaluation and training settings (one comparison); with --compare-summary one "
-                        "scripts/compare_table.py *-summary.json", flag="records", nargs="+", metavar="RECORDS")
+                        "`capo report --figures` PREFIX-summary.json", flag="records", nargs="+", metavar="RECORDS")
     reference: str = opt("grpo", "the method every other is paired against, by training seed")
     effect: float = opt(0.03, "the difference the power analysis is for: the seeds a paired t-test needs to detect "
                         "it at 80%% power and the 5%% level")  # %% : argparse formats help strings
@@ -56,7 +56,7 @@ class SweepReportSettings:
     base_draws: int | None = opt(None, "use only the first N draws of the base evaluation, by sampling seed "
                                  "(default: all)", metavar="N")
     curve_tables: bool = opt(False, "also print each run's held-out curve as a table")
-    compare_summary: bool = opt(False, "read a scripts/compare_table.py summary JSON instead of records folders and "
+    compare_summary: bool = opt(False, "read a `capo report --figures` summary JSON instead of records folders and "
                                 "print its seed-paired table")
 
 

@@ -15,26 +15,27 @@ from capo.core.loss_variants import (
 from capo.core.losses import AGGREGATIONS, aggregate, kl_penalty, policy_loss
 from capo.core.confidence import ConfidenceInputs, TokenStatistics, compute_confidence, token_statistics
 from capo.core.masks import (
-    MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, MASK_RULES, capo_noise_mask, mask_applies, mask_knob_problem,
-    mask_on_by_default, ppl_quantile_thresholds,
+    MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, MASK_RULES, NOISE_MASKS, capo_noise_mask, default_noise_mask,
+    mask_knob_problem, noise_mask_problem, ppl_quantile_thresholds, resolve_noise_mask,
 )
 from capo.core.registry import ADVANTAGES, CONFIDENCES, POLICY_LOSSES, REWARDS, Registry, UnknownNameError
 from capo.core.rewards import ppo_c_reward, rlcr_components
 from capo.core.rollout_correction import logprob_mismatch, truncated_is_weights
 from capo.core.scores import sequence_logprob_mean, sequence_logprob_sum, sequence_perplexity
 from capo.core.step import (
-    STEP_INPUTS, StepResult, advantage_step, calibration_metrics, estimate, guard_batch, needs_scores,
+    RENAMED, STEP_INPUTS, StepResult, advantage_kwargs_problem, advantage_step, calibration_metrics, estimate,
+    guard_batch, hyperparameters, needs_scores,
 )
 
 __all__ = [
     "ADVANTAGES", "CONFIDENCES", "POLICY_LOSSES", "REWARDS", "AGGREGATIONS", "MASK_HIGH", "MASK_LOW", "MASK_Q_HIGH",
-    "MASK_Q_LOW", "MASK_RULES", "mask_applies", "mask_knob_problem", "mask_on_by_default", "Registry",
-    "UnknownNameError", "ConfidenceInputs", "TokenStatistics", "compute_confidence", "token_statistics",
+    "MASK_Q_LOW", "MASK_RULES", "NOISE_MASKS", "default_noise_mask", "mask_knob_problem", "noise_mask_problem",
+    "resolve_noise_mask", "Registry", "UnknownNameError", "ConfidenceInputs", "TokenStatistics", "compute_confidence", "token_statistics",
     "aggregate", "capo_advantage", "capo_noise_mask", "compute_advantages", "dr_grpo_advantage",
     "grpo_advantage", "informative_groups", "kl_penalty", "overlong_penalty", "policy_loss",
     "ppl_quantile_thresholds", "rloo_advantage", "sequence_logprob_mean", "sequence_logprob_sum",
-    "sequence_perplexity", "STEP_INPUTS", "StepResult", "advantage_step", "calibration_metrics", "estimate",
-    "guard_batch", "needs_scores",
+    "sequence_perplexity", "RENAMED", "STEP_INPUTS", "StepResult", "advantage_kwargs_problem", "advantage_step",
+    "calibration_metrics", "estimate", "guard_batch", "hyperparameters", "needs_scores",
     "ace_advantage", "c2gspg_loss", "clip_cov_loss", "gdpo_advantage", "kl_cov_loss", "logprob_advantage_covariance",
     "ngrpo_advantage",
     "ppo_c_reward", "rlcr_components", "seed_grpo_advantage", "semantic_entropy", "token_covariance",

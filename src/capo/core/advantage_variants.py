@@ -1,5 +1,5 @@
 """Calibration-aware and negative-enhanced GRPO variants, behind ``ADVANTAGES`` with the uniform signature of
-:mod:`capo.core.advantages` (``estimator(rewards, group_size, *, scores=None, keep=None, **hparams) -> [N]``).
+:mod:`capo.core.advantages` (``estimator(rewards, group_size, *, scores=None, keep=None, **advantage_kwargs) -> [N]``).
 
 Each method's extra per-response input is a keyword argument that only it reads (shapes [N], or [N, K]):
 
@@ -20,7 +20,7 @@ import math
 import torch
 
 from capo.core import checks
-from capo.core.advantages import _apply_keep, _prepare, grpo_advantage
+from capo.core.advantages import apply_keep, prepare_rewards, grpo_advantage
 from capo.core.registry import ADVANTAGES
 
 
@@ -38,7 +38,7 @@ def _shaped(name: str, x, rewards: torch.Tensor, *, floating: bool) -> torch.Ten
     return x
 
 
-@ADVANTAGES.register("ace")
+@ADVANTAGES.register("ace", reads=("confidence_shift",))
 def ace_advantage(
     rewards: torch.Tensor,
     group_size: int,
@@ -64,12 +64,12 @@ def ace_advantage(
     ``scale`` are :func:`grpo_advantage`'s. Shapes: rewards, confidence_shift, keep [N] -> [N].
     """
     checks.non_negative("alpha", alpha)
-    _prepare(rewards, group_size, scores, keep)
+    prepare_rewards(rewards, group_size, scores, keep)
     c = _shaped("confidence_shift", confidence_shift, rewards, floating=True)
     checks.tensor("confidence_shift", c, ndim=1)
     base = grpo_advantage(rewards, group_size, eps=eps, std_ddof=std_ddof, scale=scale)  # [N]
     weight = 1 + alpha * torch.nn.functional.softplus(c.to(base.dtype))
-    return _apply_keep(torch.where(base < 0, base * weight, base), keep)
+    return apply_keep(torch.where(base < 0, base * weight, base), keep)
 
 
 def semantic_entropy(cluster_ids: torch.Tensor, group_size: int, *, estimator: str = "plugin",
@@ -99,7 +99,7 @@ def semantic_entropy(cluster_ids: torch.Tensor, group_size: int, *, estimator: s
     return -(log_p / count).sum(dim=1) / k
 
 
-@ADVANTAGES.register("seed_grpo")
+@ADVANTAGES.register("seed_grpo", reads=("cluster_ids",))
 def seed_grpo_advantage(
     rewards: torch.Tensor,
     group_size: int,
@@ -129,16 +129,16 @@ def seed_grpo_advantage(
     checks.choice("modulation", modulation, ("linear", "exp"))
     if modulation == "linear" and alpha > 1:
         raise ValueError(f"alpha must be <= 1 with modulation='linear' (f = 1 - x must stay >= 0), got {alpha!r}")
-    _prepare(rewards, group_size, scores, keep)
+    prepare_rewards(rewards, group_size, scores, keep)
     ids = _shaped("cluster_ids", cluster_ids, rewards, floating=False)
     checks.tensor("cluster_ids", ids, ndim=1)
     x = alpha * semantic_entropy(ids, group_size, estimator=estimator, unanswered=unanswered) / math.log(group_size)
     f = 1 - x if modulation == "linear" else torch.exp(-x)  # [B]
     base = grpo_advantage(rewards, group_size, eps=eps, std_ddof=std_ddof, scale=scale).view(-1, group_size)
-    return _apply_keep((base * f[:, None].to(base.device, base.dtype)).reshape(-1), keep)
+    return apply_keep((base * f[:, None].to(base.device, base.dtype)).reshape(-1), keep)
 
 
-@ADVANTAGES.register("gdpo")
+@ADVANTAGES.register("gdpo", reads=("components",))
 def gdpo_advantage(
     rewards: torch.Tensor,
     group_size: int,
@@ -164,7 +164,7 @@ def gdpo_advantage(
     (default all 1). Batch statistics run over the rows ``keep`` leaves in (all rows without it); with K = 1 and
     ``batch_norm=False`` this is GRPO. Shapes: components [N, K], keep [N] -> [N].
     """
-    _prepare(rewards, group_size, scores, keep)
+    prepare_rewards(rewards, group_size, scores, keep)
     comp = _shaped("components", components, rewards, floating=True)
     checks.tensor("components", comp, ndim=2)
     k = comp.shape[1]
@@ -179,7 +179,7 @@ def gdpo_advantage(
         mean = (s * m).sum() / n.clamp(min=1)
         var = ((s - mean).square() * m).sum() / (n - std_ddof).clamp(min=1)
         s = (s - mean) / (var.sqrt() + eps)
-    return _apply_keep(s, keep)
+    return apply_keep(s, keep)
 
 
 @ADVANTAGES.register("unlikeliness", reads=("scores",))
@@ -204,13 +204,13 @@ def unlikeliness_advantage(
     ranked by row order (stable sort). ``beta=0`` is GRPO exactly. Shapes: rewards, scores, keep [N] -> [N].
     """
     checks.non_negative("beta", beta)
-    r, g = _prepare(rewards, group_size, scores, keep, need_scores=True)  # [B, G]
+    r, g = prepare_rewards(rewards, group_size, scores, keep, need_scores=True)  # [B, G]
     s = scores.view(-1, g)
     order = torch.sort(s, dim=1, stable=True).indices  # ascending: least likely first
     below = torch.empty_like(order)
     below.scatter_(1, order, torch.arange(g, device=s.device).expand_as(order))  # G - rank_i (0 = least likely)
     shaped = r * (1 - beta * below.to(r.dtype) / g)
-    return _apply_keep(grpo_advantage(shaped.reshape(-1), g, eps=eps, std_ddof=std_ddof, scale=scale), keep)
+    return apply_keep(grpo_advantage(shaped.reshape(-1), g, eps=eps, std_ddof=std_ddof, scale=scale), keep)
 
 
 @ADVANTAGES.register("ngrpo")
@@ -238,8 +238,8 @@ def ngrpo_advantage(
         raise ValueError(f"n_virtual must be an int >= 1, got {n_virtual!r}")
     checks.non_negative("eps", eps)
     checks.choice("std_ddof", std_ddof, (0, 1))
-    r, g = _prepare(rewards, group_size, scores, keep)  # [B, G]
+    r, g = prepare_rewards(rewards, group_size, scores, keep)  # [B, G]
     virtual = torch.full((r.shape[0], n_virtual), float(max_reward), dtype=r.dtype, device=r.device)
     aug = torch.cat([r, virtual], dim=1)  # [B, G + m]
     adv = (r - aug.mean(dim=1, keepdim=True)) / (aug.std(dim=1, keepdim=True, correction=std_ddof) + eps)
-    return _apply_keep(adv.reshape(-1), keep)
+    return apply_keep(adv.reshape(-1), keep)

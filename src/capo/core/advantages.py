@@ -2,14 +2,17 @@
 
 Uniform signature (every estimator, so callers never special-case one)::
 
-    estimator(rewards, group_size, *, scores=None, keep=None, **hparams) -> advantages
+    estimator(rewards, group_size, *, scores=None, keep=None, **advantage_kwargs) -> advantages
 
 - ``rewards``: [N] floating, N = B*G; rows n*G..(n+1)*G-1 are the G responses of prompt n.
 - ``group_size``: G >= 2, must divide N.
 - ``scores``: [N] floating sequence confidences (mean token log-prob ``lpm`` from rollout-time log-probs, treated
-  as constants; CAPO's ``score="sum"`` multiplies them back by ``lengths``, [N] real tokens per response, which the
-  step supplies to an estimator whose signature names it). An estimator that reads them declares ``scores`` without a default (CAPO, unlikeliness); that is
-  the one rule callers read (:func:`capo.core.step.needs_scores`). The others accept and ignore them.
+  as constants; CAPO's ``score="sum"`` multiplies them back by ``lengths``, [N] real tokens per response). The others
+  accept and ignore them.
+- Further per-response inputs an estimator uses (``scores`` itself, CAPO's ``correct`` / ``partners`` / ``lengths``,
+  ACE's ``confidence_shift``, ...) are declared once, at registration: ``ADVANTAGES.register(name, reads=...)``.
+  The step passes exactly those (:func:`capo.core.step.estimate`); every other keyword argument is a
+  hyperparameter (``advantage_kwargs`` on every path).
 - ``keep``: [N] bool noise mask (CAPO's reference-perplexity mask, ``capo.core.masks``). Every estimator returns
   ``A_i * keep_i``; CAPO can also drop masked responses as pair partners.
 - returns [N] advantages, in the dtype of ``rewards``; broadcast to tokens by the policy loss.
@@ -23,7 +26,11 @@ from capo.core import checks
 from capo.core.registry import ADVANTAGES
 
 
-def _prepare(rewards, group_size, scores, keep, *, need_scores: bool = False):
+def prepare_rewards(rewards, group_size, scores, keep, *, need_scores: bool = False):
+    """The checks every registered advantage estimator makes at entry -- rewards floating [N] and finite, N a
+    multiple of ``group_size`` G >= 2, scores floating [N] (required and finite when ``need_scores``), keep bool
+    [N] -- and the rewards as [B, G] with G: ``(rewards.view(B, G), G)``. ValueError / TypeError naming the
+    argument otherwise."""
     checks.tensor("rewards", rewards, ndim=1, floating=True)
     g = checks.group_size(rewards.shape[0], group_size, min_size=2)
     if not torch.isfinite(rewards).all():
@@ -43,7 +50,8 @@ def _prepare(rewards, group_size, scores, keep, *, need_scores: bool = False):
     return rewards.view(-1, g), g
 
 
-def _apply_keep(adv: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+def apply_keep(adv: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Advantages [N] with the rows ``keep`` [N] bool leaves out set to 0 (unchanged when ``keep`` is None)."""
     return adv if keep is None else adv * keep.to(adv.dtype)
 
 
@@ -70,13 +78,13 @@ def grpo_advantage(
     checks.choice("scale", scale, ("group", "batch", "none"))
     checks.choice("std_ddof", std_ddof, (0, 1))
     checks.non_negative("eps", eps)
-    r, g = _prepare(rewards, group_size, scores, keep)  # r: [B, G]
+    r, g = prepare_rewards(rewards, group_size, scores, keep)  # r: [B, G]
     adv = r - r.mean(dim=1, keepdim=True)  # [B, G]
     if scale == "group":
         adv = adv / (r.std(dim=1, keepdim=True, correction=std_ddof) + eps)
     elif scale == "batch":
         adv = adv / (rewards.std(correction=std_ddof) + eps)
-    return _apply_keep(adv.reshape(-1), keep)
+    return apply_keep(adv.reshape(-1), keep)
 
 
 @ADVANTAGES.register("dr_grpo")
@@ -88,8 +96,8 @@ def dr_grpo_advantage(
     keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dr. GRPO advantage (arXiv 2503.20783, Sec. 3.2, eq. 3): A_i = R_i - mean_g(R), no std scaling. [N] -> [N]."""
-    r, _ = _prepare(rewards, group_size, scores, keep)
-    return _apply_keep((r - r.mean(dim=1, keepdim=True)).reshape(-1), keep)
+    r, _ = prepare_rewards(rewards, group_size, scores, keep)
+    return apply_keep((r - r.mean(dim=1, keepdim=True)).reshape(-1), keep)
 
 
 @ADVANTAGES.register("rloo")
@@ -104,12 +112,12 @@ def rloo_advantage(
 
         A_i = R_i - (1/(G-1)) sum_{j != i} R_j = G/(G-1) * (R_i - mean_g(R)).      [N] -> [N]
     """
-    r, g = _prepare(rewards, group_size, scores, keep)
+    r, g = prepare_rewards(rewards, group_size, scores, keep)
     baseline = (r.sum(dim=1, keepdim=True) - r) / (g - 1)
-    return _apply_keep((r - baseline).reshape(-1), keep)
+    return apply_keep((r - baseline).reshape(-1), keep)
 
 
-@ADVANTAGES.register("capo", reads=("scores",))
+@ADVANTAGES.register("capo", reads=("scores", "correct", "partners", "lengths"))
 def capo_advantage(
     rewards: torch.Tensor,
     group_size: int,
@@ -157,7 +165,7 @@ def capo_advantage(
     checks.choice("norm", norm, ("group", "pairs"))
     checks.choice("masked_partners", masked_partners, ("keep", "drop"))
     checks.choice("score", score, ("mean", "sum"))
-    r, g = _prepare(rewards, group_size, scores, keep, need_scores=True)  # [B, G]
+    r, g = prepare_rewards(rewards, group_size, scores, keep, need_scores=True)  # [B, G]
     s = _ranking_scores(scores, lengths, score).view(-1, g)  # [B, G]
     c = _verdicts(rewards, correct).view(-1, g)  # [B, G]
     pair = _pairs(c, _partner_rows(keep if masked_partners == "drop" else None, partners, rewards))
@@ -167,7 +175,7 @@ def capo_advantage(
     adv = (adv / z).reshape(-1).to(rewards.dtype)
     if partners is not None:
         adv = adv * partners.to(adv.dtype)
-    return _apply_keep(adv, keep)
+    return apply_keep(adv, keep)
 
 
 def _pairs(c: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -230,7 +238,8 @@ def _partner_rows(keep, partners, rewards) -> torch.Tensor | None:
 
 
 def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, **kwargs) -> torch.Tensor:
-    """Look up an estimator by name in ``ADVANTAGES`` and call it (unknown hparams raise TypeError naming them)."""
+    """Look up an estimator by name in ``ADVANTAGES`` and call it (an unknown hyperparameter in ``kwargs`` raises a
+    TypeError naming it)."""
     fn = ADVANTAGES.get(name)
     try:
         return fn(rewards, group_size, **kwargs)

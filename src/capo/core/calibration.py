@@ -49,10 +49,6 @@ __all__ = [
     "bootstrap_ci",
     "bootstrap_draws",
     "percentile_interval",
-    "stated_probability_summary",
-    "stated_means_summary",
-    "stated_question_means",
-    "stochastic_summary",
     "brier",
     "confidence_from_logprob",
     "debiased_l2_ce",
@@ -124,7 +120,7 @@ def auroc(scores, correct) -> float:
     AUROC = (R_1 - n_1 (n_1 + 1) / 2) / (n_1 n_0)   (Mann-Whitney U over mid-ranks; Hanley & McNeil 1982),
     where R_1 is the sum of the mid-ranks of the n_1 correct responses among all N, n_0 = N - n_1.
     Relative calibration of CAPO (arXiv 2604.12632, Sec. 3) pooled over all questions (docs/metrics.md,
-    "`auroc` -- pooled AUROC").
+    "`auroc`").
 
     Args:
         scores: [N] real scores (any order-carrying confidence, e.g. lpm); NaN is an error, +-inf allowed.
@@ -784,64 +780,4 @@ def summarize(scores_lpm, correct, group_ids, verbal_conf=None, n_bins: int = 10
         verbal_auc_mean_groups=float(vam.n_groups_used),
         verbal_mean_confidence=float(vq.mean()),
     )
-    return out
-
-
-STATED_KEYS = ("stochastic_questions", "stochastic_ece", "stochastic_rate_error", "stochastic_auroc",
-               "stochastic_mean_stated")
-# the same measures of the predicted outcome's frequency (the binary variant, answer format "outcome")
-ANSWER_KEYS = tuple(k.replace("stochastic_", "answer_") for k in STATED_KEYS)
-
-
-def stated_question_means(stated, outcome, group_ids, rate) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per question with at least one valid stated probability: (m [Q'] float64 the mean of its valid stated
-    probabilities, a [Q'] bool its outcome, p [Q'] float64 its true rate), questions in id order. Shapes: stated [N]
-    floating in [0, 1], NaN = invalid (left out); outcome [N] bool (the same within a question); group_ids [N] int
-    question ids (gaps allowed: an id no row has is no question); rate [N] floating, the question's true rate."""
-    q, _ = checks.probs("stated", checks.array1d("stated", stated), allow_nan=True)
-    a = checks.labels("outcome", outcome).to(q.device)
-    g = checks.group_ids_1d("group_ids", group_ids).to(q.device)
-    r = checks.array1d("rate", rate).to(q.device, F64)
-    checks.same_shape(stated=q, outcome=a, group_ids=g, rate=r)
-    checks.nonempty("stated", q)
-    n, valid = int(g.max()) + 1, ~torch.isnan(q)
-    total = torch.zeros(n, dtype=F64, device=q.device).index_add_(0, g[valid], q[valid].to(F64))
-    count = torch.zeros(n, dtype=F64, device=q.device).index_add_(0, g[valid], torch.ones_like(total[g[valid]]))
-    has = count > 0
-    per_a = torch.zeros(n, dtype=torch.bool, device=q.device).index_put_((g,), a)[has]
-    per_r = torch.zeros(n, dtype=F64, device=q.device).index_put_((g,), r)[has]
-    return total[has] / count[has], per_a, per_r
-
-
-def stated_probability_summary(stated, outcome, group_ids, rate, n_bins: int = 10) -> dict[str, float]:
-    """Calibration of stated probabilities of stochastic outcomes, per question (Bereket & Leskovec, arXiv
-    2508.11800, Sec. 3, the measures of Table 1), on :func:`stated_question_means`' m, a, p: ``stochastic_ece``
-    (``n_bins``-bin ECE of m against a), ``stochastic_rate_error`` (mean |m - p|), ``stochastic_auroc`` (AUROC of m
-    for a), ``stochastic_mean_stated`` (mean of m), ``stochastic_questions`` (Q'; the others NaN when it is 0).
-    Shapes as :func:`stated_question_means`."""
-    return stated_means_summary(*stated_question_means(stated, outcome, group_ids, rate), n_bins=n_bins)
-
-
-def stated_means_summary(m: torch.Tensor, a: torch.Tensor, p: torch.Tensor, n_bins: int = 10,
-                         prefix: str = "stochastic") -> dict[str, float]:
-    """:func:`stated_probability_summary` from :func:`stated_question_means`' output (m, a, p: [Q'] each), for a
-    caller that also needs the means (``capo eval``'s reliability diagram), so they are computed once. ``prefix``
-    names the keys (``stochastic``: :data:`STATED_KEYS`; ``answer``: :data:`ANSWER_KEYS`)."""
-    out = {f"{prefix}_questions": float(m.numel())}
-    if m.numel() == 0:
-        return out | {k.replace("stochastic", prefix, 1): math.nan for k in STATED_KEYS[1:]}
-    return out | {f"{prefix}_ece": ece(m, a, n_bins=n_bins), f"{prefix}_rate_error": float((m - p).abs().mean()),
-                  f"{prefix}_auroc": auroc(m, a), f"{prefix}_mean_stated": float(m.mean())}
-
-
-def stochastic_summary(stated, outcome, group_ids, rate, chosen=None, n_bins: int = 10) -> dict[str, float]:
-    """The per-question measures of stochastic outcomes, the one function ``capo eval``, comparisons and the trainer
-    call: :func:`stated_probability_summary` of the stated probabilities of a = 1 (:data:`STATED_KEYS`) and, given
-    ``chosen`` (the binary variant: [N] the predicted outcome as 1.0 / 0.0, NaN where invalid), the same measures of
-    each question's frequency of predicting 1, the model's own probability of the outcome (:data:`ANSWER_KEYS`;
-    arXiv 2508.11800 reads a model's answer distribution this way). Shapes as :func:`stated_question_means`."""
-    out = stated_probability_summary(stated, outcome, group_ids, rate, n_bins=n_bins)
-    if chosen is not None:
-        out |= stated_means_summary(*stated_question_means(chosen, outcome, group_ids, rate), n_bins=n_bins,
-                                    prefix="answer")
     return out

@@ -61,6 +61,17 @@ def did_you_mean(v, allowed: Iterable) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def renamed(where: str, given: dict, renames: dict[str, str]) -> None:
+    """TypeError for keyword arguments in ``given`` (a function's ``**old``): an old name says its new one
+    (``renames``: old -> new), any other is unexpected, as Python would say."""
+    for old in given:
+        if old in renames:
+            raise TypeError(f"{where}: {old!r} is now called {renames[old]!r} (the same name on every path: capo's "
+                            f"trainer, TRL, verl); pass {renames[old]}=...")
+    if given:
+        raise TypeError(f"{where}() got an unexpected keyword argument {next(iter(given))!r}")
+
+
 def choice(name: str, v, allowed: Iterable) -> object:
     allowed = list(allowed)
     if v not in allowed:

@@ -159,9 +159,13 @@ def _masked_mean(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def _compact(v: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move each row's real tokens to the front, keeping their order: -> (values [N, T], lengths L [N])."""
+    """Move each row's real tokens to the front, keeping their order: -> (values [N, T], lengths L [N]). Rows already
+    in that form (right padding, as samplers and generations files give them) are returned as they are."""
+    n = m.sum(-1)
+    if bool((m == (torch.arange(m.shape[1], device=m.device)[None, :] < n[:, None])).all()):
+        return v, n
     order = torch.argsort((~m).to(torch.int8), dim=1, stable=True)
-    return torch.gather(v, 1, order), m.sum(-1)
+    return torch.gather(v, 1, order), n
 
 
 def _check_int(name: str, v, low: int = 1) -> int:
@@ -235,9 +239,9 @@ def _bottom_windows(v: torch.Tensor, m: torch.Tensor, window: int, fraction: flo
     """Mean of the lowest max(1, floor(W fraction)) of the W = L - window + 1 sliding-window means of each row
     (the mean of all tokens when 0 < L < window, NaN when L = 0): [N, T], [N, T] -> [N]."""
     whole = _masked_mean(v, m)
-    cv, n = _compact(v, m)
-    if cv.shape[1] < window:
+    if v.shape[1] < window:  # every response shorter than a window
         return whole
+    cv, n = _compact(v, m)
     cs = torch.cat([torch.zeros_like(cv[:, :1]), torch.cumsum(cv, 1)], 1)  # [N, T + 1] prefix sums
     means = (cs[:, window:] - cs[:, :-window]) / window  # [N, T - window + 1], window starting at s
     start = torch.arange(means.shape[1], device=cv.device)[None, :]

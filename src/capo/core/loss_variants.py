@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from capo.core import checks
-from capo.core.losses import _check, _exp_ratio, _masked_mean, _zero_pad, gspo_loss
+from capo.core.losses import check_loss_inputs, exp_ratio, masked_mean, zero_pad, gspo_loss
 from capo.core.registry import POLICY_LOSSES
 
 
@@ -24,8 +24,8 @@ def token_covariance(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.T
     a = advantages.detach()[:, None].expand_as(logp)
     lp = logp.detach()
     a_bar = (a * m).sum() / n
-    lp_bar = _zero_pad(lp, m).sum() / n
-    return _zero_pad((a - a_bar) * (lp - lp_bar), m)
+    lp_bar = zero_pad(lp, m).sum() / n
+    return zero_pad((a - a_bar) * (lp - lp_bar), m)
 
 
 def logprob_advantage_covariance(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -69,8 +69,8 @@ def clip_cov_loss(
     checks.positive("clip_ratio", clip_ratio)
     if not cov_low < cov_high:
         raise ValueError(f"need cov_low < cov_high, got {cov_low!r}, {cov_high!r}")
-    m = _check(logp, old_logp, advantages, mask)
-    ratio = _exp_ratio(logp - old_logp)
+    m = check_loss_inputs(logp, old_logp, advantages, mask)
+    ratio = exp_ratio(logp - old_logp)
     a = advantages[:, None]
     unclipped, clipped = -ratio * a, -ratio.clamp(1 - eps_low, 1 + eps_high) * a
     ppo_clipped = (clipped > unclipped) & m.bool()
@@ -82,11 +82,11 @@ def clip_cov_loss(
     keep = torch.ones(m.numel(), dtype=m.dtype, device=m.device)
     keep[chosen] = 0
     keep = keep.view_as(m)
-    loss = _zero_pad(torch.maximum(unclipped, clipped) * keep, m)
+    loss = zero_pad(torch.maximum(unclipped, clipped) * keep, m)
     metrics = {
-        "clip_frac": _masked_mean(ppo_clipped.to(m.dtype), m),
-        "cov_clip_frac": _masked_mean(1 - keep, m),
-        "ratio_mean": _masked_mean(ratio, m),
+        "clip_frac": masked_mean(ppo_clipped.to(m.dtype), m),
+        "cov_clip_frac": masked_mean(1 - keep, m),
+        "ratio_mean": masked_mean(ratio, m),
     }
     return loss, metrics
 
@@ -113,8 +113,8 @@ def kl_cov_loss(
     """
     checks.positive("kl_ratio", kl_ratio)
     checks.non_negative("kl_coef", kl_coef)
-    m = _check(logp, old_logp, advantages, mask)
-    ratio = _exp_ratio(logp - old_logp)
+    m = check_loss_inputs(logp, old_logp, advantages, mask)
+    ratio = exp_ratio(logp - old_logp)
     abs_kl = (logp - old_logp).abs()
     real = m.reshape(-1).bool().nonzero().squeeze(1)
     cov = token_covariance(logp, advantages, mask).reshape(-1)[real]  # real tokens in row-major order
@@ -122,17 +122,17 @@ def kl_cov_loss(
     sel = torch.zeros(m.numel(), dtype=m.dtype, device=m.device)
     sel[real[torch.topk(cov, k).indices]] = 1
     sel = sel.view_as(m)
-    loss = _zero_pad(-ratio * advantages[:, None] + kl_coef * abs_kl * sel, m)
+    loss = zero_pad(-ratio * advantages[:, None] + kl_coef * abs_kl * sel, m)
     metrics = {
         "clip_frac": torch.zeros((), dtype=m.dtype, device=m.device),  # KL-Cov never clips; every loss logs the key
-        "kl_cov_frac": _masked_mean(sel, m),
-        "abs_kl_mean": _masked_mean(abs_kl, m),
-        "ratio_mean": _masked_mean(ratio, m),
+        "kl_cov_frac": masked_mean(sel, m),
+        "abs_kl_mean": masked_mean(abs_kl, m),
+        "ratio_mean": masked_mean(ratio, m),
     }
     return loss, metrics
 
 
-@POLICY_LOSSES.register("c2gspg")
+@POLICY_LOSSES.register("c2gspg", reads=("rewards",))
 def c2gspg_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -159,7 +159,7 @@ def c2gspg_loss(
     """
     checks.non_negative("lam", lam)
     checks.positive("conf_eps", conf_eps)
-    m = _check(logp, old_logp, advantages, mask)
+    m = check_loss_inputs(logp, old_logp, advantages, mask)
     if rewards is None:
         raise ValueError("c2gspg needs rewards: the per-response reward in [0, 1], shape [N]")
     checks.tensor("rewards", rewards, ndim=1, floating=True)
@@ -168,11 +168,11 @@ def c2gspg_loss(
     if not ((rewards >= 0) & (rewards <= 1)).all():
         raise ValueError("rewards must lie in [0, 1] for the cross-entropy regulariser")
     pg, metrics = gspo_loss(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high)
-    lpm = _zero_pad(logp, m).sum(-1) / m.sum(-1).clamp(min=1)  # [N], with grad
+    lpm = zero_pad(logp, m).sum(-1) / m.sum(-1).clamp(min=1)  # [N], with grad
     c = torch.exp(lpm).clamp(conf_eps, 1 - conf_eps)
     r = rewards.to(logp.dtype)
     bce = -(r * torch.log(c) + (1 - r) * torch.log1p(-c))  # [N]
     has = (m.sum(-1) > 0).to(m.dtype)
     metrics["bce"] = ((bce * has).sum() / has.sum().clamp(min=1)).detach()
     metrics["conf_mean"] = ((c * has).sum() / has.sum().clamp(min=1)).detach()
-    return pg + _zero_pad(lam * bce[:, None].expand_as(logp), m), metrics
+    return pg + zero_pad(lam * bce[:, None].expand_as(logp), m), metrics

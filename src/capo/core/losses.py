@@ -25,12 +25,14 @@ from capo.core.registry import POLICY_LOSSES
 _LOG_RATIO_CLAMP = 20.0
 
 
-def _exp_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+def exp_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
     """exp of a log importance ratio clamped to +-_LOG_RATIO_CLAMP (no overflow to inf): any shape."""
     return torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
 
 
-def _check(logp, old_logp, advantages, mask):
+def check_loss_inputs(logp, old_logp, advantages, mask):
+    """The checks every registered policy loss makes at entry: logp and old_logp floating [N, T], advantages floating
+    [N], mask [N, T]; ValueError naming the argument otherwise. Returns the mask in logp's dtype."""
     checks.tensor("logp", logp, ndim=2, floating=True)
     checks.tensor("old_logp", old_logp, ndim=2, floating=True)
     checks.tensor("advantages", advantages, ndim=1, floating=True)
@@ -41,11 +43,12 @@ def _check(logp, old_logp, advantages, mask):
     return mask.to(logp.dtype)
 
 
-def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return (_zero_pad(x, m).sum() / m.sum().clamp(min=1)).detach()
+def masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Detached mean of x over the real tokens (m [N, T] nonzero), 0 for an empty mask: a loss's logged metric."""
+    return (zero_pad(x, m).sum() / m.sum().clamp(min=1)).detach()
 
 
-def _zero_pad(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+def zero_pad(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """x where m else 0; unlike ``x * m`` this keeps padding exactly 0 even if x is inf/NaN there."""
     return torch.where(m.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
@@ -75,20 +78,20 @@ def ppo_clip_loss(
     checks.non_negative("eps_high", eps_high)
     if dual_clip is not None and not dual_clip > 1:
         raise ValueError(f"dual_clip must be > 1 or None, got {dual_clip!r}")
-    m = _check(logp, old_logp, advantages, mask)
-    ratio = _exp_ratio(logp - old_logp)  # [N, T]
+    m = check_loss_inputs(logp, old_logp, advantages, mask)
+    ratio = exp_ratio(logp - old_logp)  # [N, T]
     a = advantages[:, None]  # [N, 1]
     unclipped = -ratio * a
     clipped = -ratio.clamp(1 - eps_low, 1 + eps_high) * a
     loss = torch.maximum(unclipped, clipped)  # = -min(r A, clip(r) A)
     if dual_clip is not None:
         loss = torch.where(a < 0, torch.minimum(loss, -dual_clip * a), loss)
-    loss = _zero_pad(loss, m)
+    loss = zero_pad(loss, m)
     metrics = {
-        "clip_frac": _masked_mean((clipped > unclipped).to(m.dtype), m),
-        "low_clip_frac": _masked_mean(((ratio < 1 - eps_low) & (a < 0)).to(m.dtype), m),
-        "high_clip_frac": _masked_mean(((ratio > 1 + eps_high) & (a > 0)).to(m.dtype), m),
-        "ratio_mean": _masked_mean(ratio, m),
+        "clip_frac": masked_mean((clipped > unclipped).to(m.dtype), m),
+        "low_clip_frac": masked_mean(((ratio < 1 - eps_low) & (a < 0)).to(m.dtype), m),
+        "high_clip_frac": masked_mean(((ratio > 1 + eps_high) & (a > 0)).to(m.dtype), m),
+        "ratio_mean": masked_mean(ratio, m),
     }
     return loss, metrics
 
@@ -96,7 +99,7 @@ def ppo_clip_loss(
 def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """GSPO's length-normalised sequence log-ratio (1/|o_i|) sum_t (logp - old_logp): [N, T] x3 -> [N]."""
     m = mask.to(logp.dtype)
-    return _zero_pad(logp - old_logp, m).sum(-1) / m.sum(-1).clamp(min=1)
+    return zero_pad(logp - old_logp, m).sum(-1) / m.sum(-1).clamp(min=1)
 
 
 @POLICY_LOSSES.register("gspo")
@@ -118,8 +121,8 @@ def gspo_loss(
     """
     checks.non_negative("eps_low", eps_low)
     checks.non_negative("eps_high", eps_high)
-    m = _check(logp, old_logp, advantages, mask)
-    s = _exp_ratio(sequence_log_ratio(logp, old_logp, mask))  # [N]
+    m = check_loss_inputs(logp, old_logp, advantages, mask)
+    s = exp_ratio(sequence_log_ratio(logp, old_logp, mask))  # [N]
     unclipped = -s * advantages
     clipped = -s.clamp(1 - eps_low, 1 + eps_high) * advantages
     seq_loss = torch.maximum(unclipped, clipped)  # [N]
@@ -128,7 +131,7 @@ def gspo_loss(
         "clip_frac": ((clipped > unclipped).to(m.dtype) * has_tokens).sum().detach() / has_tokens.sum().clamp(min=1),
         "ratio_mean": ((s * has_tokens).sum() / has_tokens.sum().clamp(min=1)).detach(),
     }
-    return _zero_pad(seq_loss[:, None].expand_as(logp), m), metrics
+    return zero_pad(seq_loss[:, None].expand_as(logp), m), metrics
 
 
 @POLICY_LOSSES.register("gspo_token")
@@ -150,13 +153,13 @@ def gspo_token_loss(
     """
     checks.non_negative("eps_low", eps_low)
     checks.non_negative("eps_high", eps_high)
-    m = _check(logp, old_logp, advantages, mask)
-    s = _exp_ratio(sequence_log_ratio(logp, old_logp, mask)).detach()
+    m = check_loss_inputs(logp, old_logp, advantages, mask)
+    s = exp_ratio(sequence_log_ratio(logp, old_logp, mask)).detach()
     s_tok = s[:, None] * torch.exp(logp - logp.detach())  # [N, T], value s_i, grad s_i * dlogp
     a = advantages[:, None]
     unclipped = -s_tok * a
     clipped = -s_tok.clamp(1 - eps_low, 1 + eps_high) * a
-    loss = _zero_pad(torch.maximum(unclipped, clipped), m)
+    loss = zero_pad(torch.maximum(unclipped, clipped), m)
     has_tokens = (m.sum(-1) > 0).to(m.dtype)
     seq_clipped = ((-s.clamp(1 - eps_low, 1 + eps_high) * advantages) > (-s * advantages)).to(m.dtype)
     metrics = {
@@ -187,14 +190,14 @@ def cispo_loss(
     checks.non_negative("eps_high", eps_high)
     if eps_low is not None:
         checks.non_negative("eps_low", eps_low)
-    m = _check(logp, old_logp, advantages, mask)
-    ratio = _exp_ratio(logp - old_logp).detach()
+    m = check_loss_inputs(logp, old_logp, advantages, mask)
+    ratio = exp_ratio(logp - old_logp).detach()
     lo = None if eps_low is None else 1 - eps_low
     weight = ratio.clamp(min=lo, max=1 + eps_high)
-    loss = _zero_pad(-weight * advantages[:, None] * logp, m)
+    loss = zero_pad(-weight * advantages[:, None] * logp, m)
     metrics = {
-        "clip_frac": _masked_mean((weight != ratio).to(m.dtype), m),
-        "ratio_mean": _masked_mean(ratio, m),
+        "clip_frac": masked_mean((weight != ratio).to(m.dtype), m),
+        "ratio_mean": masked_mean(ratio, m),
     }
     return loss, metrics
 

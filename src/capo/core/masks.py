@@ -9,11 +9,12 @@ The paper's thresholds (low = 1.05, high = 2.5 for Qwen2.5-Math) are described a
 PPL distribution, so they are model specific. :func:`ppl_quantile_thresholds` measures them on the base model's
 own rollouts; fixed numbers remain an option.
 
-This module owns every rule of the mask, read by capo's trainer, the TRL adapter and the verl plugin alike:
-its defaults (``MASK_LOW``/``MASK_HIGH``, ``MASK_Q_LOW``/``MASK_Q_HIGH``), the allowed ranges of its knobs
-(:func:`mask_knob_problem`), how adapters obtain thresholds (``MASK_RULES``) and which estimators it applies to
-(:func:`mask_applies`: any estimator when enabled, the paper's "GRPO + mask" ablation included; on by default only
-for an estimator whose same-named algorithm preset turns it on, i.e. CAPO).
+This module owns every rule of the mask, read by capo's trainer, the TRL adapter and the verl plugin alike, which all
+name it the same way (``noise_mask`` and the knobs ``mask_low``, ``mask_high``, ``mask_q_low``, ``mask_q_high``):
+its allowed values (``NOISE_MASKS``, checked by :func:`noise_mask_problem`), the defaults of its knobs
+(``MASK_LOW``/``MASK_HIGH``, ``MASK_Q_LOW``/``MASK_Q_HIGH``) and their allowed ranges (:func:`mask_knob_problem`), and
+which estimators it applies to when a setting leaves it unset (:func:`default_noise_mask`: only CAPO). When set, it
+applies to any estimator (A_i * keep_i; the paper's "GRPO + mask" ablation).
 """
 
 from __future__ import annotations
@@ -27,23 +28,40 @@ from capo.core.presets import ALGORITHMS
 MASK_LOW, MASK_HIGH = 1.05, 2.5
 # The quartiles the paper describes its thresholds as: the defaults of every quantile-mask knob.
 MASK_Q_LOW, MASK_Q_HIGH = 0.25, 0.75
-# How the adapters take the thresholds: the fixed numbers, or quantiles of the reference perplexities of the first
-# training batch (then frozen; at step 0 the policy is the base model). capo's trainer measures its quantiles on the
-# reference model's own rollouts before training instead (it can sample them; an adapter cannot).
-MASK_RULES = ("fixed", "quantile")
+# The values of ``noise_mask`` on every path (trainer ``algo.noise_mask``, TRL ``CapoAdvantageConfig.noise_mask``,
+# verl ``algorithm.capo.noise_mask``): off; fixed = the mask_low/mask_high numbers; quantile = the
+# mask_q_low/mask_q_high quantiles of the reference perplexities of the base model's own rollouts (capo's trainer samples them before
+# training; an adapter reads the first training batch's, then freezes them: at step 0 the policy is the base model).
+NOISE_MASKS = ("off", "fixed", "quantile")
+MASK_RULES = NOISE_MASKS[1:]  # the values that turn the mask on: how its thresholds are obtained
 
 
-def mask_on_by_default(estimator: str) -> bool:
-    """Whether the noise mask is on when a setting leaves it unset: iff the algorithm preset named like the
-    estimator uses that estimator and turns the mask on (``capo.core.presets.ALGORITHMS``; only ``capo``)."""
-    p = ALGORITHMS.get(estimator)
-    return p is not None and p["advantage"] == estimator and p.get("noise_mask", "off") != "off"
+def noise_mask_problem(value, *, key: str = "noise_mask") -> str | None:
+    """What is wrong with a ``noise_mask`` value (the one check of it on every path), or None. A bool (the adapters'
+    old vocabulary) is told its new spelling."""
+    if isinstance(value, bool):  # YAML 1.1 also reads a bare off as false: hence the quoting hint
+        return (f"{key}={value!r} is the old spelling; {key} takes one of {', '.join(NOISE_MASKS)} now: "
+                f"{key}={'fixed' if value else 'off'} (or quantile; in YAML write \"off\" quoted)")
+    if value not in NOISE_MASKS:
+        return (f"{key}={value!r} is not allowed{checks.did_you_mean(value, NOISE_MASKS)}; allowed values: "
+                f"{', '.join(NOISE_MASKS)}")
+    return None
 
 
-def mask_applies(estimator: str, enabled: bool | None) -> bool:
-    """Whether CAPO's noise mask multiplies ``estimator``'s advantages: ``enabled`` when set (any estimator: the
-    mask is estimator independent, A_i * keep_i), else :func:`mask_on_by_default`."""
-    return mask_on_by_default(estimator) if enabled is None else bool(enabled)
+def default_noise_mask(advantage: str) -> str:
+    """The ``noise_mask`` an adapter setting left unset (None) means for estimator ``advantage``: "fixed" (the
+    paper's thresholds) iff the algorithm preset named like the estimator uses it and turns the mask on
+    (``capo.core.presets.ALGORITHMS``: only ``capo``), else "off". The one place this default is decided; capo's
+    trainer takes the unset value from its ``algo.name`` preset instead (the same table)."""
+    p = ALGORITHMS.get(advantage)
+    on = p is not None and p["advantage"] == advantage and p.get("noise_mask", "off") != "off"
+    return "fixed" if on else "off"
+
+
+def resolve_noise_mask(advantage: str, noise_mask: str | None) -> str:
+    """``noise_mask`` as set, or :func:`default_noise_mask` of ``advantage`` when unset (None); unchecked (the check
+    is :func:`noise_mask_problem`)."""
+    return default_noise_mask(advantage) if noise_mask is None else noise_mask
 
 
 def mask_knob_problem(low: float, high: float, q_low: float = MASK_Q_LOW, q_high: float = MASK_Q_HIGH, *,

@@ -5,6 +5,7 @@ Deliberately small: register with a decorator, look up by name, an error on dupl
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -24,11 +25,16 @@ class Registry(Generic[F]):
         self._reads: dict[str, frozenset[str]] = {}
 
     def register(self, name: str, *, reads: tuple[str, ...] = ()) -> Callable[[F], F]:
-        """Decorator. ``reads``: the optional per-response inputs of the uniform signature that the function actually
-        uses (e.g. ``("scores",)``), so engines know what to compute; the one place this is said."""
+        """Decorator. ``reads``: the per-response inputs the function uses beyond the uniform signature's required
+        ones (e.g. ``("scores",)``; CAPO's ``correct``, ``partners``, ``lengths``; ACE's ``confidence_shift``), so the
+        engines know what to compute and what to pass: the one place this is said (callers read :meth:`reads`, never
+        the signature). Each must be a keyword parameter of the function."""
         def deco(fn: F) -> F:
             if name in self._fns:
                 raise ValueError(f"duplicate {self.kind} name {name!r}: already registered to {self._fns[name]!r}")
+            unknown = sorted(set(reads) - set(inspect.signature(fn).parameters))
+            if unknown:
+                raise ValueError(f"{self.kind} {name!r} declares reads={unknown} that are not parameters of {fn!r}")
             self._fns[name] = fn
             self._reads[name] = frozenset(reads)
             return fn

@@ -3,8 +3,11 @@
 capo's trainer, the TRL adapter (``capo.adapters.trl``) and the verl plugin (``capo.adapters.verl_plugin``) all reach
 :func:`guard_batch`, :func:`estimate` and :func:`calibration_metrics` through one function,
 :func:`capo.rollout.step.step_advantages`, so "core == trainer == TRL == verl" holds by construction: the engines
-differ only in how they collect the inputs (which rows, which log-probs, which verdicts). This module also owns
-the rule of which estimators read scores (:func:`needs_scores`).
+differ only in how they collect the inputs (which rows, which log-probs, which verdicts). Every path names the
+estimator ``advantage`` and its hyperparameters ``advantage_kwargs`` (capo's trainer: ``algo.advantage``,
+``algo.advantage_kwargs``). What an estimator reads is its registry declaration (``ADVANTAGES.register(name,
+reads=...)``, e.g. :func:`needs_scores`), never its signature; :func:`advantage_kwargs_problem` is the one early check
+of its hyperparameters (their names, and their values by the estimator's own checks).
 
 Conventions every caller follows (docs/papers.md, "Adapters: one CAPO-input step"):
 - Correct/incorrect is the verifier's verdict ``correct``; a reward is never thresholded to decide it.
@@ -29,15 +32,56 @@ from capo.core.registry import ADVANTAGES
 from capo.core.scores import sequence_logprob_mean
 
 
-# Per-response inputs the step supplies to an estimator (never user hyperparameters).
-STEP_INPUTS = ("scores", "keep", "correct", "partners", "lengths")
+# Per-response inputs an estimator may be given (never hyperparameters): ``scores`` and ``keep`` every estimator takes;
+# the others only an estimator that declares them in ``reads=`` gets (the step's own: correct, partners, lengths; the
+# ones capo.rollout.method_inputs builds: confidence_shift, cluster_ids, components).
+STEP_INPUTS = ("scores", "keep", "correct", "partners", "lengths", "confidence_shift", "cluster_ids", "components")
+# the step's keyword arguments under their old names -> the names every path uses now
+RENAMED = {"estimator": "advantage", "hparams": "advantage_kwargs"}
 
 
-def needs_scores(estimator: str) -> bool:
-    """Whether ``estimator`` reads per-response scores (lpm under the rollout policy): what it declared when it was
-    registered (``ADVANTAGES.register(name, reads=("scores",))``: capo, unlikeliness). Every other estimator accepts
-    and ignores them."""
-    return "scores" in ADVANTAGES.reads(estimator)
+def needs_scores(advantage: str) -> bool:
+    """Whether estimator ``advantage`` reads per-response scores (lpm under the rollout policy): what it declared
+    when it was registered (``ADVANTAGES.register(name, reads=("scores", ...))``: capo, unlikeliness). Every other
+    estimator accepts and ignores them."""
+    return "scores" in ADVANTAGES.reads(advantage)
+
+
+def hyperparameters(advantage: str) -> list[str]:
+    """The names ``advantage_kwargs`` may hold for estimator ``advantage``: its keyword parameters that are no
+    per-response input (``STEP_INPUTS``; the signature says which knobs exist, never which inputs are read)."""
+    params = inspect.signature(ADVANTAGES.get(advantage)).parameters
+    return [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY and p not in STEP_INPUTS]
+
+
+def _probe_inputs(advantage: str, advantage_kwargs: dict) -> dict:
+    """A two-row batch (one group, one right and one wrong answer) with every input ``advantage`` reads."""
+    weights = advantage_kwargs.get("weights")
+    k = len(weights) if isinstance(weights, (list, tuple)) and weights else 1
+    table = {"correct": torch.tensor([True, False]), "partners": torch.ones(2, dtype=torch.bool),
+             "lengths": torch.ones(2, dtype=torch.long), "confidence_shift": torch.zeros(2, dtype=torch.float64),
+             "cluster_ids": torch.tensor([0, 1]), "components": torch.zeros(2, k, dtype=torch.float64)}
+    return {name: table[name] for name in ADVANTAGES.reads(advantage) if name in table}
+
+
+def advantage_kwargs_problem(advantage: str, advantage_kwargs: dict, *, key: str = "advantage_kwargs") -> str | None:
+    """What is wrong with estimator ``advantage``'s hyperparameters, or None: a name it does not take, or a value
+    its own checks refuse (it runs once on a two-row batch, so each rule, e.g. CAPO's tau > 0, lives only in the
+    estimator). Every path calls this before any model is loaded; ``key`` is how the setting is spelled there."""
+    allowed = hyperparameters(advantage)
+    extra = sorted(set(advantage_kwargs) - set(allowed))
+    if extra:
+        return (f"{key}: advantage estimator {advantage!r} has no hyperparameter {', '.join(map(repr, extra))}; "
+                f"allowed: {', '.join(allowed) or '(none)'}")
+    rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    try:
+        compute_advantages(advantage, rewards, 2, scores=torch.zeros(2, dtype=torch.float64),
+                           **_probe_inputs(advantage, advantage_kwargs), **advantage_kwargs)
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        name = msg.split("=")[0].split(" ")[0]
+        return f"{key}.{msg}" if name in advantage_kwargs else f"{key}: {msg}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -112,23 +156,27 @@ def guard_batch(
 
 
 def estimate(
-    estimator: str,
+    advantage: str,
     guarded: StepResult,
     correct: torch.Tensor,
     group_size: int,
     *,
     mask_thresholds: tuple[float, float] | None = None,
-    hparams: dict | None = None,
+    advantage_kwargs: dict | None = None,
     inputs: dict | None = None,
+    **old,
 ) -> StepResult:
-    """The estimator ``estimator`` (``ADVANTAGES``) on a guarded batch (:func:`guard_batch`), CAPO's noise mask
+    """The estimator ``advantage`` (``ADVANTAGES``) on a guarded batch (:func:`guard_batch`), CAPO's noise mask
     included; returns ``guarded`` with ``advantages`` and ``keep`` filled in.
 
     Shapes: correct [N] bool verdicts. ``mask_thresholds``: (low, high) of :func:`capo.core.capo_noise_mask` (None:
     no mask; needs reference log-probs). A non-valid row gets advantage 0 and is no CAPO pair partner.
-    ``hparams``: the estimator's knobs; ``inputs``: extra per-response inputs it names (e.g. ``cluster_ids``).
-    The estimator gets ``correct``, ``partners`` (= valid) and ``lengths`` when its signature names them (CAPO).
+    ``advantage_kwargs``: the estimator's hyperparameters; ``inputs``: the per-response inputs built outside the
+    step (``confidence_shift``, ``cluster_ids``, ``components``: :func:`capo.rollout.method_inputs.method_inputs`).
+    The estimator gets ``correct``, ``partners`` (= valid) and ``lengths`` when it declared them in ``reads=``
+    (CAPO). The old keyword names (``estimator``, ``hparams``) raise a TypeError naming the new ones.
     """
+    checks.renamed("estimate", old, RENAMED)
     checks.tensor("correct", correct, ndim=1)
     if correct.dtype != torch.bool:
         raise TypeError(f"correct must be a bool tensor of verdicts, got {correct.dtype}")
@@ -138,22 +186,17 @@ def estimate(
         if guarded.ref_ppl is None:
             raise ValueError("CAPO's noise mask needs reference log-probs (ref_token_logp)")
         keep = capo_noise_mask(guarded.ref_ppl, correct, low=mask_thresholds[0], high=mask_thresholds[1])
-    wants = inspect.signature(ADVANTAGES.get(estimator)).parameters
-    extra = dict(inputs or {})
-    if "correct" in wants:
-        extra["correct"] = correct
-    if "partners" in wants:
-        extra["partners"] = guarded.valid
-    if "lengths" in wants and guarded.lengths is not None:
-        extra["lengths"] = guarded.lengths
+    own = {"correct": correct, "partners": guarded.valid, "lengths": guarded.lengths}
+    reads = ADVANTAGES.reads(advantage)
+    extra = dict(inputs or {}) | {k: v for k, v in own.items() if k in reads and v is not None}
     scores = torch.where(guarded.bad, torch.zeros((), dtype=guarded.scores.dtype), guarded.scores)
-    adv = compute_advantages(estimator, guarded.rewards, group_size, scores=scores,
-                             keep=keep & guarded.active & guarded.valid, **extra, **(hparams or {}))
+    adv = compute_advantages(advantage, guarded.rewards, group_size, scores=scores,
+                             keep=keep & guarded.active & guarded.valid, **extra, **(advantage_kwargs or {}))
     return replace(guarded, advantages=adv, keep=keep)
 
 
 def advantage_step(
-    estimator: str,
+    advantage: str,
     rewards: torch.Tensor,
     correct: torch.Tensor,
     group_size: int,
@@ -164,20 +207,22 @@ def advantage_step(
     mask_thresholds: tuple[float, float] | None = None,
     active: torch.Tensor | None = None,
     valid: torch.Tensor | None = None,
-    hparams: dict | None = None,
+    advantage_kwargs: dict | None = None,
     inputs: dict | None = None,
+    **old,
 ) -> StepResult:
     """:func:`guard_batch` then :func:`estimate`: advantages of one batch, CAPO's noise mask included.
 
     Shapes: rewards [N] floating, correct [N] bool verdicts, token_logp / mask / ref_token_logp [N, T].
     ``active`` [N] bool: rows the caller lets take part; ``valid`` [N] bool: rows that exist as responses (e.g.
     scored by some reward function). Engines go through :func:`capo.rollout.step.step_advantages`, which also
-    builds the estimator's extra inputs and the batch metrics.
+    builds the estimator's extra inputs and the batch metrics. Old keyword names raise as in :func:`estimate`.
     """
+    checks.renamed("advantage_step", old, RENAMED)
     guarded = guard_batch(rewards, group_size, token_logp=token_logp, mask=mask, ref_token_logp=ref_token_logp,
                           active=active, valid=valid)
-    return estimate(estimator, guarded, correct, group_size, mask_thresholds=mask_thresholds, hparams=hparams,
-                    inputs=inputs)
+    return estimate(advantage, guarded, correct, group_size, mask_thresholds=mask_thresholds,
+                    advantage_kwargs=advantage_kwargs, inputs=inputs)
 
 
 def calibration_metrics(scores, correct, group_ids, verbal_conf=None) -> dict[str, float]:

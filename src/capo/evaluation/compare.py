@@ -24,6 +24,8 @@ from capo.core.checks import did_you_mean
 from capo.errors import ConfigError
 from capo.evaluation.metrics import assign_answer_ids, columns, stochastic_columns
 from capo.evaluation.stats import seed_paired_interval
+from capo.tasks import stochastic as stochastic_task
+from capo.tasks.stochastic import stochastic_summary
 
 __all__ = ["MEASURES", "MIN_PROMPTS", "Model", "Comparison", "compare", "headline", "model_name", "prompts_behind",
            "too_few"]
@@ -41,17 +43,15 @@ MEASURES = [
     ("majority_vote", "majority-vote accuracy", 1),
     ("max_confidence_lpm", "accuracy of the most confident sample (lpm)", 1),
     ("confidence_weighted_vote", "verbal-confidence-weighted vote accuracy", 1),
-    ("stochastic_ece", "ECE of the per-question stated probability", -1),  # stochastic outcomes only
-    ("stochastic_rate_error", "mean |stated - true rate|", -1),
-    ("answer_ece", "ECE of the per-question frequency of predicting 1", -1),  # the binary variant only
-    ("answer_rate_error", "mean |frequency of predicting 1 - true rate|", -1),
+    *(m for m in stochastic_task.MEASURES if m[0] in stochastic_task.PAIRED),  # the stochastic task's
 ]
 
 
 # The fewest prompts a measure must draw on before a reading names a winner -- the conclusion's best model, a report's
 # shaded best value, a paired comparison (report, `capo demo`'s terminal); below it the reading says that there are too
 # few prompts instead. A prompt enters AUC-mean when it has right and wrong answers (`auc_mean_groups`), every other
-# measure through all its prompts (`n_groups`). docs/metrics.md, "Readings from too few prompts".
+# measure through all its prompts (`n_groups`). docs/metrics.md, "Uncertainty" (its "Readings from too few
+# prompts").
 MIN_PROMPTS = 10
 
 
@@ -202,8 +202,8 @@ def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:
         s["confidence_weighted_vote"] = voting.confidence_weighted_vote(aids, ok, g,
                                                                         torch.nan_to_num(c.verbal[ix], nan=0.0)).accuracy
     if (st := seed.stochastic) is not None:
-        s |= cal.stochastic_summary(st.stated[ix], st.outcome[ix], g, st.rate[ix],
-                                    chosen=None if st.chosen is None else st.chosen[ix])
+        s |= stochastic_summary(st.stated[ix], st.outcome[ix], g, st.rate[ix],
+                                chosen=None if st.chosen is None else st.chosen[ix])
     return {k: s.get(k, math.nan) for k, _, _ in MEASURES}
 
 
@@ -252,7 +252,7 @@ def _interval(lo: float, hi: float) -> tuple[str, bool]:
 
 HEADLINE = (("auc_mean", "AUC-mean"), ("accuracy", "accuracy"))  # the headline calibration measure, then accuracy
 # stochastic outcomes (every model has it): the stated probabilities' calibration, best and worst model (lower = better)
-STOCHASTIC_HEADLINE = "stochastic_ece", "ECE of the per-question stated probability"
+STOCHASTIC_HEADLINE = stochastic_task.MEASURES[0][:2]
 
 
 def _versus_reference(cmp: Comparison, key: str, label: str, sign: int = 1,
@@ -315,3 +315,37 @@ def headline(cmp: Comparison) -> tuple[str, str]:
             f"{f', mean over up to {n_seeds} training seeds' if n_seeds > 1 else ''}; intervals: 95% bootstrap over "
             f"prompts ({cmp.n_boot} draws), not over training seeds.")
     return " ".join(plain + [tail]), " ".join(htm + [html.escape(tail)])
+
+
+def _split_columns(run_dir: Path, text: str, subset: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(lpm [N] float64, correct [N] bool, prompt index [N]) of an eval run's rows in ``subset``: "all", "with"
+    (prompts that contain ``text``) or "without"; an empty response's lpm is -inf; prompts indexed in sorted id order."""
+    rows = [json.loads(ln) for ln in (Path(run_dir) / "generations.jsonl").read_text().splitlines() if ln.strip()]
+    rows = [r for r in rows if subset == "all" or ((text in r["prompt"]) == (subset == "with"))]
+    ids = {p: i for i, p in enumerate(sorted({str(r["prompt_id"]) for r in rows}))}
+    lpm = [r["mean_logprob"] if r["mean_logprob"] is not None else float("-inf") for r in rows]
+    return (torch.tensor(lpm, dtype=torch.float64), torch.tensor([r["verdict"] == "correct" for r in rows]),
+            torch.tensor([ids[str(r["prompt_id"])] for r in rows]))
+
+
+def split_table(runs: list, reference: str, text: str, n_boot: int = 1000, seed: int = 0) -> str:
+    """Markdown: each eval run's accuracy, AUC-mean of lpm and paired per-prompt AUC-mean difference against the
+    ``reference`` run (95% bootstrap interval over prompts, ``n_boot`` draws; prompts used in brackets), on all
+    held-out prompts, on the prompts that contain ``text`` and on the others (e.g. ``?``: coin_sum's hidden-coin
+    prompts). ``runs``: eval runs (``.name``, ``.path``), exactly one of them of the model ``reference``
+    (:func:`model_name`); it comes first, the others by name."""
+    ref = [r for r in runs if model_name(r.name) == reference]
+    if len(ref) != 1:
+        raise ConfigError(f"--split-on compares every run with one reference run (e.g. base); {reference!r} has "
+                          f"{len(ref)} runs")
+    lines = [f"| model | prompts | accuracy | AUC-mean | paired AUC-mean diff vs {reference} [95% CI] (prompts) |",
+             "|---|---|---|---|---|"]
+    for label, subset in (("all", "all"), (f"with {text}", "with"), (f"without {text}", "without")):
+        base = _split_columns(ref[0].path, text, subset)
+        for r in sorted(runs, key=lambda r: (r is not ref[0], r.name)):
+            x = _split_columns(r.path, text, subset)
+            pd = cal.paired_difference(*x, *base, n_boot=n_boot, seed=seed) if r is not ref[0] else None
+            diff = "-" if pd is None else f"{pd.value:+.3f} [{pd.low:+.3f}, {pd.high:+.3f}] ({pd.n_groups_used})"
+            lines.append(f"| {r.name} | {label} | {float(x[1].double().mean()):.3f} | "
+                         f"{cal.auc_mean(*x).value:.3f} | {diff} |")
+    return "\n".join(lines) + "\n"

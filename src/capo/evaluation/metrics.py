@@ -15,6 +15,7 @@ from capo.core import calibration as cal
 from capo.core import voting
 from capo.evaluation.bootstrap import QuestionBootstrap
 from capo.evaluation.estimators import estimator_table, unavailable_estimators
+from capo.tasks.stochastic import stated_means_summary, stated_question_means
 from capo.verify.short import SHORT_FORMATS, normalize_short
 
 if TYPE_CHECKING:
@@ -212,19 +213,19 @@ def stochastic_columns(rows: list[dict]) -> StochasticColumns | None:
 
 
 def _stochastic(rows: list[dict], cols: _Columns, n_bins: int) -> tuple[dict, dict]:
-    """(metrics, curves) of stated probabilities of stochastic outcomes: :func:`capo.core.calibration.
+    """(metrics, curves) of stated probabilities of stochastic outcomes: :func:`capo.tasks.stochastic.
     stochastic_summary` and the reliability diagram of each question's mean stated probability
     (``reliability_stated``; with the binary variant also ``reliability_answer``, of each question's frequency of
     predicting 1). Empty without rates."""
     st = stochastic_columns(rows)
     if st is None:
         return {}, {}
-    m, a, p = cal.stated_question_means(st.stated, st.outcome, cols.g, st.rate)
-    metrics = cal.stated_means_summary(m, a, p, n_bins=n_bins)
+    m, a, p = stated_question_means(st.stated, st.outcome, cols.g, st.rate)
+    metrics = stated_means_summary(m, a, p, n_bins=n_bins)
     curves = {"reliability_stated": _reliability_points(cal.reliability_curve(m, a, n_bins=n_bins))} if m.numel() else {}
     if st.chosen is not None:
-        m, a, p = cal.stated_question_means(st.chosen, st.outcome, cols.g, st.rate)
-        metrics |= cal.stated_means_summary(m, a, p, n_bins=n_bins, prefix="answer")
+        m, a, p = stated_question_means(st.chosen, st.outcome, cols.g, st.rate)
+        metrics |= stated_means_summary(m, a, p, n_bins=n_bins, prefix="answer")
         if m.numel():
             curves["reliability_answer"] = _reliability_points(cal.reliability_curve(m, a, n_bins=n_bins))
     return metrics, curves

@@ -11,6 +11,7 @@ import html
 import json
 import math
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch
 
 from capo.errors import DataError
 from capo.evaluation import compare, plots
+from capo.tasks import stochastic as stochastic_task
 
 __all__ = ["RunInfo", "draw_safely", "load_run", "render_report", "write_report"]
 
@@ -39,12 +41,7 @@ SUMMARY_KEYS = [
     ("verbal_auroc", "AUROC verbal", "{:.3f}"),
     ("verbal_auc_mean", "AUC-mean verbal", "{:.3f}"),
     ("verbal_missing", "verbal confidence missing", "{:.0f}"),
-    ("stochastic_ece", "ECE of the per-question stated probability", "{:.3f}"),
-    ("stochastic_rate_error", "mean |stated - true rate|", "{:.3f}"),
-    ("stochastic_auroc", "AUROC of the per-question stated probability", "{:.3f}"),
-    ("answer_ece", "ECE of the per-question frequency of predicting 1", "{:.3f}"),
-    ("answer_rate_error", "mean |frequency of predicting 1 - true rate|", "{:.3f}"),
-    ("answer_auroc", "AUROC of the per-question frequency of predicting 1", "{:.3f}"),
+    *((key, label, "{:.3f}") for key, label, _ in stochastic_task.MEASURES),  # the stochastic task's own measures
 ]
 SCALING_KEYS = [
     ("majority_vote", "majority vote"),
@@ -65,8 +62,7 @@ COUNT_KEYS = [
 # +1: higher is better, -1: lower is better (the arrow in each row label; the best value per row is marked)
 BETTER = {"accuracy": 1, "mean_at_k": 1, "auc_mean": 1, "auroc": 1, "ece": -1, "brier": -1, "aurc": -1,
           "verbal_ece": -1, "verbal_brier": -1, "verbal_auroc": 1, "verbal_auc_mean": 1,
-          "stochastic_ece": -1, "stochastic_rate_error": -1, "stochastic_auroc": 1,
-          "answer_ece": -1, "answer_rate_error": -1, "answer_auroc": 1,
+          **{key: better for key, _, better in stochastic_task.MEASURES},
           **{k: 1 for k, _ in SCALING_KEYS}}
 
 CSS = """
@@ -429,6 +425,60 @@ def _acc_auc_points(cmp) -> dict:
         pts[m.name] = p
     return pts
 
+
+
+# (metrics.json key, column header) of the methods table: test-time scaling at k = the eval's samples per prompt
+METHODS_TABLE = (("accuracy", "accuracy"), ("auc_mean", "AUC-mean"), ("auroc", "pooled AUROC"), ("ece", "ECE"),
+                 ("brier", "Brier"), ("verbal_ece", "verbal ECE"), ("verbal_brier", "verbal Brier"), ("aurc", "AURC"),
+                 ("majority_vote", "maj. vote"), ("perplexity_consistency", "ppl. consistency"),
+                 ("max_confidence_lpm", "max-lpm pick"), ("confidence_weighted_vote", "verbal-weighted vote"),
+                 ("pass_at_8", "pass@8"))
+
+
+def _mean_sd(xs: list) -> str:
+    xs = [x for x in xs if isinstance(x, (int, float)) and x == x]
+    if not xs:
+        return "-"
+    return f"{statistics.mean(xs):.3f}" + (f" ({statistics.stdev(xs):.3f})" if len(xs) > 1 else "")
+
+
+def markdown_tables(cmp) -> str:
+    """A comparison as Markdown: every :data:`METHODS_TABLE` measure's mean (sd over seeds) per model; each model
+    minus the reference with its 95% paired bootstrap interval over prompts (bold: the interval excludes 0); the
+    generated conclusion (:func:`compare.headline`)."""
+    lines = [f"{len(cmp.models)} models, {cmp.prompts} shared held-out prompts; mean (sd over seeds)", "",
+             "| model | seeds | " + " | ".join(h for _, h in METHODS_TABLE) + " |",
+             "|---|---|" + "---|" * len(METHODS_TABLE)]
+    for m in cmp.models:
+        lines.append(f"| {m.name} | {len(m.runs)} | "
+                     + " | ".join(_mean_sd([r.metrics.get(k) for r in m.runs]) for k, _ in METHODS_TABLE) + " |")
+    lines += ["", f"Paired difference vs {cmp.reference} (model - {cmp.reference}; 95% bootstrap interval over the "
+              f"{cmp.prompts} prompts, {cmp.n_boot} draws, mean over seeds; **bold**: the interval excludes 0)", "",
+              "| model | " + " | ".join(lbl for _, lbl, _ in compare.MEASURES) + " |",
+              "|---|" + "---|" * len(compare.MEASURES)]
+    for name in [m.name for m in cmp.models if m.name != cmp.reference]:
+        cells = []
+        for key, _, _ in compare.MEASURES:
+            d = cmp.diff(name, cmp.reference, key)
+            text = "-" if d is None else f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
+            cells.append(f"**{text}**" if d is not None and (d[1] > 0 or d[2] < 0) else text)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + ["", compare.headline(cmp)[0]]) + "\n"
+
+
+def write_comparison_files(cmp, folder: Path, prefix: str) -> list[Path]:
+    """Write a comparison's data, then its figures, into ``folder``: ``PREFIX-summary.json`` (model -> measure ->
+    one value per seed run, :data:`METHODS_TABLE`'s measures: what ``capo sweep report --compare-summary`` reads),
+    ``PREFIX-acc_vs_auc.png`` and ``PREFIX-paired_vs_REFERENCE.png`` (the report's two comparison figures)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    summary = folder / f"{prefix}-summary.json"
+    summary.write_text(json.dumps({m.name: {k: [r.metrics.get(k) for r in m.runs] for k, _ in METHODS_TABLE}
+                                   for m in cmp.models}, indent=1))
+    figures = [folder / f"{prefix}-acc_vs_auc.png", folder / f"{prefix}-paired_vs_{cmp.reference}.png"]
+    plots.plot_acc_vs_auc(_acc_auc_points(cmp), figures[0])
+    plots.plot_paired(paired_panels(cmp), cmp.reference, figures[1])
+    return [summary, *figures]
 
 def _eval_plots(evals: list[RunInfo], cmp) -> str:
     """The three figures a comparison is read from: accuracy vs AUC-mean per model, precision-coverage of every

@@ -25,6 +25,7 @@ embedded default or a GGUF file). The engine is a generation setting: a run cann
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -40,7 +41,7 @@ from capo.core import voting
 from capo.core.checks import did_you_mean
 from capo.errors import ConfigError, DataError
 from capo.evaluation import plots
-from capo.evaluation.estimators import ESTIMATOR_KNOBS, TOKEN_FIELDS
+from capo.evaluation.estimators import ESTIMATOR_KNOBS, TOKEN_FIELDS, float_values
 from capo.evaluation.metrics import assign_answer_ids, compute_metrics
 import torch
 
@@ -49,7 +50,7 @@ from capo.rollout.engine import DECODERS, DEVICES, ENGINES, check_engine, resolv
 from capo.rollout.grading import Graded, grade
 from capo.rollout.models import AUTOCAST_MODES
 from capo.rollout.types import Sample
-from capo.rundir import Progress, atomic_write_text, read_jsonl_rows, run_lock
+from capo.rundir import Progress, atomic_write_text, json_line, read_jsonl_rows, run_lock
 from capo.settings import opt
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, required_answer_formats
 from capo.tasks.generated import GENERATED_TASKS
@@ -247,6 +248,21 @@ def _token_fields(smp: Sample) -> dict:
 
 
 @contextmanager
+def _gc_paused():
+    """Run the block without Python's cyclic garbage collector, then restore it. Reading a generations file builds
+    millions of lists and dicts, and each full collection walks every one of them (with every float of every
+    per-token list): at 100,000 rows with four per-token lists the collector took about as long as the reading itself.
+    The rows hold no reference cycles; what the block leaves to collect is collected when it is back on."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+@contextmanager
 def _one_torch_thread():
     """Run the block at one torch CPU thread, then restore the caller's setting."""
     threads = torch.get_num_threads()
@@ -272,7 +288,7 @@ def _finish(out_dir: Path, rows: list[dict], s: EvalSettings, config: dict, veri
     for key, v in timing.items():
         metrics[f"time_{key}"] = round(float(v), 3)
     payload = {"config": config, "metrics": metrics, "curves": res["curves"]}
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    text = "".join(map(json_line, rows))
     atomic_write_text(out_dir / "generations.jsonl", text)
     atomic_write_text(out_dir / "metrics.json", json.dumps(payload, indent=1))
     info = RunInfo(out_dir.name, out_dir, "eval", metrics, res["curves"], config, rows[: s.n_examples])
@@ -359,13 +375,15 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
         with Verifier(workers=s.verify_workers, timeout_s=s.verify_timeout) as verifier:
             if len(done) < total:
                 _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, engine)
-            rows = read_rows(gen_path)
-            keys = [(str(r["prompt_id"]), int(r["sample_idx"])) for r in rows]
-            if len(set(keys)) != len(keys) or len(keys) != total:
-                raise DataError(f"{gen_path}: expected {total} unique rows, found {len(keys)} ({len(set(keys))} unique)")
-            order = {p.id: i for i, p in enumerate(problems)}
-            rows.sort(key=lambda r: (order[str(r["prompt_id"])], int(r["sample_idx"])))
-            return _finish(out_dir, rows, s, config, verifier, timing)
+            with _gc_paused():
+                rows = read_rows(gen_path)
+                keys = [(str(r["prompt_id"]), int(r["sample_idx"])) for r in rows]
+                if len(set(keys)) != len(keys) or len(keys) != total:
+                    raise DataError(f"{gen_path}: expected {total} unique rows, found {len(keys)} ({len(set(keys))} "
+                                    "unique)")
+                order = {p.id: i for i, p in enumerate(problems)}
+                rows.sort(key=lambda r: (order[str(r["prompt_id"])], int(r["sample_idx"])))
+                return _finish(out_dir, rows, s, config, verifier, timing)
 
 
 def response_budget(s: EvalSettings, problems: list, engine=None) -> int:
@@ -481,16 +499,17 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) and v <= 0
 
 
-def _numbers_ok(v: list, *, logprob: bool) -> bool:
-    """Every entry of ``v`` a JSON number (not a bool) in range: log-probs <= 0 (-inf allowed, NaN not), statistics
-    finite and >= 0. One tensor for the whole list."""
-    if not set(map(type, v)) <= {float, int}:
-        return False
+def _number_types(lists: list[list], *, logprob: bool) -> set[type] | None:
+    """The types of the entries of ``lists`` when every one is a JSON number (not a bool) in range: log-probs <= 0
+    (-inf allowed, NaN not), statistics finite and >= 0; None otherwise. One tensor for all the lists."""
+    types = set(map(type, chain.from_iterable(lists)))
+    if not types <= {float, int}:
+        return None
     try:
-        t = torch.tensor(v, dtype=torch.float64)
-    except (OverflowError, RuntimeError):  # an integer beyond float64
-        return False
-    return bool((t <= 0 if logprob else torch.isfinite(t) & (t >= 0)).all())  # NaN fails both
+        t = float_values(lists)
+    except OverflowError:  # an integer beyond float64
+        return None
+    return types if bool((t <= 0 if logprob else torch.isfinite(t) & (t >= 0)).all()) else None  # NaN fails both
 
 
 def _checked_token_fields(rows: list) -> dict[str, bool]:
@@ -500,9 +519,9 @@ def _checked_token_fields(rows: list) -> dict[str, bool]:
     for f in TOKEN_FIELDS:
         lists = [r[f] for _, r in rows if isinstance(r, dict) and r.get(f) is not None]
         if all(type(v) is list for v in lists):
-            flat = list(chain.from_iterable(lists))
-            if _numbers_ok(flat, logprob=f == "token_logprobs"):
-                out[f] = set(map(type, flat)) <= {float}
+            types = _number_types(lists, logprob=f == "token_logprobs")
+            if types is not None:
+                out[f] = types <= {float}
     return out
 
 
@@ -510,7 +529,8 @@ def _token_list(r: dict, f: str, where: str, checked: dict[str, bool]) -> list[f
     """Row ``r``'s per-token list ``f`` as floats; DataError naming the line when it is not a list of numbers in range
     (``checked``: :func:`_checked_token_fields` of the file)."""
     v = r[f]
-    if f not in checked and not (isinstance(v, list) and _numbers_ok(v, logprob=f == "token_logprobs")):
+    if f not in checked and not (isinstance(v, list)
+                                 and _number_types([v], logprob=f == "token_logprobs") is not None):
         kind = "numbers <= 0" if f == "token_logprobs" else "finite numbers >= 0"
         raise DataError(f"{where}: {f!r} must be a list of {kind}")
     return v if checked.get(f) else list(map(float, v))
@@ -599,7 +619,11 @@ def _read_generations(path: Path) -> list[dict]:
 
 def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
     """Compute everything from responses + log-probs produced elsewhere (schema: docs/generations-schema.md)."""
-    path, out_dir = Path(path), Path(out_dir)
+    with _gc_paused():
+        return _run_from_generations(Path(path), Path(out_dir), s)
+
+
+def _run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
     norm = _read_generations(path)
     config = {"generations": str(path), "answer_format": s.answer_format,
               "fallback_last_number": s.fallback_last_number, "n_bins": s.n_bins, "n_boot": s.n_boot,

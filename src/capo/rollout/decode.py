@@ -2,7 +2,7 @@
 engine's sampler when ``rollout.decode`` (:data:`capo.rollout.engine.DECODERS`) selects it.
 
 Why: at the reasoning testbed's shape a decoding step of a 5M-parameter model costs ~9 ms on an H200 under
-``generate``, almost all of it kernel launches (docs/results.md). Captured as a CUDA graph (``torch.compile(mode=
+``generate``, almost all of it kernel launches (docs/performance.md). Captured as a CUDA graph (``torch.compile(mode=
 "reduce-overhead")``), a step's forward is one launch. ``generate`` cannot keep capo's log-prob hook inside a graph
 (a replay overwrites the logits the hook kept: the CUDA-graph error found on an H100), so here the loop is capo's:
 each step's forward returns its raw logits, and the sampled token's log-prob, the per-token statistics and the
@@ -20,7 +20,7 @@ evaluation's), its length rounded up to a multiple of :data:`CACHE_BUCKET` posit
 allocated for all of it (positions not yet written are hidden by causality). A cache only grows: a rollout whose
 prompts and budget fit a kept cache decodes in it, so a training run whose prompt lengths vary from step to step
 compiles once per growth, not at every step (the reasoning testbed's 3-step timing on an H200 recompiled each step
-when the length followed each batch: docs/results.md). torch compiles the step once per decoder and shape; past its
+when the length followed each batch: docs/performance.md). torch compiles the step once per decoder and shape; past its
 recompile limit (``torch._dynamo.config.recompile_limit``, 8 by default, counted per process) a further model or
 shape decodes eagerly, with torch's warning.
 

@@ -27,7 +27,7 @@ answer (a refusal, a long sentence, a cut one); ``confidence`` = RLCR's ``<confi
 ``short``); ``format_ok`` = an answer was found (and, for ``rlcr_short``, RLCR's tags are well formed).
 
 For ``percent`` and ``outcome`` ``Graded`` also carries the stochastic-outcome columns the per-question measures read
-(:func:`capo.core.calibration.stochastic_summary`): ``outcome`` (the fixed outcome a), ``stated`` (the probability of
+(:func:`capo.tasks.stochastic.stochastic_summary`): ``outcome`` (the fixed outcome a), ``stated`` (the probability of
 a = 1 the response states: the percent, or NN / 100 for D = 1 and 1 - NN / 100 for D = 0) and, for ``outcome``,
 ``chosen`` (the predicted outcome D as 1.0 / 0.0).
 """

@@ -21,7 +21,7 @@ __all__ = ["ATTENTIONS", "LOGPROB_TILE_TOKENS", "attention", "token_logprobs"]
 
 # transformers' attention implementations a log-prob forward may run with (``model.attention``): on the CPU, at short
 # responses on a shared prefix (the facts task's 16 prompts x 8 x 16 tokens), SDPA's flash kernel spends more in its
-# backward than the eager matmuls (docs/results.md, "Facts: the step"); rollouts keep the model's own (SDPA).
+# backward than the eager matmuls (docs/results/real-model.md, "Facts: the step"); rollouts keep the model's own (SDPA).
 ATTENTIONS = ("sdpa", "eager")
 
 

@@ -2,8 +2,9 @@
 trainer, the TRL adapter and the verl plugin alike.
 
 :class:`StepBatch` is one graded batch as an engine collected it; :class:`StepSpec` says what to compute from it
-(estimator, loss, reward, mask, ...). :func:`method_inputs` builds the inputs a method names in its registry
-function's signature (never a list of method names):
+(advantage, loss, reward, mask, ...). :func:`method_inputs` builds the inputs a method declares it reads at
+registration (``ADVANTAGES.register(name, reads=...)``, ``POLICY_LOSSES.register(name, reads=...)``; never its
+signature, never a list of method names):
 
 - ``confidence_shift`` [N] (advantage ``ace``): c_i = sum_t (log pi_old - log pi_ref) over the response's real
   tokens, 0 where non-finite (that row's group is dropped by the numerical guard anyway);
@@ -20,14 +21,13 @@ is the one caller.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from capo.core import ADVANTAGES, POLICY_LOSSES, rlcr_components
+from capo.core import ADVANTAGES, POLICY_LOSSES, RENAMED, checks, rlcr_components
 from capo.errors import ConfigError
 
 __all__ = ["MethodInputs", "StepBatch", "StepSpec", "advantage_inputs", "method_inputs", "needed_data"]
@@ -46,22 +46,22 @@ class MethodInputs:
     loss: dict = field(default_factory=dict)
 
 
-def advantage_inputs(estimator: str) -> set[str]:
-    """The extra inputs (``confidence_shift``, ``cluster_ids``, ``components``) ``estimator``'s signature names."""
-    return set(inspect.signature(ADVANTAGES.get(estimator)).parameters) & {"confidence_shift", "cluster_ids",
-                                                                           "components"}
+def advantage_inputs(advantage: str) -> set[str]:
+    """The inputs built here (``confidence_shift``, ``cluster_ids``, ``components``) that estimator ``advantage``
+    declared it reads."""
+    return set(ADVANTAGES.reads(advantage)) & {"confidence_shift", "cluster_ids", "components"}
 
 
-def _wants(estimator: str, loss: str | None) -> tuple[set, set]:
-    los = set() if loss is None else set(inspect.signature(POLICY_LOSSES.get(loss)).parameters) & {"rewards"}
-    return advantage_inputs(estimator), los
+def _wants(advantage: str, loss: str | None) -> tuple[set, set]:
+    los = set() if loss is None else set(POLICY_LOSSES.reads(loss)) & {"rewards"}
+    return advantage_inputs(advantage), los
 
 
-def needed_data(estimator: str, loss: str | None = None, *, reward: str = "correctness") -> set[str]:
+def needed_data(advantage: str, loss: str | None = None, *, reward: str = "correctness") -> set[str]:
     """The engine data (``token_logp``, ``ref_token_logp``, ``answers``, ``confidence``, ``format_ok``) that
     :func:`method_inputs` needs for this estimator/loss/reward, so an engine can prepare it (e.g. a reference model)
     or refuse at construction time."""
-    adv, los = _wants(estimator, loss)
+    adv, los = _wants(advantage, loss)
     out: set[str] = set()
     for name in adv | los:
         if name == "components" and reward != "rlcr":
@@ -103,7 +103,9 @@ class StepBatch:
 class StepSpec:
     """What to compute from a :class:`StepBatch`.
 
-    estimator / hparams: the advantage estimator (``ADVANTAGES``) and its knobs; loss: the policy loss whose inputs
+    advantage / advantage_kwargs: the advantage estimator (``ADVANTAGES``) and its hyperparameters (the names of
+    capo's trainer's ``algo.advantage`` / ``algo.advantage_kwargs``; the old ``estimator`` / ``hparams`` raise a
+    TypeError naming them); loss: the policy loss whose inputs
     to build (None: none); reward / reward_kwargs: the core reward that produced the rewards (its
     ``format_failure_reward`` enters RLCR's components; any other name means "not a core reward");
     mask: CAPO's noise-mask thresholds (a :class:`capo.rollout.step.MaskThresholds`; None: the mask is off);
@@ -112,8 +114,8 @@ class StepSpec:
     the batch metrics (None: the batch is already whole).
     """
 
-    estimator: str
-    hparams: dict = field(default_factory=dict)
+    advantage: str
+    advantage_kwargs: dict = field(default_factory=dict)
     loss: str | None = None
     reward: str = "correctness"
     reward_kwargs: dict = field(default_factory=dict)
@@ -124,6 +126,10 @@ class StepSpec:
     hints: dict[str, str] = field(default_factory=dict)
     gather: Callable[[torch.Tensor], torch.Tensor] | None = None
 
+    def __new__(cls, *args, **kwargs):
+        checks.renamed("StepSpec", {k: v for k, v in kwargs.items() if k in RENAMED}, RENAMED)
+        return super().__new__(cls)
+
 
 def _missing(spec: StepSpec, method: str, what: str, data: str) -> ConfigError:
     hint = spec.hints.get(data)
@@ -132,13 +138,13 @@ def _missing(spec: StepSpec, method: str, what: str, data: str) -> ConfigError:
 
 
 def method_inputs(spec: StepSpec, batch: StepBatch, rewards: torch.Tensor | None = None) -> MethodInputs:
-    """The extra inputs estimator ``spec.estimator`` and policy loss ``spec.loss`` name in their signatures, built
-    from ``batch``; ``rewards``: the rewards to use instead of ``batch.rewards`` (the step passes the guarded ones).
+    """The extra inputs estimator ``spec.advantage`` and policy loss ``spec.loss`` declared they read, built from
+    ``batch``; ``rewards``: the rewards to use instead of ``batch.rewards`` (the step passes the guarded ones).
     """
-    adv, los = _wants(spec.estimator, spec.loss)
+    adv, los = _wants(spec.advantage, spec.loss)
     rewards = batch.rewards if rewards is None else rewards
     out = MethodInputs()
-    what = f"advantage estimator {spec.estimator!r}"
+    what = f"advantage estimator {spec.advantage!r}"
     if "confidence_shift" in adv:  # ACE: c_i = sum_t (log pi_old - log pi_ref), a constant
         out.advantage["confidence_shift"] = _confidence_shift(spec, batch, what)
     if "cluster_ids" in adv:  # SEED-GRPO: answer equivalence classes within each prompt (-1 = no answer)

@@ -90,7 +90,7 @@ def tune_cpu_allocator(threshold: int = MMAP_THRESHOLD) -> bool:
     glibc serves every allocation above its mmap threshold (at most 32 MiB by default) with new pages and returns
     them on free. A KV cache that grows by one token per decoding step is re-allocated at every step; once its
     tensors pass 32 MiB (the reasoning testbed's shape: 128 rows x ~420 positions) each step maps, zero-fills and
-    unmaps them, and the kernel's share of the sampler's time reached 65% (docs/results.md, "The reasoning
+    unmaps them, and the kernel's share of the sampler's time reached 65% (docs/performance.md, "The reasoning
     testbed's step"). Above the threshold set here memory is reused instead. Numerics are untouched (tested: the same
     tokens and log-probs). Returns whether it applied: False off glibc (macOS, musl, Windows). The ``capo`` command
     calls it at start (``capo --system-malloc`` keeps glibc's defaults)."""

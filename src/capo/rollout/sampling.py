@@ -124,7 +124,7 @@ def sample_rollout(model, tokenizer, prompts: list[str], *, k: int, max_new_toke
     (:data:`capo.rollout.engine.KV_CACHES`, the knob ``rollout.kv_cache``; ``generate`` only): "static" preallocates
     the keys/values for the whole response (P + max_new_tokens positions) and writes each step in place; "dynamic"
     (transformers' default) grows them by concatenation, which copies the whole cache at every decoding step. Same
-    distribution; the sampled tokens agreed exactly in the measured cases (docs/results.md). ``record_stats``: also
+    distribution; the sampled tokens agreed exactly in the measured cases (docs/performance.md). ``record_stats``: also
     record each token's entropy, self-certainty and DeepConf confidence (:data:`TOKEN_STATS`, into
     ``Rollout.token_stats``) for the confidence estimators of :mod:`capo.core.confidence`. ``prefix_attention``
     (``generate`` with a shared prefix): each decoding step reads a group's prompt keys/values once

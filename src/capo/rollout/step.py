@@ -10,8 +10,9 @@ the verl plugin (each only collects its :class:`~capo.rollout.method_inputs.Step
 5. the batch metrics: ``calib/*`` (:func:`capo.core.calibration_metrics`), ``train/masked_frac`` (and per
    verdict, ``train/masked_frac_correct`` / ``_incorrect``), ``train/filtered_frac`` (docs/metrics.md).
 
-Whether the mask applies to an estimator is :func:`capo.core.mask_applies` (any estimator when enabled; by default
-only CAPO); its knob ranges and defaults are :mod:`capo.core.masks`'s.
+The noise mask is one ``noise_mask`` value on every path (``capo.core.NOISE_MASKS``: off, fixed, quantile) with the
+knobs ``mask_low``, ``mask_high``, ``mask_q_low``, ``mask_q_high``; :func:`noise_mask_thresholds` turns them into a
+run's :class:`MaskThresholds` (None when off), after the one check of each (:mod:`capo.core.masks`).
 """
 
 from __future__ import annotations
@@ -26,41 +27,40 @@ from capo.core import (
     MASK_LOW,
     MASK_Q_HIGH,
     MASK_Q_LOW,
-    MASK_RULES,
     StepResult,
     calibration_metrics,
     estimate,
     guard_batch,
     mask_knob_problem,
+    noise_mask_problem,
     ppl_quantile_thresholds,
+    resolve_noise_mask,
     sequence_logprob_mean,
 )
 from capo.errors import ConfigError
 from capo.rollout.method_inputs import StepBatch, StepSpec, method_inputs
 
-__all__ = ["MaskThresholds", "StepBatch", "StepOutput", "StepSpec", "step_advantages"]
+__all__ = ["MaskThresholds", "StepBatch", "StepOutput", "StepSpec", "noise_mask_thresholds", "step_advantages"]
 
 
 class MaskThresholds:
-    """CAPO's noise-mask thresholds (low, high) of one run, by rule (``capo.core.MASK_RULES``):
+    """CAPO's noise-mask thresholds (low, high) of one run, by ``noise_mask`` (``capo.core.MASK_RULES``):
 
-    "fixed": ``low`` and ``high`` as given (the paper's 1.05 and 2.5 for Qwen2.5-Math by default; capo's trainer
-    passes the quantiles it measured on the reference model's own rollouts before training);
-    "quantile": the (``q_low``, ``q_high``) quantiles of the reference perplexities of the first batch this object
-    sees (:func:`capo.core.ppl_quantile_thresholds`), then frozen for the rest of the run. At the first training
-    step the policy is still the base model, so these are the base model's own rollouts, as in the paper.
-    The object is the run's state: create one per run.
+    "fixed": ``mask_low`` and ``mask_high`` as given (the paper's 1.05 and 2.5 for Qwen2.5-Math by default; capo's
+    trainer passes the quantiles it measured on the reference model's own rollouts before training);
+    "quantile": the (``mask_q_low``, ``mask_q_high``) quantiles of the reference perplexities of the first batch this
+    object sees (:func:`capo.core.ppl_quantile_thresholds`), then frozen for the rest of the run. At the first
+    training step the policy is still the base model, so these are the base model's own rollouts, as in the paper.
+    The object is the run's state: create one per run (:func:`noise_mask_thresholds`).
     """
 
-    def __init__(self, rule: str = "fixed", low: float = MASK_LOW, high: float = MASK_HIGH, q_low: float = MASK_Q_LOW,
-                 q_high: float = MASK_Q_HIGH, *, engine: str):
-        if rule not in MASK_RULES:
-            raise ConfigError(f"{engine}: mask_rule={rule!r} is not allowed; allowed values: {', '.join(MASK_RULES)}")
-        problem = mask_knob_problem(low, high, q_low, q_high)
-        if problem:
-            raise ConfigError(f"{engine}: {problem}")
-        self.rule, self.q_low, self.q_high = rule, q_low, q_high
-        self.value: tuple[float, float] | None = (low, high) if rule == "fixed" else None
+    def __init__(self, noise_mask: str = "fixed", mask_low: float = MASK_LOW, mask_high: float = MASK_HIGH,
+                 mask_q_low: float = MASK_Q_LOW, mask_q_high: float = MASK_Q_HIGH, *, engine: str):
+        problem = noise_mask_problem(noise_mask) or mask_knob_problem(mask_low, mask_high, mask_q_low, mask_q_high)
+        if problem or noise_mask == "off":
+            raise ConfigError(f"{engine}: {problem or 'noise_mask=off has no thresholds'}")
+        self.rule, self.q_low, self.q_high = noise_mask, mask_q_low, mask_q_high
+        self.value: tuple[float, float] | None = (mask_low, mask_high) if noise_mask == "fixed" else None
 
     def resolve(self, ref_ppl: torch.Tensor) -> tuple[float, float] | None:
         """(low, high) for this batch; ``ref_ppl`` [M] are the reference perplexities of its existing rows (read
@@ -71,6 +71,19 @@ class MaskThresholds:
                 return None
             self.value = ppl_quantile_thresholds(ppl, self.q_low, self.q_high)
         return self.value
+
+
+def noise_mask_thresholds(advantage: str, noise_mask: str | None, *, engine: str, key: str = "noise_mask",
+                          **knobs: float) -> MaskThresholds | None:
+    """A run's :class:`MaskThresholds` for estimator ``advantage``, or None when the mask is off. ``noise_mask``:
+    one of ``capo.core.NOISE_MASKS``, or None = :func:`capo.core.default_noise_mask` (fixed for capo, else off);
+    ``knobs``: mask_low, mask_high, mask_q_low, mask_q_high (defaults: ``capo.core.masks``). ConfigError naming
+    ``key`` (how the engine spells the setting) for a value not allowed, the old bools included."""
+    value = resolve_noise_mask(advantage, noise_mask)
+    problem = noise_mask_problem(value, key=key)
+    if problem:
+        raise ConfigError(f"{engine}: {problem}")
+    return None if value == "off" else MaskThresholds(value, **knobs, engine=engine)
 
 
 @dataclass(frozen=True)
@@ -99,8 +112,8 @@ def step_advantages(batch: StepBatch, spec: StepSpec) -> StepOutput:
         thresholds = spec.mask.resolve(guarded.ref_ppl[guarded.valid])
     x = method_inputs(spec, batch, rewards=guarded.rewards)
     correct = batch.correct if batch.correct is not None else torch.zeros(len(batch.rewards), dtype=torch.bool)
-    res = estimate(spec.estimator, guarded, correct, g, mask_thresholds=thresholds, hparams=spec.hparams,
-                   inputs=x.advantage)
+    res = estimate(spec.advantage, guarded, correct, g, mask_thresholds=thresholds,
+                   advantage_kwargs=spec.advantage_kwargs, inputs=x.advantage)
     return StepOutput(result=res, loss_inputs=x.loss, thresholds=thresholds,
                       metrics=_batch_metrics(batch, spec, res, thresholds))
 

@@ -83,7 +83,7 @@ def _draw(records: dict, s: dict, reference: str, out: Path) -> list[Path]:
 
 
 def compare_summary_report(path: Path, reference: str = "grpo", effect: float = 0.03) -> str:
-    """The seed-paired table of a ``scripts/compare_table.py`` summary JSON (model -> measure -> per-seed list)."""
+    """The seed-paired table of a ``capo report --figures`` summary JSON (model -> measure -> per-seed list)."""
     from capo.sweep.tables import from_compare_summary
 
     path = Path(path)

@@ -1,6 +1,6 @@
 """A sweep's statistics (:mod:`capo.sweep.analysis`) as Markdown tables: the reading at a glance, per seed, mean
 (sd), the paired differences, the change from the start and along the curve; one run's curve; and the seed-paired
-table of a ``scripts/compare_table.py`` summary."""
+table of a ``capo report --figures`` summary."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from capo.sweep.analysis import LABELS, MEASURES, OPTIONAL_MEASURES, headline_pa
 
 
 def from_compare_summary(path: Path, reference: str, effect: float) -> str:
-    """Seed-paired table from a `scripts/compare_table.py` summary JSON (model -> measure -> per-seed list, the same
+    """Seed-paired table from a ``capo report --figures`` summary JSON (model -> measure -> per-seed list, the same
     seeds in the same order for every trained model)."""
     data = json.loads(Path(path).read_text())
     lines = [f"| model | measure | seeds | difference vs {reference} [95% t-interval over seeds] | sd | p |",

@@ -11,8 +11,8 @@ Model string (raw text, as the default; the coin step is written like any other 
     prompt   = "<s>5+8-9+?="
     response = "5+8=13 13-9=4 4+?=5<answer>5</answer><confidence>0.3</confidence></s>"
 
-Why (docs/results.md, "The calibration-collapse testbed"): Bereket & Leskovec (arXiv 2508.11800) report that
-GRPO's per-group std normalisation makes policies overconfident when outcomes are stochastic, while RLOO and GRPO
+Why (docs/results/collapse-testbed.md, "The calibration-collapse testbed"): Bereket & Leskovec (arXiv 2508.11800) report
+that GRPO's per-group std normalisation makes policies overconfident when outcomes are stochastic, while RLOO and GRPO
 without the std stay calibrated. With ``p_one = 0.5`` every guess of the coin has the same expected reward, so any
 sharpening of the guess is driven by noise alone, and a policy that becomes confident about the coin ranks its own
 samples by a coin it cannot see: per-prompt perplexity AUC falls towards 0.5 on coin problems.
@@ -25,7 +25,6 @@ its prior over the coin is uninformative, as it should be.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from importlib import resources
@@ -34,8 +33,9 @@ from typing import Any
 
 import torch
 
-from capo.errors import ConfigError
+from capo.errors import ConfigError, DataError
 from capo.tasks import default as d
+from capo.tasks import model_builder as mb
 from capo.tasks.problem import Problem, fill_options, question_rng
 
 __all__ = ["COIN_MODEL_DIR", "TASK_NAME", "DEFAULT_OPTIONS", "WARMUP_P_ONE", "check_options", "coin_problems",
@@ -110,29 +110,30 @@ def format_response(problem: Problem, confidence: str, coin: int) -> str:
 
 def _respond(p: Problem, rng: random.Random) -> str:
     coin = int(rng.random() < WARMUP_P_ONE)
-    return format_response(p, rng.choice(d.CONFIDENCE_GRID), coin)
+    return format_response(p, rng.choice(mb.CONFIDENCE_GRID), coin)
 
 
 def build_coin_model(out_dir: str | Path, seed: int = 0, *, steps: int = 150, batch_size: int = 64, lr: float = 1e-3,
                      warmup_steps: int = 10, log_every: int = 50, log=None, base_dir: str | Path | None = None) -> dict:
     """Fine-tune the shipped default (or ``base_dir``) on coin_sum train problems (coin steps resolved with
-    probability ``WARMUP_P_ONE``) and save it to ``out_dir``. Deterministic on CPU for a fixed seed and thread count.
-    Returns stats, also written to ``out_dir/capo_default.json``."""
-    out_dir = Path(out_dir)
+    probability ``WARMUP_P_ONE``) and save it to ``out_dir`` (:func:`capo.tasks.model_builder.build_model` with this
+    task's settings). Deterministic on CPU for a fixed seed and thread count. Returns stats, also written to
+    ``out_dir/capo_default.json``."""
     t0 = time.perf_counter()
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    model, tok = d.load_default(model_dir=base_dir)
-    train = coin_problems("train", steps * batch_size, seed=seed, options={"p_one": WARMUP_P_ONE})
-    losses = d._warmup(model, train, tok, rng, steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
-                       log_every=log_every, log=log, respond=_respond)
-    d.save_model(model, tok, out_dir)
+    base = Path(base_dir) if base_dir is not None else d.DEFAULT_MODEL_DIR
+    if not (base / "config.json").exists():
+        raise DataError(f"no default model at {base}; build one with `capo build-default --out {base}`")
+    recipe = mb.ModelRecipe(
+        problems=lambda n: coin_problems("train", n, seed=seed, options={"p_one": WARMUP_P_ONE}), respond=_respond,
+        prompt=format_prompt, steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, seed=seed,
+        base_dir=base, hooks=mb.WarmupHooks(log=log, log_every=log_every))
+    built = mb.build_model(recipe, out_dir)
     stats: dict[str, Any] = {
         "task": TASK_NAME, "options": {**DEFAULT_OPTIONS, "p_one": WARMUP_P_ONE}, "seed": seed, "steps": steps,
         "batch_size": batch_size, "lr": lr, "warmup_steps": warmup_steps,
-        "base": str(base_dir or "default"), "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+        "base": str(base_dir or "default"), "final_loss": mb.mean_loss(built.losses),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "total_seconds": round(time.perf_counter() - t0, 1),
     }
-    (out_dir / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")
+    mb.write_record(out_dir, stats)
     return stats

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from capo.core.checks import did_you_mean
 from capo.errors import DataError
+from capo.rundir import json_loads
 from capo.tasks import generated as _generated
 from capo.tasks.problem import Problem
 from capo.verify.extract import extract_boxed, extract_gsm8k
@@ -149,7 +150,7 @@ def iter_jsonl(path: Path):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json_loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path} line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
             yield lineno, row

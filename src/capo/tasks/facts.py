@@ -57,7 +57,7 @@ QUESTION = {
     "element_name": "Which chemical element has the symbol {}?",
     "element_number": "What is the atomic number of {}?",
 }
-# The instruction after every question, chosen by the pilot of the base model (docs/results.md, "Facts").
+# The instruction after every question, chosen by the pilot of the base model (docs/results/real-model.md, "Facts").
 INSTRUCTION = "Answer with the name only."
 INSTRUCTION_NUMBER = "Answer with the number only."
 

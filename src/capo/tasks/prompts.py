@@ -16,7 +16,7 @@ SYSTEM_RLCR_SHORT = ("Answer the question inside <answer></answer>, then give yo
 
 def default_system(answer_format: str) -> str | None:
     """The built-in system message for an answer format: RLCR's tags (``rlcr``; ``rlcr_short``: around a short
-    answer), none for ``short`` (the chat template's own: the facts pilot's choice, docs/results.md), else
+    answer), none for ``short`` (the chat template's own: the facts pilot's choice, docs/results/real-model.md), else
     ``\\boxed{}``."""
     return {"rlcr": SYSTEM_RLCR, "rlcr_short": SYSTEM_RLCR_SHORT, "short": None}.get(answer_format, SYSTEM_BOXED)
 

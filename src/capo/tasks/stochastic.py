@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from capo.core import checks
+from capo.core.calibration import auroc, ece
 from capo.core.rewards import SCORING_RULES, scoring_rule
 
 
@@ -53,6 +55,83 @@ def score(stated: torch.Tensor, outcome: torch.Tensor, rule: str = "log") -> tor
     return scoring_rule(stated, outcome, rule)
 
 
+# ---------------------------------------------------------------------------------- the task's own measures
+# The per-question calibration of stated probabilities of stochastic outcomes (arXiv 2508.11800, Sec. 3, Table 1's
+# measures), built on the core's general measures (capo.core.calibration.ece, auroc). capo eval's metrics, model
+# comparisons and the trainer's eval/ call stochastic_summary when a batch carries the stochastic-outcome columns
+# (outcome, stated, chosen: capo.rollout.grade with the "percent" or "outcome" answer format); docs/metrics.md
+# defines each key.
+
+# (metrics key, readable name, +1 = higher is better / -1 = lower is better): the task's measures as capo eval's
+# report, model comparisons and their conclusion show them (PAIRED: the ones a comparison pairs across models)
+MEASURES = (("stochastic_ece", "ECE of the per-question stated probability", -1),
+            ("stochastic_rate_error", "mean |stated - true rate|", -1),
+            ("stochastic_auroc", "AUROC of the per-question stated probability", 1),
+            ("answer_ece", "ECE of the per-question frequency of predicting 1", -1),  # the binary variant only
+            ("answer_rate_error", "mean |frequency of predicting 1 - true rate|", -1),
+            ("answer_auroc", "AUROC of the per-question frequency of predicting 1", 1))
+PAIRED = ("stochastic_ece", "stochastic_rate_error", "answer_ece", "answer_rate_error")
+
+STATED_KEYS = ("stochastic_questions", "stochastic_ece", "stochastic_rate_error", "stochastic_auroc",
+               "stochastic_mean_stated")
+# the same measures of the predicted outcome's frequency (the binary variant, answer format "outcome")
+ANSWER_KEYS = tuple(k.replace("stochastic_", "answer_") for k in STATED_KEYS)
+
+
+def stated_question_means(stated, outcome, group_ids, rate) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per question with at least one valid stated probability: (m [Q'] float64 the mean of its valid stated
+    probabilities, a [Q'] bool its outcome, p [Q'] float64 its true rate), questions in id order. Shapes: stated [N]
+    floating in [0, 1], NaN = invalid (left out); outcome [N] bool (the same within a question); group_ids [N] int
+    question ids (gaps allowed: an id no row has is no question); rate [N] floating, the question's true rate."""
+    q, _ = checks.probs("stated", checks.array1d("stated", stated), allow_nan=True)
+    a = checks.labels("outcome", outcome).to(q.device)
+    g = checks.group_ids_1d("group_ids", group_ids).to(q.device)
+    r = checks.array1d("rate", rate).to(q.device, torch.float64)
+    checks.same_shape(stated=q, outcome=a, group_ids=g, rate=r)
+    checks.nonempty("stated", q)
+    n, valid = int(g.max()) + 1, ~torch.isnan(q)
+    total = torch.zeros(n, dtype=torch.float64, device=q.device).index_add_(0, g[valid], q[valid].to(torch.float64))
+    count = torch.zeros(n, dtype=torch.float64, device=q.device).index_add_(0, g[valid], torch.ones_like(total[g[valid]]))
+    has = count > 0
+    per_a = torch.zeros(n, dtype=torch.bool, device=q.device).index_put_((g,), a)[has]
+    per_r = torch.zeros(n, dtype=torch.float64, device=q.device).index_put_((g,), r)[has]
+    return total[has] / count[has], per_a, per_r
+
+
+def stated_probability_summary(stated, outcome, group_ids, rate, n_bins: int = 10) -> dict[str, float]:
+    """Calibration of stated probabilities of stochastic outcomes, per question (Bereket & Leskovec, arXiv
+    2508.11800, Sec. 3, the measures of Table 1), on :func:`stated_question_means`' m, a, p: ``stochastic_ece``
+    (``n_bins``-bin ECE of m against a), ``stochastic_rate_error`` (mean |m - p|), ``stochastic_auroc`` (AUROC of m
+    for a), ``stochastic_mean_stated`` (mean of m), ``stochastic_questions`` (Q'; the others NaN when it is 0).
+    Shapes as :func:`stated_question_means`."""
+    return stated_means_summary(*stated_question_means(stated, outcome, group_ids, rate), n_bins=n_bins)
+
+
+def stated_means_summary(m: torch.Tensor, a: torch.Tensor, p: torch.Tensor, n_bins: int = 10,
+                         prefix: str = "stochastic") -> dict[str, float]:
+    """:func:`stated_probability_summary` from :func:`stated_question_means`' output (m, a, p: [Q'] each), for a
+    caller that also needs the means (``capo eval``'s reliability diagram), so they are computed once. ``prefix``
+    names the keys (``stochastic``: :data:`STATED_KEYS`; ``answer``: :data:`ANSWER_KEYS`)."""
+    out = {f"{prefix}_questions": float(m.numel())}
+    if m.numel() == 0:
+        return out | {k.replace("stochastic", prefix, 1): math.nan for k in STATED_KEYS[1:]}
+    return out | {f"{prefix}_ece": ece(m, a, n_bins=n_bins), f"{prefix}_rate_error": float((m - p).abs().mean()),
+                  f"{prefix}_auroc": auroc(m, a), f"{prefix}_mean_stated": float(m.mean())}
+
+
+def stochastic_summary(stated, outcome, group_ids, rate, chosen=None, n_bins: int = 10) -> dict[str, float]:
+    """The per-question measures of stochastic outcomes, the one function ``capo eval``, comparisons and the trainer
+    call: :func:`stated_probability_summary` of the stated probabilities of a = 1 (:data:`STATED_KEYS`) and, given
+    ``chosen`` (the binary variant: [N] the predicted outcome as 1.0 / 0.0, NaN where invalid), the same measures of
+    each question's frequency of predicting 1, the model's own probability of the outcome (:data:`ANSWER_KEYS`;
+    arXiv 2508.11800 reads a model's answer distribution this way). Shapes as :func:`stated_question_means`."""
+    out = stated_probability_summary(stated, outcome, group_ids, rate, n_bins=n_bins)
+    if chosen is not None:
+        out |= stated_means_summary(*stated_question_means(chosen, outcome, group_ids, rate), n_bins=n_bins,
+                                    prefix="answer")
+    return out
+
+
 # ------------------------------------------------------------------------------ the generated task ``stochastic``
 # A language-model version of the setting: the prompt names the question's category, the model states a probability
 # for a = 1 as two digits (percent) and is scored against the question's fixed outcome.
@@ -72,7 +151,7 @@ def score(stated: torch.Tensor, outcome: torch.Tensor, rule: str = "log") -> tor
 #
 # The ``outcome`` answer format grades it: ``correct`` = D == a, ``confidence`` = 0.73 (the stated P(correct)); the
 # stated probability of a = 1 is 0.73 for D = 1 and 0.27 for D = 0, and the frequency of D = 1 is the model's own
-# probability of the outcome (capo.core.calibration.stochastic_summary measures both per question).
+# probability of the outcome (stochastic_summary, above, measures both per question).
 
 TASK_NAME = "stochastic"
 BINARY_TASK_NAME = "stochastic_binary"
@@ -206,19 +285,15 @@ def _distribution_stats(variant: str, llama, tok) -> dict:
 def build_stochastic_model(out_dir, seed: int = 0, *, steps: int | None = None, batch_size: int | None = None,
                            lr: float | None = None, log_every: int = 100, log=None, variant: str = "percent") -> dict:
     """Train the stochastic task's base model from scratch (fp32, CPU, deterministic for a seed and thread count) on
-    uniform answers to the prompts of every category and save it to ``out_dir``: ``variant`` "percent" (the task
+    uniform answers to the prompts of every category and save it to ``out_dir``
+    (:func:`capo.tasks.model_builder.build_model` with this task's settings): ``variant`` "percent" (the task
     ``stochastic``: 01-99 to ``P(c)=``) or "outcome" (``stochastic_binary``: ``D NN`` to ``B(c)=``, D and NN
     independent and uniform). The record (also in ``out_dir/capo_default.json``) has the exact answer distribution's
     distance from uniform (:func:`stated_distribution`, :func:`binary_distribution`): total variation per category
     (max), the valid mass (min) and, for "outcome", the range over categories of P(D = 1)."""
-    import json
-    import random
     import time
-    from pathlib import Path
 
-    from transformers import Qwen2ForCausalLM
-
-    from capo.tasks import default as d
+    from capo.tasks import model_builder as mb
 
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
@@ -226,29 +301,22 @@ def build_stochastic_model(out_dir, seed: int = 0, *, steps: int | None = None, 
     steps, batch_size = int(steps or WARMUP["steps"]), int(batch_size or WARMUP["batch_size"])
     lr = float(lr or WARMUP["lr"])
     t0 = time.perf_counter()
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    tok = d.build_tokenizer(model_max_length=ARCH["max_positions"])
-    model = Qwen2ForCausalLM(d._model_config(tok, ARCH["hidden"], ARCH["layers"], ARCH["heads"], ARCH["intermediate"],
-                                             max_positions=ARCH["max_positions"])).float()
-    train = problems_fn("train", steps * batch_size, seed=seed)
-    losses = d._warmup(model, train, tok, rng, steps=steps, batch_size=batch_size, lr=lr,
-                       warmup_steps=int(WARMUP["warmup_steps"]), log_every=log_every, log=log,
-                       respond=respond, prompt_fn=format_prompt)
-    llama = d._export_llama(model)
-    d.save_model(llama, tok, Path(out_dir))
+    recipe = mb.ModelRecipe(problems=lambda n: problems_fn("train", n, seed=seed), respond=respond,
+                            prompt=format_prompt, steps=steps, batch_size=batch_size, lr=lr,
+                            warmup_steps=int(WARMUP["warmup_steps"]), seed=seed, arch=mb.Architecture(**ARCH),
+                            hooks=mb.WarmupHooks(log=log, log_every=log_every))
+    built = mb.build_model(recipe, out_dir)
     answer_chars = 2 if variant == "percent" else 4
     n_answers = 99 if variant == "percent" else 198
     stats = {"task": f"capo:{name}", "options": DEFAULT_OPTIONS, "seed": seed, "steps": steps,
              "batch_size": batch_size, "lr": lr, "warmup_steps": int(WARMUP["warmup_steps"]),
-             "architecture": {"type": "llama (trained as qwen2, exported)", **ARCH, "vocab": len(tok)},
-             "params": sum(p.numel() for p in model.parameters()),
-             "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
+             "architecture": {"type": "llama (trained as qwen2, exported)", **ARCH, "vocab": len(built.tokenizer)},
+             "params": built.params, "final_loss": round(sum(built.losses[-20:]) / len(built.losses[-20:]), 4),
              "uniform_loss": round(math.log(n_answers) / (answer_chars + 1), 4),
-             **_distribution_stats(variant, llama, tok),
+             **_distribution_stats(variant, built.model, built.tokenizer),
              "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
              "train_seconds": round(time.perf_counter() - t0, 1)}
-    (Path(out_dir) / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")
+    mb.write_record(out_dir, stats)
     return stats
 
 

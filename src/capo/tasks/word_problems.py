@@ -248,14 +248,14 @@ def check_trace(text: str, problem: Problem) -> TraceCheck:
 
 # -------------------------------------------------------------------------------------------------- base model
 
-# The shipped model's architecture and warm-up (docs/results.md, "The reasoning testbed"): a Qwen2-shaped network
+# The shipped model's architecture and warm-up (docs/model-builds.md, "The reasoning testbed"): a Qwen2-shaped network
 # trained from scratch with the default's character tokenizer, exported in the Llama layout like the default.
 ARCH: dict[str, int] = {"hidden": 256, "layers": 6, "heads": 4, "intermediate": 768, "max_positions": 768}
 WARMUP: dict[str, float] = {"steps": 1000, "batch_size": 32, "lr": 1.5e-3, "warmup_steps": 100}
 
 
 def _respond(p: Problem, rng: random.Random) -> str:
-    from capo.tasks.default import CONFIDENCE_GRID
+    from capo.tasks.model_builder import CONFIDENCE_GRID
 
     return format_response(p, rng.choice(CONFIDENCE_GRID))
 
@@ -264,45 +264,45 @@ def build_word_model(out_dir, seed: int = 0, *, steps: int | None = None, batch_
                      lr: float | None = None, log_every: int = 50, log=None, on_step=None, resume=None,
                      save_every: int = 0) -> dict:
     """Pre-train the reasoning testbed's base model from scratch on ``word_problems`` train traces and save it (fp32
-    safetensors + tokenizer) to ``out_dir``. Deterministic on CPU for a fixed seed and thread count; a run of k
-    steps equals the first k steps of a longer one (constant learning rate after warm-up). The confidence in the
-    targets is uniform over {0.0, ..., 1.0}, independent of correctness. Returns the build record (also written to
-    ``out_dir/capo_default.json``), with the loss curve every ``log_every`` steps. ``resume``/``save_every``: a state
-    file written every ``save_every`` steps and continued from when it exists (a killed build resumes exactly)."""
-    import json
+    safetensors + tokenizer) to ``out_dir`` (:func:`capo.tasks.model_builder.build_model` with this task's
+    settings). Deterministic on CPU for a fixed seed and thread count; a run of k steps equals the first k steps of
+    a longer one (constant learning rate after warm-up). The confidence in the targets is uniform over
+    {0.0, ..., 1.0}, independent of correctness. Returns the build record (also written to
+    ``out_dir/capo_default.json``), with the loss curve every ``log_every`` steps. ``on_step(step, model)``: called
+    after each step (checkpoints, measurements); ``resume``/``save_every``: a state file written every
+    ``save_every`` steps and continued from when it exists (a killed build resumes exactly)."""
     import time
-    from pathlib import Path
 
     import torch
-    from transformers import Qwen2ForCausalLM
 
-    from capo.tasks import default as d
+    from capo.tasks import model_builder as mb
 
     steps = int(steps or WARMUP["steps"])
     batch_size = int(batch_size or WARMUP["batch_size"])
     lr = float(lr or WARMUP["lr"])
-    out_dir = Path(out_dir)
     t0 = time.perf_counter()
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    tok = d.build_tokenizer(model_max_length=ARCH["max_positions"])
-    cfg = d._model_config(tok, ARCH["hidden"], ARCH["layers"], ARCH["heads"], ARCH["intermediate"],
-                          max_positions=ARCH["max_positions"])
-    model = Qwen2ForCausalLM(cfg).float()
-    train = word_problems("train", steps * batch_size, seed=seed)
-    losses = d._warmup(model, train, tok, rng, steps=steps, batch_size=batch_size, lr=lr,
-                       warmup_steps=int(WARMUP["warmup_steps"]), log_every=log_every, log=log, respond=_respond,
-                       prompt_fn=format_prompt, on_step=on_step, resume=resume, save_every=save_every)
-    d.save_model(d._export_llama(model), tok, out_dir)
-    curve = [round(sum(losses[k:k + log_every]) / len(losses[k:k + log_every]), 4)
-             for k in range(0, len(losses), log_every)]
-    stats = {
+    hooks = mb.WarmupHooks(log=log, log_every=log_every, on_step=on_step, resume=resume, save_every=save_every)
+    recipe = mb.ModelRecipe(problems=lambda n: word_problems("train", n, seed=seed), respond=_respond,
+                            prompt=format_prompt, steps=steps, batch_size=batch_size, lr=lr,
+                            warmup_steps=int(WARMUP["warmup_steps"]), seed=seed, arch=mb.Architecture(**ARCH),
+                            hooks=hooks)
+    built = mb.build_model(recipe, out_dir)
+    stats = _build_record(built.losses, log_every, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
+                         vocab=len(built.tokenizer), params=built.params)
+    stats |= {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+              "train_seconds": round(time.perf_counter() - t0, 1)}
+    mb.write_record(out_dir, stats)
+    return stats
+
+
+def _build_record(losses: list[float], every: int, *, seed: int, steps: int, batch_size: int, lr: float, vocab: int,
+                 params: int) -> dict:
+    """The head of a word-problem build record: the settings, the architecture and the loss curve (the mean loss
+    of each ``every`` steps; ``final_loss`` its last point)."""
+    curve = [round(sum(losses[k:k + every]) / len(losses[k:k + every]), 4) for k in range(0, len(losses), every)]
+    return {
         "task": f"capo:{TASK_NAME}", "options": DEFAULT_OPTIONS, "seed": seed, "steps": steps,
         "batch_size": batch_size, "lr": lr, "warmup_steps": int(WARMUP["warmup_steps"]),
-        "architecture": {"type": "llama (trained as qwen2, exported)", **ARCH, "vocab": len(tok)},
-        "params": sum(p.numel() for p in model.parameters()), "loss_every": log_every, "loss_curve": curve,
-        "final_loss": curve[-1], "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-        "train_seconds": round(time.perf_counter() - t0, 1),
+        "architecture": {"type": "llama (trained as qwen2, exported)", **ARCH, "vocab": vocab},
+        "params": params, "loss_every": every, "loss_curve": curve, "final_loss": curve[-1],
     }
-    (out_dir / "capo_default.json").write_text(json.dumps(stats, indent=2) + "\n")
-    return stats

@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from capo.core import (
-    ADVANTAGES, AGGREGATIONS, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, MASK_RULES, POLICY_LOSSES, REWARDS,
-    mask_knob_problem,
+    ADVANTAGES, AGGREGATIONS, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, NOISE_MASKS, POLICY_LOSSES, REWARDS,
+    advantage_kwargs_problem, mask_knob_problem, noise_mask_problem,
 )
 from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
@@ -52,7 +52,7 @@ class ModelConfig:
     ref_dtype: str | None = knob(None, "parameter dtype of the frozen reference: None = model.dtype; bfloat16 halves "
                                  "its memory and, under bf16 autocast, its pass skips the weight casts (its matmuls "
                                  "see the same bf16 weights; norms and embeddings are rounded to bf16): ~30% cheaper "
-                                 "on the facts preset's CPU (docs/results.md, \"Facts: the step\")")
+                                 "on the facts preset's CPU (docs/results/real-model.md, \"Facts: the step\")")
     autocast_bf16: bool = knob(False, "run forward passes under bf16 autocast (2-3x faster on AVX-512-bf16 CPUs "
                                "from ~25M parameters; master weights stay in `dtype`)")
     chat_template: bool = knob(True, "wrap prompts in the tokenizer's chat template when it has one")
@@ -137,8 +137,8 @@ class AlgorithmConfig:
                                      "(logged as train/filtered_frac; no resampling)")
     overlong_cache: int | None = knob(None, "DAPO overlong shaping cache length L_cache in tokens (None = off)")
     noise_mask: str | None = knob(None, "CAPO reference-perplexity noise mask, applied to any estimator's "
-                                  "advantages: off, fixed (mask_low/high), quantile (measured on the reference "
-                                  "model's own rollouts); unset: the preset's (on for capo only)")
+                                  f"advantages: {', '.join(NOISE_MASKS)} (fixed: mask_low/high; quantile: measured "
+                                  "on the reference model's own rollouts); unset: the preset's (on for capo only)")
     mask_low: float = knob(MASK_LOW, "fixed mask: keep an incorrect response only if PPL_ref >= mask_low")
     mask_high: float = knob(MASK_HIGH, "fixed mask: keep a correct response only if PPL_ref <= mask_high")
     mask_q_low: float = knob(MASK_Q_LOW, "quantile mask: low threshold = this quantile of the base model's PPL")
@@ -290,19 +290,14 @@ class TrainConfig:
             _choice("algo.reward", a.reward, REWARDS.names())
         _choice("algo.reward_errors", a.reward_errors, ("fail", "zero"))
         _choice("algo.kl_estimator", a.kl_estimator, ("k1", "k2", "k3"))
-        _choice("algo.noise_mask", a.noise_mask, ("off", *MASK_RULES))
+        _problem(noise_mask_problem(a.noise_mask, key="algo.noise_mask"))
         if a.kl_coef < 0:
             raise ConfigError(f"algo.kl_coef must be >= 0, got {a.kl_coef}")
         if a.overlong_cache is not None and not 0 < a.overlong_cache <= r.max_new_tokens:
             raise ConfigError(f"algo.overlong_cache must be in [1, rollout.max_new_tokens={r.max_new_tokens}], "
                               f"got {a.overlong_cache}")
-        problem = mask_knob_problem(a.mask_low, a.mask_high, a.mask_q_low, a.mask_q_high, prefix="algo.")
-        if problem:
-            raise ConfigError(problem)
-        if a.advantage == "capo" and "tau" in a.advantage_kwargs:
-            tau = a.advantage_kwargs["tau"]
-            if not isinstance(tau, (int, float)) or tau <= 0:
-                raise ConfigError(f"algo.advantage_kwargs.tau must be > 0, got {tau!r}")
+        _problem(mask_knob_problem(a.mask_low, a.mask_high, a.mask_q_low, a.mask_q_high, prefix="algo."))
+        _problem(advantage_kwargs_problem(a.advantage, a.advantage_kwargs, key="algo.advantage_kwargs"))
 
     def _validate_optim_run(self) -> None:
         r, o, run = self.rollout, self.optim, self.run
@@ -366,6 +361,11 @@ def _check_model(key: str, spec: str) -> None:
 def _choice(key, v, allowed):
     if v not in allowed:
         raise ConfigError(f"{key}={v!r} is not allowed{did_you_mean(v, allowed)}; allowed values: {', '.join(map(str, allowed))}")
+
+
+def _problem(problem: str | None) -> None:
+    if problem:
+        raise ConfigError(problem)
 
 
 def _at_least(key, v, lo, why=""):

@@ -34,18 +34,18 @@ from capo.core import (
     kl_penalty,
     logprob_advantage_covariance,
     logprob_mismatch,
-    mask_applies,
     overlong_penalty,
     policy_loss,
     ppl_quantile_thresholds,
     sequence_logprob_mean,
     truncated_is_weights,
 )
-from capo.core.calibration import stochastic_summary, summarize
+from capo.core.calibration import summarize
 from capo.errors import CapoError
 from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
 from capo.rundir import Progress, run_lock
+from capo.tasks.stochastic import stochastic_summary
 from capo.trainer import checkpoint as ckpt
 from capo.trainer.config import TrainConfig, dump_yaml
 from capo.trainer.data import load_problems, render_prompts
@@ -255,9 +255,9 @@ class Trainer:
         """The configured estimator, loss, reward, noise mask (any estimator, when on) and group filter."""
         a = self.cfg.algo
         mask = None
-        if mask_applies(a.advantage, a.noise_mask != "off"):
+        if a.noise_mask != "off":  # thresholds measured or fixed before training (calibrate_mask)
             mask = MaskThresholds("fixed", *self.mask_thresholds, engine="capo train")
-        return StepSpec(a.advantage, hparams=a.advantage_kwargs, loss=a.loss,
+        return StepSpec(a.advantage, advantage_kwargs=a.advantage_kwargs, loss=a.loss,
                         reward=a.reward if ":" not in a.reward else "user", reward_kwargs=a.reward_kwargs, mask=mask,
                         group_filter=a.group_filter, engine="capo train",
                         gather=lambda x: self.acc.gather(x.to(self.acc.device)))

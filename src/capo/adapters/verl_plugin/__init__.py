@@ -22,14 +22,19 @@ One module per concern:
 - :mod:`~capo.adapters.verl_plugin.rewards`: verl custom reward functions (``compute_score_rlcr``,
   ``compute_score_correctness``, ``compute_score_ppo_c``, ``compute_score_log_score``, ``compute_score_brier_score``; by path: ``capo/adapters/verl_reward.py``).
 
-Hyperparameters come from ``algorithm.capo`` (add with ``+algorithm.capo.tau=0.6`` on verl's command line):
-  tau, surrogate, norm, masked_partners (CAPO, see ``capo.core.capo_advantage``);
-  noise_mask (unset: on for capo only; true/false: on/off for any estimator, e.g. capo_grpo + mask, the paper's
-  ablation), mask_rule ("fixed" or "quantile"), mask_low, mask_high, mask_q_low, mask_q_high (CAPO's
-  reference-perplexity mask; defaults and ranges: ``capo.core.masks``); logprobs ("raw": refuse verl's
-  temperature-scaled log-probs at a rollout temperature != 1; "sampling": accept them); reward (the core reward the
-  reward function computes: GDPO's components); eps, std_ddof, scale (capo_grpo; scale defaults to "group" or
-  "none" following ``algorithm.norm_adv_by_std_in_grpo``).
+Settings come from ``algorithm.capo``, named as capo's trainer names them (add with ``+algorithm.capo.<key>=...`` on
+verl's command line); the estimator itself is verl's ``algorithm.adv_estimator=capo_<advantage>`` (``capo`` for CAPO):
+  advantage_kwargs: the estimator's hyperparameters, e.g. ``+algorithm.capo.advantage_kwargs.tau=0.6`` (CAPO: tau,
+  surrogate, norm, masked_partners, score, see ``capo.core.capo_advantage``; capo_grpo: eps, std_ddof, scale, where
+  scale defaults to "group" or "none" following ``algorithm.norm_adv_by_std_in_grpo``);
+  noise_mask: off, fixed or quantile (``capo.core.NOISE_MASKS``) for any estimator, e.g. capo_grpo + mask, the
+  paper's ablation; unset: fixed for capo, off otherwise (``capo.core.default_noise_mask``); quantile takes the
+  mask_q_low/mask_q_high quantiles of the first batch's reference perplexities, then freezes them;
+  mask_low, mask_high, mask_q_low, mask_q_high (defaults and ranges: ``capo.core.masks``);
+  logprobs ("raw": refuse verl's temperature-scaled log-probs at a rollout temperature != 1; "sampling": accept
+  them); reward (the core reward the reward function computes: GDPO's components); format_failure_reward.
+Any other key is refused with its new spelling where it has one (an estimator hyperparameter given flat, e.g. the
+old ``algorithm.capo.tau``; the old ``mask_rule``; ``noise_mask=true/false``).
 
 Correct/incorrect is the reward function's ``correct`` (legacy trainer: ``non_tensor_batch``; v1 trainer: each
 row's ``extra_fields``), never a thresholded reward. verl's padding rows (uid ``pad...``) get advantage 0. Rows are

@@ -1,21 +1,26 @@
 """capo's advantage estimators as verl estimator functions (``algorithm.adv_estimator=<name>``).
 
-Each reads its knobs from ``algorithm.capo``, the batch's log-probs and the reward function's per-row values from
-the :class:`~capo.adapters.verl_plugin.run.BatchContext` of the ``compute_advantage`` call, puts the real rows in
+Each reads its settings from ``algorithm.capo`` (named as capo's trainer names them: ``advantage_kwargs``,
+``noise_mask``, ``mask_low``, ...; the estimator itself is verl's ``algorithm.adv_estimator=capo_<advantage>``),
+the batch's log-probs and the reward function's per-row values from the
+:class:`~capo.adapters.verl_plugin.run.BatchContext` of the ``compute_advantage`` call, puts the real rows in
 groups (verl reorders rows and pads the batch), and hands them to capo's one step
 (:func:`capo.rollout.step.step_advantages`, shared with capo's trainer and the TRL adapter).
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 
 from capo.adapters._common import LOGPROB_MODES, TEXT_REWARDS, check_estimator
 from capo.adapters.verl_plugin.run import BatchContext, current_batch
-from capo.core import ADVANTAGES, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, mask_applies, needs_scores
+from capo.core import (
+    ADVANTAGES, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, NOISE_MASKS, hyperparameters, needs_scores,
+    noise_mask_problem, resolve_noise_mask,
+)
+from capo.core.checks import did_you_mean
 from capo.errors import ConfigError
 from capo.rollout.method_inputs import StepBatch, needed_data
 from capo.rollout.step import StepSpec, step_advantages
@@ -28,20 +33,20 @@ ESTIMATORS = {"capo": "capo", "capo_grpo": "grpo", "capo_dr_grpo": "dr_grpo", "c
               "capo_unlikeliness": "unlikeliness", "capo_ngrpo": "ngrpo"}
 REF_ON = ("set actor_rollout_ref.actor.use_kl_loss=True with actor_rollout_ref.actor.kl_loss_coef=0 so verl "
           "computes ref_log_prob (the KL term then contributes nothing)")
-_ENABLE_REF = REF_ON + ", or disable CAPO's noise mask with +algorithm.capo.noise_mask=false"
+_ENABLE_REF = REF_ON + ", or disable CAPO's noise mask with +algorithm.capo.noise_mask=off"
 # how verl supplies each piece of data an estimator input is built from (method_inputs' error hints)
 _HINTS = {"ref_token_logp": REF_ON,
           "answers": "use capo's reward function (reward.custom_reward_function.path=<capo/adapters/verl_reward.py>, "
                      "name=compute_score_correctness/_rlcr/_ppo_c): it returns each answer as 'pred'",
           "confidence": "use capo's compute_score_rlcr, which returns 'correct', 'confidence' and 'format_ok'"}
-# the plugin's own knobs in algorithm.capo (the rest are the estimator's hyperparameters); noise_mask None = the
-# default of capo.core.mask_on_by_default (on for capo only); true/false turn it on/off for any estimator
-OPTION_DEFAULTS = {"noise_mask": None, "mask_rule": "fixed", "mask_low": MASK_LOW, "mask_high": MASK_HIGH,
+# every key algorithm.capo may hold, with its default: advantage_kwargs = the estimator's hyperparameters; noise_mask
+# one of capo.core.NOISE_MASKS for any estimator, None = capo.core.default_noise_mask (fixed for capo, else off)
+OPTION_DEFAULTS = {"advantage_kwargs": {}, "noise_mask": None, "mask_low": MASK_LOW, "mask_high": MASK_HIGH,
                    "mask_q_low": MASK_Q_LOW, "mask_q_high": MASK_Q_HIGH, "logprobs": "raw", "reward": "correctness",
                    "format_failure_reward": -1.0}
 
 
-def _hparams(config) -> dict[str, Any]:
+def _settings(config) -> dict[str, Any]:
     """``algorithm.capo`` as a plain dict (config is verl's AlgoConfig, an omegaconf DictConfig, a dict or None)."""
     if config is None:
         return {}
@@ -58,10 +63,36 @@ def _hparams(config) -> dict[str, Any]:
     return dict(sub)
 
 
-def _options(hp: dict, core_name: str, config) -> dict[str, Any]:
-    """Pop the plugin's own knobs out of ``hp`` (what is left are the estimator's hyperparameters)."""
-    opts = {**OPTION_DEFAULTS, **{k: hp.pop(k) for k in OPTION_DEFAULTS if k in hp}}
-    opts["noise_mask"] = mask_applies(core_name, opts["noise_mask"])
+def _old_key(key: str, value, core_name: str) -> str:
+    """What is wrong with a key ``algorithm.capo`` does not hold: an old name says its new spelling."""
+    if key in ("advantage", "estimator"):
+        return (f"algorithm.capo.{key} is not a setting: in verl the estimator is verl's own "
+                f"algorithm.adv_estimator=capo_<advantage> (capo for CAPO), e.g. algorithm.adv_estimator={value}")
+    if key == "mask_rule":
+        return (f"algorithm.capo.mask_rule is gone: algorithm.capo.noise_mask says the rule now "
+                f"({', '.join(NOISE_MASKS)}), e.g. +algorithm.capo.noise_mask={value}")
+    if any(key in hyperparameters(name) for name in ADVANTAGES.names()):
+        return (f"algorithm.capo.{key} is an estimator hyperparameter: estimator hyperparameters go in "
+                f"algorithm.capo.advantage_kwargs now (as capo's algo.advantage_kwargs): "
+                f"+algorithm.capo.advantage_kwargs.{key}={value}")
+    return (f"algorithm.capo.{key} is not a capo setting{did_you_mean(key, OPTION_DEFAULTS)}; allowed keys: "
+            f"{', '.join(OPTION_DEFAULTS)} (estimator {core_name!r}'s hyperparameters go in advantage_kwargs: "
+            f"{', '.join(hyperparameters(core_name)) or '(none)'})")
+
+
+def _options(settings: dict, core_name: str, config,
+             engine: str = "verl") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``algorithm.capo`` -> (the plugin's settings with their defaults, the noise mask resolved; the estimator's
+    hyperparameters). ConfigError prefixed with ``engine`` for a key or value not allowed."""
+    for key in settings:
+        if key not in OPTION_DEFAULTS:
+            raise ConfigError(f"{engine}: {_old_key(key, settings[key], core_name)}")
+    opts = {**OPTION_DEFAULTS, **settings}
+    hp = dict(opts.pop("advantage_kwargs") or {})
+    opts["noise_mask"] = resolve_noise_mask(core_name, opts["noise_mask"])
+    problem = noise_mask_problem(opts["noise_mask"], key="algorithm.capo.noise_mask")
+    if problem:
+        raise ConfigError(f"{engine}: {problem}")
     if opts["reward"] not in TEXT_REWARDS:
         raise ConfigError(f"algorithm.capo.reward={opts['reward']!r} is not allowed; allowed values (the core reward "
                           f"your reward function computes): {', '.join(TEXT_REWARDS)}")
@@ -71,7 +102,7 @@ def _options(hp: dict, core_name: str, config) -> dict[str, Any]:
     if core_name == "grpo" and "scale" not in hp and config is not None:
         hp["scale"] = "group" if (config.get("norm_adv_by_std_in_grpo", True) if hasattr(config, "get")
                                   else True) else "none"
-    return opts
+    return opts, hp
 
 
 def _padding_rows(index, n: int) -> torch.Tensor:
@@ -162,14 +193,15 @@ def _step_batch(ctx, verl_name: str, opts, token_level_rewards, response_mask, i
     rows, g = _grouped_rows(index, n)
     need = needed_data(core_name, reward=opts["reward"])
     rewards = token_level_rewards.sum(dim=-1).double()  # [N] outcome reward (verl puts it on the last token)
-    reads_verdicts = "correct" in inspect.signature(ADVANTAGES.get(core_name)).parameters  # CAPO; the mask too
-    correct = _verdicts(ctx, rewards, need=reads_verdicts or "confidence" in need or opts["noise_mask"], who=verl_name)
+    reads_verdicts = "correct" in ADVANTAGES.reads(core_name)  # CAPO; the mask too
+    mask_on = opts["noise_mask"] != "off"
+    correct = _verdicts(ctx, rewards, need=reads_verdicts or "confidence" in need or mask_on, who=verl_name)
     _check_temperature(ctx, opts)
     lp, ref = _log_probs(ctx, "old_log_probs"), _log_probs(ctx, "ref_log_prob")
     if (needs_scores(core_name) or "token_logp" in need) and lp is None:
         raise ConfigError(f"verl estimator {verl_name!r} needs old_log_probs (or rollout_log_probs) in the "
                           "batch: keep verl's actor log-prob recomputation on")
-    if opts["noise_mask"] and ref is None:
+    if mask_on and ref is None:
         raise ConfigError(f"verl estimator {verl_name!r} with CAPO's noise mask needs ref_log_prob in the batch: "
                           f"{_ENABLE_REF}")
     preds = _ctx_values(ctx, "pred", n)
@@ -190,12 +222,11 @@ def _estimate(verl_name: str, token_level_rewards: torch.Tensor, response_mask: 
     """The body of the verl estimator ``verl_name`` (:func:`_make_estimator`): [N, T] advantages."""
     core_name = ESTIMATORS[verl_name]
     engine = f"verl estimator {verl_name!r} (algorithm.capo)"
-    hp = _hparams(config)
-    opts = _options(hp, core_name, config)
-    check_estimator(core_name, hp, engine=engine)
+    opts, hp = _options(_settings(config), core_name, config, engine)
+    check_estimator(core_name, hp, engine=engine, key="algorithm.capo.advantage_kwargs")
     ctx = current_batch()
     if ctx is None and (needs_scores(core_name) or needed_data(core_name, reward=opts["reward"])
-                        or opts["noise_mask"]):
+                        or opts["noise_mask"] != "off"):
         raise ConfigError(
             f"verl estimator {verl_name!r} was called outside verl's compute_advantage, so it cannot see the "
             "batch's old_log_probs/ref_log_prob: load the plugin through verl (entry point group verl.plugins, "
@@ -203,9 +234,10 @@ def _estimate(verl_name: str, token_level_rewards: torch.Tensor, response_mask: 
             "importing verl.trainer.ppo.ray_trainer"
         )
     batch, rows = _step_batch(ctx, verl_name, opts, token_level_rewards, response_mask, index)
-    spec = StepSpec(core_name, hparams=hp, reward=opts["reward"],
+    spec = StepSpec(core_name, advantage_kwargs=hp, reward=opts["reward"],
                     reward_kwargs={"format_failure_reward": opts["format_failure_reward"]},
-                    mask=ctx.run.mask(opts, engine) if opts["noise_mask"] else None, engine=engine, hints=_HINTS)
+                    mask=ctx.run.mask(opts, engine) if opts["noise_mask"] != "off" else None, engine=engine,
+                    hints=_HINTS)
     step = step_advantages(batch, spec)
     if ctx is not None:
         ctx.metrics.update(step.metrics)

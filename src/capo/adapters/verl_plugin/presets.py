@@ -7,7 +7,7 @@ import os
 
 from capo.adapters._common import engine_preset
 from capo.adapters.verl_plugin.estimators import ESTIMATORS
-from capo.core import POLICY_LOSSES, mask_on_by_default
+from capo.core import POLICY_LOSSES, default_noise_mask
 from capo.rollout.method_inputs import needed_data
 
 __all__ = ["REWARD_FILE", "preset_overrides"]
@@ -28,7 +28,6 @@ def preset_overrides(name: str) -> list[str]:
     tensors: tests/core/test_loss_variants.py::test_agrees_with_verl), the aggregation to ``loss_agg_mode``."""
     p = engine_preset(name, "verl")
     verl_est = {core: v for v, core in ESTIMATORS.items()}[p["advantage"]]
-    mask_on = p["noise_mask"] != "off"
     params = inspect.signature(POLICY_LOSSES.get(p["loss"])).parameters
     lk = {k: v.default for k, v in params.items() if v.default is not inspect.Parameter.empty} | p["loss_kwargs"]
     actor = "actor_rollout_ref.actor"
@@ -42,12 +41,10 @@ def preset_overrides(name: str) -> list[str]:
     out += [f"{actor}.policy_loss.{verl_key}={lk[k]}" for k, verl_key in _VERL_LOSS_KNOBS.get(p["loss"], {}).items()]
     if p["loss"] == "ppo_clip" and lk.get("dual_clip") is None:
         out.append(f"{actor}.clip_ratio_c=1e9")  # capo's ppo_clip has no dual clip; verl's vanilla always clips at c
-    out += [f"+algorithm.capo.{k}={v}" for k, v in p["advantage_kwargs"].items()]
+    out += [f"+algorithm.capo.advantage_kwargs.{k}={v}" for k, v in p["advantage_kwargs"].items()]
     out += [f"+reward.custom_reward_function.reward_kwargs.{k}={v}" for k, v in p["reward_kwargs"].items()]
-    if mask_on != mask_on_by_default(p["advantage"]):  # the mask applies to any estimator; say so when not default
-        out.append(f"+algorithm.capo.noise_mask={str(mask_on).lower()}")
-    if mask_on:
-        out.append(f"+algorithm.capo.mask_rule={'quantile' if p['noise_mask'] == 'quantile' else 'fixed'}")
-    if mask_on or "ref_token_logp" in needed_data(p["advantage"]):
+    if p["noise_mask"] != default_noise_mask(p["advantage"]):  # the mask applies to any estimator
+        out.append(f"+algorithm.capo.noise_mask={p['noise_mask']}")
+    if p["noise_mask"] != "off" or "ref_token_logp" in needed_data(p["advantage"]):
         out += [f"{actor}.use_kl_loss=True", f"{actor}.kl_loss_coef=0"]
     return out

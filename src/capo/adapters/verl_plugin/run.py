@@ -22,7 +22,7 @@ from capo.rollout.step import MaskThresholds
 
 __all__ = ["BatchContext", "CapoRun", "batch_context", "current_batch"]
 
-_MASK_KEYS = ("mask_rule", "mask_low", "mask_high", "mask_q_low", "mask_q_high")
+_MASK_KEYS = ("noise_mask", "mask_low", "mask_high", "mask_q_low", "mask_q_high")
 
 
 class CapoRun:
@@ -58,7 +58,8 @@ class CapoRun:
             CapoRun._current.reset(token)
 
     def mask(self, opts: dict, engine: str) -> MaskThresholds:
-        """The run's thresholds for this mask configuration (``opts``: algorithm.capo's mask_* knobs)."""
+        """The run's thresholds for this mask configuration (``opts``: algorithm.capo's noise_mask, resolved and on,
+        and its mask_* knobs)."""
         key = tuple(opts[k] for k in _MASK_KEYS)
         with self._lock:
             if key not in self._masks:

@@ -1,13 +1,14 @@
-"""The per-question measures of stated probabilities (``stated_question_means``, ``stated_means_summary``,
-``stochastic_summary``) on hand-computed cases in the core's own test subset (mutation testing, issue 41: the
-``core.calibration`` survivors, docs/results.md "Mutation testing"; tests/tasks/ tests them through the task)."""
+"""The stochastic task's own measures, per question, of stated probabilities (``stated_question_means``,
+``stated_means_summary``, ``stochastic_summary`` in capo.tasks.stochastic) on hand-computed cases (written for the
+mutation testing of these functions, docs/testing.md "Mutation testing"; test_stochastic_task.py and
+test_stochastic_binary.py test them through the task's graded responses)."""
 
 import math
 
 import pytest
 import torch
 
-from capo.core.calibration import (
+from capo.tasks.stochastic import (
     ANSWER_KEYS,
     STATED_KEYS,
     stated_means_summary,
