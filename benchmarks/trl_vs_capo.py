@@ -440,13 +440,15 @@ def spawn(args, engine: str, python: str = sys.executable, **kw) -> dict:
     return json.loads(line[0][7:])
 
 
-STEP_VARIANTS = ("capo", "capo_noshare", "trl", "capo_vllm")
+STEP_VARIANTS = ("capo", "capo_noshare", "trl", "capo_vllm", "capo_top")
 
 
-def step_variants(names: list[str], noshare: str, vllm_py: str) -> tuple[dict, dict]:
-    """The runs of ``--what step``: spawn keyword arguments and engine (child mode) per variant name."""
+def step_variants(names: list[str], noshare: str, vllm_py: str, top_layers: int = 6) -> tuple[dict, dict]:
+    """The runs of ``--what step``: spawn keyword arguments and engine (child mode) per variant name (``capo_top``:
+    capo training only the top ``top_layers`` decoder layers, ``model.train_top_layers``)."""
     kw = {"capo": {}, "capo_noshare": dict(extra=noshare), "trl": {},
-          "capo_vllm": dict(extra=json.dumps({"rollout.engine": "vllm"}), python=vllm_py)}
+          "capo_vllm": dict(extra=json.dumps({"rollout.engine": "vllm"}), python=vllm_py),
+          "capo_top": dict(extra=json.dumps({"model.train_top_layers": top_layers}))}
     return {k: kw[k] for k in names}, {k: "trl" if k == "trl" else "capo" for k in names}
 
 
@@ -457,6 +459,11 @@ def print_step_ratios(res: dict, med: dict, cmed: dict) -> None:
         per_rep = [t["cpu_step"] / c["cpu_step"] for t, c in zip(res["trl"], res[k])]
         print(f"RATIO TRL/{k} step time: CPU {cmed['trl'] / cmed[k]:.2f}x (per interleaved pair: "
               f"{', '.join(f'{x:.2f}' for x in per_rep)}), wall {med['trl'] / med[k]:.2f}x")
+    if "capo_top" in res and "capo" in res:
+        top = [c["cpu_update"] / t["cpu_update"] for c, t in zip(res["capo"], res["capo_top"])]
+        print(f"RATIO capo/capo_top (> 1: training the top layers only is faster): step CPU "
+              f"{cmed['capo'] / cmed['capo_top']:.2f}x, update CPU per interleaved pair "
+              f"{', '.join(f'{x:.2f}' for x in top)}")
     for k in (x for x in ("capo_noshare", "capo_vllm") if x in res and "capo" in res):
         print(f"RATIO {k}/capo (> 1: capo with HF rollouts faster): CPU {cmed[k] / cmed['capo']:.2f}x, "
               f"wall {med[k] / med['capo']:.2f}x")
@@ -502,6 +509,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", choices=STEP_VARIANTS, default=["capo", "capo_noshare", "trl"],
                     help="runs of --what step, interleaved in this order (capo_vllm: rollouts by the vLLM engine, "
                          "in .venv-vllm)")
+    ap.add_argument("--top-layers", type=int, default=6, help="K of the capo_top variant (model.train_top_layers)")
     ap.add_argument("--vllm-python", default=None, help="interpreter of the vLLM environment (default: "
                     ".venv-vllm/bin/python of this checkout)")
     ap.add_argument("--allocator", choices=("system", "tuned"), default="system",
@@ -546,7 +554,7 @@ def main() -> None:
                     "grpo_kl": dict(algo="grpo", extra=json.dumps({"algo.kl_coef": 0.01}))}
         engine = {k: "capo" for k in variants}
     else:
-        variants, engine = step_variants(args.variants, noshare, vllm_py)
+        variants, engine = step_variants(args.variants, noshare, vllm_py, args.top_layers)
     for att in (args.attentions or [])[1:]:  # the first is every variant's own (--attention); the others add runs
         for k in [k for k in variants if engine[k] == "capo"]:
             variants[f"{k}@{att}"], engine[f"{k}@{att}"] = {**variants[k], "attention": att}, "capo"
@@ -568,9 +576,10 @@ def main() -> None:
     for k, v in res.items():
         upd = statistics.median(r["update_s"] for r in v)
         cupd = statistics.median(r["cpu_update"] for r in v)
+        rate = ("(the FLOP count is the whole model's)" if k == "capo_top" else
+                f"{v[0]['flops'] / cupd / 1e9:.2f} G = {v[0]['flops'] / cupd / pk:.1%} of {args.precision} matmul peak")
         print(f"{k:12s} median step wall {med[k]:.2f}s CPU {cmed[k]:.2f}s | update wall {upd:.2f}s CPU {cupd:.2f}s | "
-              f"update FLOP/s (CPU time) {v[0]['flops'] / cupd / 1e9:.2f} G = {v[0]['flops'] / cupd / pk:.1%} of "
-              f"{args.precision} matmul peak | peak RSS {max(r['peak_rss_gib'] for r in v):.2f} GiB")
+              f"update FLOP/s (CPU time) {rate} | peak RSS {max(r['peak_rss_gib'] for r in v):.2f} GiB")
     print(f"prompt length {next(iter(res.values()))[0]['prompt_len']} tokens (padded), "
           f"{SHAPE.n} x {SHAPE.new_tokens} new tokens")
     for k in (k for k in res if "@" in k):

@@ -270,3 +270,31 @@ def test_the_reference_is_held_in_model_ref_dtype(tiny_model, tmp_path):
     assert half.train()["step"] == 1
     with pytest.raises(ConfigError, match="model.ref_dtype='fp16' is not allowed; allowed values: float32, bfloat16"):
         cfg_for(tiny_model, tmp_path / "bad", **{"model.ref_dtype": "fp16"})
+
+
+def test_train_top_layers_trains_only_the_top_layers_and_the_final_norm(tiny_model, tmp_path):
+    """model.train_top_layers=1: after an update, only the top decoder layer and the final norm moved; every lower
+    layer and the embeddings (tied to the head) are bit-identical to the start, and the optimizer holds only the
+    trained parameters. 0 (the default) trains every parameter; more layers than the model has is an error."""
+    kw = {"algo.name": "grpo", "run.steps": 1, "optim.lr": 1e-2}
+    t = Trainer(cfg_for(tiny_model, tmp_path / "top", **kw, **{"model.train_top_layers": 1}))
+    model = t.acc.unwrap_model(t.model)
+    layers = model.get_decoder().layers
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    top = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert top and all(n.startswith((f"model.layers.{len(layers) - 1}.", "model.norm.")) for n in top), top
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied: the head stays frozen
+    assert sum(len(g["params"]) for g in t.opt.param_groups) == len(top)
+    ro, g, rewards = _fixed_batch(t)  # mixed groups: a non-zero update
+    batch, _ = t.advantages(ro, g, rewards, None, None)
+    assert t.update(batch)["policy/updates"] == 1
+    after = model.state_dict()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and moved <= top, (moved, top)
+    every = Trainer(cfg_for(tiny_model, tmp_path / "all", **kw))
+    assert all(p.requires_grad for p in every.acc.unwrap_model(every.model).parameters())
+    with pytest.raises(ConfigError, match=f"model.train_top_layers={len(layers) + 1}: the model has only "
+                                          f"{len(layers)} decoder layers"):
+        Trainer(cfg_for(tiny_model, tmp_path / "bad", **kw, **{"model.train_top_layers": len(layers) + 1}))
+    with pytest.raises(ConfigError, match="model.train_top_layers"):
+        cfg_for(tiny_model, tmp_path / "neg", **{"model.train_top_layers": -1})

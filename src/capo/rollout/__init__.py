@@ -1,6 +1,6 @@
 """The rollout layer, between tasks/verify below and evaluation/trainer/adapters above.
 
-- :mod:`capo.rollout.models`: ``load_model``, ``check_model_spec``, the bf16 autocast policy, EOS ids;
+- :mod:`capo.rollout.models`: ``load_model``, ``check_model_spec``, ``train_top_layers``, the bf16 autocast policy, EOS ids;
 - :mod:`capo.rollout.types`: ``Rollout`` (tensors) and ``Sample`` (one response as lists);
 - :mod:`capo.rollout.engine`: the ``Engine`` interface, the list of engines ``ENGINES`` and ``check_engine``;
 - :mod:`capo.rollout.sampling`: the ``hf`` engine (``generate`` with per-token raw log-probs);
@@ -13,9 +13,10 @@
 
 from capo.rollout.grading import Graded, grade
 from capo.rollout.logprobs import token_logprobs
-from capo.rollout.models import AUTOCAST_MODES, autocast_context, check_model_spec, eos_token_ids, load_model
+from capo.rollout.models import (AUTOCAST_MODES, autocast_context, check_model_spec, eos_token_ids, load_model,
+                                 train_top_layers)
 from capo.rollout.sampling import HFEngine, sample_rollout
 from capo.rollout.types import Rollout, Sample
 
 __all__ = ["AUTOCAST_MODES", "Graded", "HFEngine", "Rollout", "Sample", "autocast_context", "check_model_spec",
-           "eos_token_ids", "grade", "load_model", "sample_rollout", "token_logprobs"]
+           "eos_token_ids", "grade", "load_model", "sample_rollout", "token_logprobs", "train_top_layers"]

@@ -167,6 +167,32 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32):
     return model.eval(), tok
 
 
+def train_top_layers(model, k: int) -> dict[str, int]:
+    """Freeze every parameter of ``model`` except its top ``k`` decoder layers and its final norm (and an output head
+    not tied to the input embeddings), so the backward stops at the lowest trained layer. ``k`` = 0 leaves every
+    parameter trainable. Returns the trained and total parameter counts. A Hugging Face causal LM with a decoder
+    layer list (``model.get_decoder().layers``: Llama, Qwen, Mistral, SmolLM, ...) is required."""
+    if k == 0:
+        n = sum(p.numel() for p in model.parameters())
+        return {"trained": n, "total": n}
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ConfigError(f"model.train_top_layers={k}: the model ({type(model).__name__}) has no decoder layer list "
+                          "(model.get_decoder().layers) to choose the top layers from")
+    if k > len(layers):
+        raise ConfigError(f"model.train_top_layers={k}: the model has only {len(layers)} decoder layers")
+    model.requires_grad_(False)
+    trained = [*layers[len(layers) - k:], *([decoder.norm] if hasattr(decoder, "norm") else [])]
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight is not embed.weight:
+        trained.append(head)
+    for module in trained:
+        module.requires_grad_(True)
+    return {"trained": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "total": sum(p.numel() for p in model.parameters())}
+
+
 def _hf_source(spec: str) -> tuple[str, dict]:
     """What transformers' ``from_pretrained`` takes for ``spec``: a folder or Hub id; for a GGUF file its cache folder
     when saved, else the file's folder and ``gguf_file``."""

@@ -55,6 +55,10 @@ class ModelConfig:
                                  "on the facts preset's CPU (docs/results/real-model.md, \"Facts: the step\")")
     autocast_bf16: bool = knob(False, "run forward passes under bf16 autocast (2-3x faster on AVX-512-bf16 CPUs "
                                "from ~25M parameters; master weights stay in `dtype`)")
+    train_top_layers: int = knob(0, "train only the top K decoder layers and the final norm (0 = every parameter): "
+                                 "the backward stops at the lowest trained layer, so an update costs less; an untied "
+                                 "output head trains too, a head tied to the input embeddings stays frozen (training "
+                                 "it would train the embeddings and carry the backward through every layer)")
     chat_template: bool = knob(True, "wrap prompts in the tokenizer's chat template when it has one")
     attention: str = knob(ATTENTIONS[0], "attention implementation of the log-prob forwards (training, reference, "
                           "old): sdpa (transformers' default) or eager (plain matmuls: on the CPU faster at short "
@@ -242,6 +246,7 @@ class TrainConfig:
         if m.ref_dtype is not None:
             _choice("model.ref_dtype", m.ref_dtype, ("float32", "bfloat16"))
         _choice("model.attention", m.attention, ATTENTIONS)
+        _at_least("model.train_top_layers", m.train_top_layers, 0)
         for key in ("path", "ref_path"):
             if getattr(m, key) is not None:
                 _check_model(f"model.{key}", getattr(m, key))

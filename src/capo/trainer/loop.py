@@ -42,7 +42,7 @@ from capo.core import (
 )
 from capo.core.calibration import summarize
 from capo.errors import CapoError
-from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs
+from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs, train_top_layers
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
 from capo.rundir import Progress, run_lock
 from capo.tasks.stochastic import stochastic_summary
@@ -106,8 +106,9 @@ class Trainer:
         self.verifier = Verifier(workers=max(1, min(4, torch.get_num_threads())))
         self.user_reward = load_user_reward(cfg.algo.reward) if ":" in cfg.algo.reward else None
         self.reward_fn = None if self.user_reward else REWARDS.get(cfg.algo.reward)
-        o = cfg.optim
-        opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        train_top_layers(self.model, cfg.model.train_top_layers)
+        o, params = cfg.optim, [p for p in self.model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (o.warmup_steps + 1)))
         self.model, self.opt, self.sched = self.acc.prepare(self.model, opt, sched)
         self.engine = engine if engine is not None else self._make_engine(resume_from)
