@@ -1,4 +1,4 @@
-"""Benchmark: `capo eval` wall and CPU time, the HF engine vs the vLLM engine (issue 17; target: vLLM >= 3x faster).
+"""Benchmark: `capo eval` wall and CPU time, the HF engine vs the vLLM engine (target: vLLM >= 3x faster).
 
 The whole `capo eval` command, once per engine, each a fresh subprocess of the CLI in its own environment (hf: this
 interpreter, i.e. the main .venv; vllm: .venv-vllm) into its own run directory under --out:
@@ -18,7 +18,7 @@ children, e.g. the verifier pool: ``getrusage(RUSAGE_CHILDREN)`` deltas), and fr
 model load / engine start (``time_load_model_s``: vLLM's includes its one-token probe), generation seconds and
 tokens, verification, accuracy and mean tokens; then the ratios hf / vllm (> 1: vLLM faster). Sanity: both runs
 must hold the same (problem, sample) pairs. The run directories are kept (generations.jsonl with the HF engine's
-per-token statistics, metrics.json, report.html): the HF run is also the SmolLM2 GSM8K estimator table of issue 15.
+per-token statistics, metrics.json, report.html): the HF run is also the SmolLM2 GSM8K confidence-estimator table.
 A summary goes to OUT/summary.json. Compare the ratios within one run, not absolute times across runs.
 """
 

@@ -1,4 +1,4 @@
-"""Benchmark: `capo eval --generations` at scale (issue 52, item 5; target: 100,000 rows in <= 60 s on one core).
+"""Benchmark: `capo eval --generations` at scale (target: 100,000 rows in <= 60 s on one core).
 
 Writes a synthetic generations file (schema: docs/generations-schema.md; GSM8K-like: k responses per question, a
 `\\boxed{}` answer right about 60% of the time, per-token log-probs of 50-250 tokens), runs the whole
@@ -17,7 +17,7 @@ the ratio of two runs taken together says more than either time.
 
     python benchmarks/eval_generations.py                      # 100,000 rows (~1 min), check on 5,000 rows
     python benchmarks/eval_generations.py --token-stats        # the three per-token statistics too (4 lists a row)
-    git archive 817fa95 src | tar -x -C /tmp/capo-before       # the code before the speed-up of issue 52, item 5
+    git archive 817fa95 src | tar -x -C /tmp/capo-before       # the code before the speed-up of --generations
     python benchmarks/eval_generations.py --token-stats --against /tmp/capo-before/src --check-rows 0
 """
 

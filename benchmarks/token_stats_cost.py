@@ -1,4 +1,4 @@
-"""Benchmark: the cost of recording per-token statistics during sampling (issue 15; target <= 5% over plain
+"""Benchmark: the cost of recording per-token statistics during sampling (target <= 5% over plain
 sampling).
 
 ``record_stats=True`` adds, at every decoding step, the entropy, self-certainty (KL from uniform) and DeepConf top-20
@@ -8,7 +8,7 @@ ratio of median CPU seconds (this process, all threads) per sampling call.
 
     python benchmarks/token_stats_cost.py --size tiny
     python benchmarks/token_stats_cost.py --size smollm2 --tokens 64
-    .venv-vllm/bin/python benchmarks/token_stats_cost.py --engine vllm --size tiny     # issue 15, third part
+    .venv-vllm/bin/python benchmarks/token_stats_cost.py --engine vllm --size tiny     # the vLLM engine
 
 ``--engine vllm``: the colocated vLLM engine (run in .venv-vllm), which records DeepConf's top-20 confidence only
 (``SamplingParams.logprobs=20`` instead of 0, read from vLLM's flat top-k output); one engine, ``record_stats``

@@ -1,5 +1,5 @@
 """Benchmark: generation tokens/s, the HF engine vs the colocated vLLM engine, on SmolLM2-135M-Instruct and GSM8K
-chat prompts (issue 17). Runs in .venv-vllm (it needs both engines):
+chat prompts. Runs in .venv-vllm (it needs both engines):
 
     .venv-vllm/bin/python benchmarks/vllm_vs_hf.py                      # 8 prompts x 8 samples x 64 and x 256
     .venv-vllm/bin/python benchmarks/vllm_vs_hf.py --new-tokens 64 --reps 3

@@ -1,5 +1,5 @@
 #!/bin/sh
-# One GPU check in at most 9 minutes on one H100/H200 (issue 40): installs what the GPU image lacks from wheels carried
+# One GPU check in at most 9 minutes on one H100/H200: installs what the GPU image lacks from wheels carried
 # beside the checkout (wheels/), runs every test with a CUDA path, benchmarks/trl_vs_capo.py at the reasoning testbed's
 # shape with TRL on the GPU too, and `capo demo --task word_problems`; writes OUT/summary.json (default
 # runs/gpu-check). `--dry-run` does the CPU parts in seconds (make test runs it). Details: scripts/gpu_check.py and

@@ -1,4 +1,4 @@
-"""One GPU check (issue 40): what a lent H100/H200 must show, in at most 9 minutes, written to one summary file.
+"""One GPU check: what a lent H100/H200 must show, in at most 9 minutes, written to one summary file.
 
 Run it as ``sh scripts/gpu-check.sh [--out DIR]`` on the GPU machine, from the checkout's root. In order:
 

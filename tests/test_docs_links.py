@@ -11,6 +11,7 @@
 - No citation in the code or the documents points outside the repository (a private notes file, an issue number)."""
 
 import re
+import tokenize
 from collections import Counter
 from pathlib import Path
 
@@ -161,17 +162,39 @@ def test_no_docs_page_is_longer_than_800_lines():
     assert not bad, f"pages over {MAX_PAGE_LINES} lines (split them by question):\n" + "\n".join(bad)
 
 
-# a citation only a reader with the project's private notes or its issue tracker could follow: "algorithms.md
-# Sec. 6" (a file outside the repository) or "issue 14" / "issue-18" / "(issue 41)"; CHANGELOG.md may name issues
-UNRESOLVABLE = re.compile(r"algorithms\.md|\bissues?[ -]#?\d+", re.IGNORECASE)
-READER_FACING = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
-                             *sorted((ROOT / "src").rglob("*.py")), *sorted((ROOT / "src").rglob("*.yaml"))]
-                 if p.name != "CHANGELOG.md"]
+# a citation only a reader with the project's private notes or its issue tracker could follow: the notes file named
+# in the pattern (outside the repository) or the word issue with a number after it, spaced, hyphenated, joined or
+# underscored as in a test name; CHANGELOG.md (history) may name issues, so it is not read
+UNRESOLVABLE = re.compile(r"algorithms\.md|(?<![a-z])issues?[ _-]?#?\d+", re.IGNORECASE)
+TEXT = {".md", ".py", ".yaml", ".sh"}
+READER_FACING = [ROOT / "README.md", ROOT / "sweeps" / "README.md", *sorted((ROOT / "sweeps").glob("*.yaml")),
+                 *(p for folder in ("docs", "src", "tests", "benchmarks", "scripts", "examples", "sweeps/pilots",
+                                    "sweeps/analysis") for p in sorted((ROOT / folder).rglob("*")) if p.suffix in TEXT)]
+# files whose string literals feed the checker citations on purpose (this file: its tests plant them); their
+# comments and docstrings are still read
+QUOTES_CITE_ON_PURPOSE = {Path(__file__).resolve()}
 
 
-def unresolvable_citations(path: Path, root: Path = ROOT) -> list[str]:
+def _string_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) (line, column) of each string literal in a Python file, docstrings excepted."""
+    with path.open("rb") as fh:
+        tokens = list(tokenize.tokenize(fh.readline))
+    spans, after = [], tokenize.NEWLINE  # a docstring is a string that opens a logical line and ends it
+    for i, tok in enumerate(tokens):
+        if tok.type == tokenize.STRING and not (after in {tokenize.NEWLINE, tokenize.INDENT, tokenize.ENCODING}
+                                                and tokens[i + 1].type == tokenize.NEWLINE):
+            spans.append((tok.start, tok.end))
+        if tok.type not in {tokenize.NL, tokenize.COMMENT, tokenize.DEDENT}:
+            after = tok.type
+    return spans
+
+
+def unresolvable_citations(path: Path, root: Path = ROOT, strings: bool = True) -> list[str]:
+    """Each unresolvable citation in a file as 'path:line: match'; ``strings=False`` skips a Python file's string
+    literals (docstrings are read)."""
+    spans = [] if strings else _string_spans(path)
     return [f"{path.relative_to(root)}:{i}: {m.group(0)!r}" for i, line in enumerate(path.read_text().splitlines(), 1)
-            for m in UNRESOLVABLE.finditer(line)]
+            for m in UNRESOLVABLE.finditer(line) if not any(s <= (i, m.start()) < e for s, e in spans)]
 
 
 def test_unresolvable_citation_is_reported(tmp_path):
@@ -182,7 +205,38 @@ def test_unresolvable_citation_is_reported(tmp_path):
                                                       "d.md:2: 'Issue 18'", "d.md:2: 'issue-18'", "d.md:2: 'issue 41'"]
 
 
+def test_an_issue_number_in_a_test_name_or_a_sweep_comment_is_reported(tmp_path):
+    (tmp_path / "tests").mkdir()
+    code = tmp_path / "tests" / "test_x.py"
+    code.write_text("def test_trl_issue18_estimators():\n    pass\n\n\ndef test_the_Issue_41_scope():\n    pass\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("# Issue #50, item 4: the price of the variant\nname: tissue_3\n")
+    assert unresolvable_citations(code, tmp_path) == ["tests/test_x.py:1: 'issue18'", "tests/test_x.py:5: 'Issue_41'"]
+    assert unresolvable_citations(spec, tmp_path) == ["spec.yaml:1: 'Issue #50'"]
+
+
+def test_skipping_string_literals_still_reads_comments_and_docstrings(tmp_path):
+    code = tmp_path / "test_checker.py"
+    code.write_text('"""Docstring: issue 7."""\n# comment: issue 8\nPLANTED = "issue 9"  # issue 10\n'
+                    'def f():\n    """issue 11"""\n    return ("issue 12",\n            "issue 13")\n')
+    every = ["issue 7", "issue 8", "issue 9", "issue 10", "issue 11", "issue 12", "issue 13"]
+    assert [b.split(": ", 1)[1].strip("'") for b in unresolvable_citations(code, tmp_path)] == every
+    assert [b.split(": ", 1)[1].strip("'") for b in unresolvable_citations(code, tmp_path, strings=False)] == [
+        "issue 7", "issue 8", "issue 10", "issue 11"]
+
+
+def test_the_citation_check_reads_tests_scripts_benchmarks_examples_and_sweeps():
+    read = {p.relative_to(ROOT).as_posix() for p in READER_FACING}
+    for f in ["README.md", "sweeps/README.md", "sweeps/word_grpo_capo.yaml", "src/capo/__init__.py",
+              "tests/test_layering.py", "tests/adapters/test_trl_methods.py", "benchmarks/eval_engines.py",
+              "scripts/mutate.py", "scripts/gpu-check.sh", "examples/trl/capo_grpo.py",
+              "sweeps/pilots/facts_prompt.py", "sweeps/analysis/stochastic_lm_landing.py", "tests/test_docs_links.py"]:
+        assert f in read, f
+    assert not any(f.startswith("sweeps/records/") or f == "CHANGELOG.md" for f in read)
+
+
 def test_citations_resolve_from_the_repository():
-    bad = [b for path in READER_FACING for b in unresolvable_citations(path)]
+    bad = [b for path in READER_FACING
+           for b in unresolvable_citations(path, strings=path.resolve() not in QUOTES_CITE_ON_PURPOSE)]
     assert not bad, ("cite the paper (arXiv id, equation) and the docs/ section instead of a file outside the "
                      "repository or an issue number:\n" + "\n".join(bad))

@@ -1,4 +1,4 @@
-"""`sh scripts/gpu-check.sh --dry-run`: the GPU check's CPU parts, in `make test` (issue 40 item 4). The wheel step
+"""`sh scripts/gpu-check.sh --dry-run`: the GPU check's CPU parts, in `make test`. The wheel step
 installs a wheel for real (a tiny one built here), the CUDA tests are collected, each command's flags are checked, and
 the summary file says that nothing ran on a GPU."""
 

@@ -121,11 +121,3 @@ def test_no_import_circles():
             visit(m, [m])
     assert not circles, "import circles:\n" + "\n".join(circles)
 
-
-def test_no_issue_numbers_in_the_package():
-    """Code says why in its own words; the issue tracker's numbers belong to CHANGELOG.md."""
-    import re
-
-    hits = [f"{p.relative_to(SRC)}:{i}" for p in sorted(SRC.rglob("*")) if p.suffix in {".py", ".yaml", ".md"}
-            for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\bissues? #?\d+", line, re.I)]
-    assert not hits, hits

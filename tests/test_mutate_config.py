@@ -36,7 +36,7 @@ def test_every_module_names_existing_files_and_tests():
             assert tests and all((ROOT / t).is_file() for t in tests), f"{name}: {tests}"
 
 
-def test_the_issue_41_scope_is_configured():
+def test_the_core_verifier_metrics_and_step_are_mutated_each_function_by_one_module():
     m = load()
     mutated = {f for files, _, _ in m.MODULES.values() for f in files}
     core = {f"src/capo/core/{p.name}" for p in (ROOT / "src/capo/core").glob("*.py") if p.name != "__init__.py"}

@@ -473,7 +473,7 @@ def test_a_finished_job_without_auc_mean_is_reported(capsys):
 
 @pytest.mark.slow
 def test_a_run_folder_trained_with_other_settings_is_refused_never_evaluated_as_this_job(tmp_path, capsys):
-    """Issue 52: a record is written only for a model trained with the record's settings. After a sweep ran, its run
+    """A record is written only for a model trained with the record's settings. After a sweep ran, its run
     folder (final checkpoint) is refused for (1) a job of another method or seed whose folder holds a copy of it
     (with its settings mark, and without one, as a folder from before the mark or from `capo train` by hand), and
     (2) the user's sequence: change optim.lr, see the record stale, delete it, run again -- which re-evaluated the

@@ -1,4 +1,4 @@
-"""Issue 18: the methods with extra per-response inputs (ACE, SEED-GRPO, GDPO) give the same advantages through
+"""The methods with extra per-response inputs (ACE, SEED-GRPO, GDPO) give the same advantages through
 capo's trainer, the TRL adapter and the verl plugin, which all build those inputs with
 :func:`capo.rollout.method_inputs.method_inputs`; and every path says what to enable when an input is missing.
 
@@ -216,8 +216,8 @@ def test_trl_gdpo_one_component_per_reward_function():
 
 
 def test_presets_reach_the_adapters_or_say_why():
-    """Every issue-18 preset maps to TRL settings and verl overrides, except the policy losses an engine cannot run,
-    which are refused with the reason."""
+    """The presets of the methods beside CAPO and GRPO map to TRL settings and verl overrides, except the policy
+    losses an engine cannot run, which are refused with the reason."""
     pytest.importorskip("trl")
     from capo.adapters.trl import PPOCReward, RLCRReward, capo_preset
     from capo.adapters.verl_plugin import preset_overrides

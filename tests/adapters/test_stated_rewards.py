@@ -73,7 +73,7 @@ def test_trl_reward_classes_hand_computed():
 
 def test_verl_ppo_c_and_correctness_hand_computed():
     """PPO-C: c + w (q - 0.5) when c > threshold, else c - w (q - 0.5); correctness: 1[answer equivalent], with
-    ``correct`` and ``pred`` only (mutation testing, issue 41: the ``adapters.rewards`` module)."""
+    ``correct`` and ``pred`` only (mutation testing of the ``adapters.rewards`` module)."""
     from capo.adapters.verl_plugin import compute_score_correctness, compute_score_ppo_c
 
     right, wrong = "<answer>4</answer><confidence>0.8</confidence>", "<answer>5</answer><confidence>0.8</confidence>"

@@ -1,4 +1,4 @@
-"""CapoGRPOTrainer in bf16 on a CUDA GPU (issue 40: a user's bf16 TRL script on an H200 is the path most users take).
+"""CapoGRPOTrainer in bf16 on a CUDA GPU (a user's bf16 TRL script on an H200 is the path most users take).
 
 TRL's bf16=True runs the policy's forwards under bf16 autocast. CAPO must still rank temperature-1 log-probs held in
 float32 or wider, as every other path does (capo's trainer: bf16 matmuls, float32 log-softmax), and the noise mask

@@ -1,6 +1,7 @@
-"""Issue 18 end to end in TRL: CapoGRPOTrainer with ACE (its own frozen reference) and SEED-GRPO (answer clusters from
-capo's CorrectnessReward) trains 2 steps on the tiny model, and the advantages TRL receives equal the core estimator
-on inputs recomputed independently (plain HF forwards; the verifier's equivalence classes of the recorded answers).
+"""The methods with extra per-response inputs, end to end in TRL: CapoGRPOTrainer with ACE (its own frozen reference)
+and SEED-GRPO (answer clusters from capo's CorrectnessReward) trains 2 steps on the tiny model, and the advantages TRL
+receives equal the core estimator on inputs recomputed independently (plain HF forwards; the verifier's equivalence
+classes of the recorded answers).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _recorder():
 
 
 @pytest.mark.parametrize("est,hp", [("ace", {"alpha": 2.0}), ("seed_grpo", {"alpha": 1.0})])
-def test_trl_issue18_estimators_equal_core(est, hp, tiny_model_dir, tmp_path):
+def test_trl_ace_and_seed_grpo_advantages_equal_the_core_estimator(est, hp, tiny_model_dir, tmp_path):
     import _tiny
     from transformers import AutoTokenizer
 

@@ -1,4 +1,4 @@
-"""CapoGRPOTrainer on the TRL paths users run (issue 13): RLCR verdicts, truncation masking, the quantile mask,
+"""CapoGRPOTrainer on the TRL paths users run: RLCR verdicts, truncation masking, the quantile mask,
 temperature != 1, TRL's own old log-probs (steps_per_generation / num_iterations > 1), the completions table, the
 reference through TRL's fused log-prob head with ``model_init_kwargs``, and 2 processes == 1 process.
 
@@ -116,7 +116,7 @@ def test_capo_with_rlcr_reward_reads_the_verdicts(tiny_model_dir, tmp_path):
 def test_gdpo_with_the_rlcr_reward_alone_normalises_rlcrs_two_terms(tiny_model_dir, tmp_path, fail):
     """GDPO with RLCRReward as the only reward function: its components are RLCR's correctness and Brier terms (from
     the recorded verdicts, confidences and format flags; a malformed output gets the format-failure reward, -1 or
-    the one given), each normalised in its group, not the one summed reward (mutation testing, issue 41: the
+    the one given), each normalised in its group, not the one summed reward (mutation testing: the
     RLCR-alone rule, the format flags and the failure reward could each be dropped unnoticed)."""
     from capo.adapters.trl import CapoAdvantageConfig, RLCRReward
     from capo.core import ADVANTAGES, rlcr_components
@@ -321,7 +321,7 @@ def test_trl_own_old_logprobs(tiny_model_dir, tmp_path, extra):
 
 def test_unscored_rows_are_no_partners(tiny_model_dir, tmp_path):
     """A reward function returning None (TRL: unscored) for confidence-0.5 answers: those rows get advantage 0 and
-    take part in no pair (before issue 13 they were partners with reward 0)."""
+    take part in no pair (they were once partners with reward 0)."""
     from capo.adapters.trl import CapoAdvantageConfig
 
     def unscored(texts):
@@ -394,7 +394,7 @@ def test_two_processes_equal_one(tiny_model_dir, tmp_path):
 def test_trls_own_reference_at_beta_nonzero_serves_the_mask(tiny_model_dir, tmp_path):
     """beta != 0 at temperature 1: TRL keeps its own frozen reference and computes its per-token log-probs, and
     capo's noise mask reads those (no reference of its own, no extra forward). After the first update the policy
-    differs from the reference, so the second batch's mask tells them apart (mutation testing, issue 41: a wrong
+    differs from the reference, so the second batch's mask tells them apart (mutation testing: a wrong
     key for TRL's log-probs went unnoticed)."""
     from capo.adapters.trl import CapoAdvantageConfig
 

@@ -3,7 +3,7 @@
 its extra log-prob forwards, how rows are padded and gathered across processes, and the refusal of multimodal
 batches. The end-to-end paths (a reference from a path, a
 PEFT base, TRL's own reference at beta != 0) are trained for real in test_trl_paths.py; these pin the arguments
-those runs cannot tell apart on one CPU process (mutation testing, issue 41: each test here failed on the mutants
+those runs cannot tell apart on one CPU process (mutation testing: each test here failed on the mutants
 it names, checked by hand: docs/testing.md, "Mutation testing").
 """
 

@@ -1,6 +1,6 @@
-"""The one CAPO-input step (capo.core.step) and the CAPO findings of issue 13, with hand-computed values.
+"""The one CAPO-input step (capo.core.step) and the CAPO wrong results fixed with it, with hand-computed values.
 
-Each test here fails on the code before issue 13: CAPO thresholded the reward at 0.5 to decide correctness, the
+Each test here fails on the code before it: CAPO thresholded the reward at 0.5 to decide correctness, the
 pairs normaliser counted dropped pairs, and rows without tokens or without a reward still acted as partners.
 """
 

@@ -1,6 +1,6 @@
 """The calibration metrics compute on their inputs' device, never on torch's default device (the module's contract:
 "computed in float64 on the inputs' device"), and the FFT convolution behind smooth ECE is a full linear
-convolution (mutation testing, issue 41: the ``core.calibration`` survivors, docs/testing.md "Mutation testing").
+convolution (mutation testing: the ``core.calibration`` survivors, docs/testing.md "Mutation testing").
 
 A machine without a GPU has one real device, so the test makes the *default* device differ from the inputs' one:
 ``torch.set_default_device("meta")`` while the inputs stay on the CPU. A tensor that the code allocates without

@@ -1,4 +1,4 @@
-"""Defaults and edges of the calibration metrics that the hand-computed tests did not pin (mutation testing, issue 41:
+"""Defaults and edges of the calibration metrics that the hand-computed tests did not pin (mutation testing:
 the ``core.calibration`` survivors, docs/testing.md "Mutation testing")."""
 
 import math

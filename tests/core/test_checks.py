@@ -1,5 +1,5 @@
 """The argument checks of ``capo.core.checks`` at their boundaries: what passes unchanged, what is refused, with which
-error and message (mutation testing, issue 41: the ``core.checks`` survivors, docs/testing.md "Mutation testing")."""
+error and message (mutation testing: the ``core.checks`` survivors, docs/testing.md "Mutation testing")."""
 
 import math
 

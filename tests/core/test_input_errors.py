@@ -1,5 +1,5 @@
 """Bad inputs to the advantage estimators, masks, rewards and scores are refused with an error that names the
-argument and the problem (mutation testing, issue 41: the input checks of these functions had no test)."""
+argument and the problem (mutation testing: the input checks of these functions had no test)."""
 
 import pytest
 import torch

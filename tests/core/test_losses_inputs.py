@@ -1,6 +1,6 @@
 """Bad inputs to the policy losses, the KL estimators, ``aggregate`` and the rollout correction are refused with an
 error that names the argument and the problem; results keep the log-probs' dtype whatever the mask's; the edges
-(one token, no token, a log-ratio past the clamp) have their hand-computed values (mutation testing, issue 41:
+(one token, no token, a log-ratio past the clamp) have their hand-computed values (mutation testing:
 these are the survivors of ``core.losses``, docs/testing.md "Mutation testing")."""
 
 import math

@@ -126,7 +126,7 @@ def test_registry_says_which_estimators_read_scores():
         ADVANTAGES.reads("nope")
 
 
-# ---------------------------------------------------------------- input errors name the argument (issue 41)
+# ---------------------------------------------------------------- input errors name the argument
 def test_noise_mask_and_quantile_errors_name_the_argument():
     from capo.core import capo_noise_mask, ppl_quantile_thresholds
 

@@ -1,5 +1,5 @@
-"""The step's row bookkeeping and argument passing, and the registries, on hand-computed cases (mutation testing,
-issue 41: the survivors of ``core.step``, docs/testing.md "Mutation testing"). GRPO with its default std_ddof=1 on
+"""The step's row bookkeeping and argument passing, and the registries, on hand-computed cases (mutation testing:
+the survivors of ``core.step``, docs/testing.md "Mutation testing"). GRPO with its default std_ddof=1 on
 a group of rewards (1, 0) gives (+-0.5) / sqrt(0.5) = +-1/sqrt(2)."""
 
 import math

@@ -1,5 +1,5 @@
 """Inputs, names in error messages, edges and devices of the voting and confidence functions that the hand cases
-left open (mutation testing, issue 41: the ``core.voting`` survivors, docs/testing.md "Mutation testing").
+left open (mutation testing: the ``core.voting`` survivors, docs/testing.md "Mutation testing").
 
 Error messages are matched from their start (``^name ...``), so a check that names the wrong argument fails.
 """

@@ -1,6 +1,6 @@
 """`capo eval`'s response budget when --max-new-tokens is not given: a shipped model's task budget; else 512, lowered
 to what the model's context leaves after the longest prompt (said on stderr); a value given that does not fit is
-still an error (issue 40 item 6: `capo eval --model default --dataset default` stopped with "exceeds the model's
+still an error (found as a new user: `capo eval --model default --dataset default` stopped with "exceeds the model's
 context of 256 positions")."""
 
 import json

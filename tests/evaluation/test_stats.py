@@ -137,7 +137,7 @@ def test_one_resampling_scheme_same_draws_as_before():
     assert (lo, hi) == pytest.approx((1.75, 3.25), abs=1e-12)
 
 
-# ---------------------------------------------------------------- edges found by mutation testing (issue 41)
+# ---------------------------------------------------------------- edges found by mutation testing
 def test_wilson_at_another_alpha_hand_computed():
     # 90% Wilson, k = 3, n = 10: z = Phi^-1(0.95) = 1.6448536269514722 (alpha reaches statsmodels)
     z = 1.6448536269514722

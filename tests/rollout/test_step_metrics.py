@@ -1,6 +1,6 @@
 """capo.rollout.step by hand: the noise-mask thresholds (fixed and quantile rules), the batch metrics
 (``train/masked_frac``, ``train/filtered_frac``, ``calib/*`` from the right log-probs over the right rows) and the
-step without log-probs. Found missing by mutation testing (issue 41): these numbers reach every engine's logs."""
+step without log-probs. Found missing by mutation testing: these numbers reach every engine's logs."""
 
 import math
 

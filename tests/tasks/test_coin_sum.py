@@ -1,5 +1,6 @@
-"""The coin_sum testbed (issue 14): deterministic generation, the verifier agrees with the known answers, the coin
-has the designed probabilities, the options are validated, the shipped model loads, and a 2-step training run works."""
+"""The coin_sum testbed (where GRPO's overconfidence appears on a CPU): deterministic generation, the verifier agrees
+with the known answers, the coin has the designed probabilities, the options are validated, the shipped model loads, and
+a 2-step training run works."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The reasoning testbed's task (issue 24): deterministic generation whose prefix does not depend on n, splits
-disjoint by skeleton, gold traces whose arithmetic is right and whose lines use the prompt's numbers, the options
-and their errors, the verifier path (other wordings of a right answer, wrong steps with a right final line,
+"""The reasoning testbed's task (a model that reasons in steps): deterministic generation whose prefix does not depend
+on n, splits disjoint by skeleton, gold traces whose arithmetic is right and whose lines use the prompt's numbers, the
+options and their errors, the verifier path (other wordings of a right answer, wrong steps with a right final line,
 malformed output) and the trace diagnostic."""
 
 from __future__ import annotations

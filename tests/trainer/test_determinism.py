@@ -1,4 +1,4 @@
-"""Two runs of the same RLCR configuration give identical metrics and weights (issue 16, item 7).
+"""Two runs of the same RLCR configuration give identical metrics and weights (recorded results reproduce).
 
 The embedded default model in RLCR's format, so the verbalized-confidence path (parsed <confidence>, Brier term,
 non-binary rewards) is exercised. One run in this process, one in a fresh `capo train` process (a fresh

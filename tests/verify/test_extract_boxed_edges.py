@@ -1,5 +1,5 @@
 """Edges of ``extract_boxed``, ``normalize_number`` and ``extract_answer``'s empty answers that the first tests left
-open (mutation testing, issue 41: the ``verify.extract`` survivors, docs/testing.md "Mutation testing")."""
+open (mutation testing: the ``verify.extract`` survivors, docs/testing.md "Mutation testing")."""
 
 import pytest
 

@@ -1,5 +1,5 @@
 """The strict answer formats of the stochastic task, ``percent`` (``NN``) and ``outcome`` (``D NN``), in the verifier's
-own test subset (mutation testing, issue 41: ``verify.extract``; tests/tasks/ tests them through the task)."""
+own test subset (mutation testing of ``verify.extract``; tests/tasks/ tests them through the task)."""
 
 import pytest
 

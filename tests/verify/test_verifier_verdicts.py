@@ -1,7 +1,7 @@
 """Verdicts that reach a user through the verifier's public API only (``verify_batch``, ``verify``, ``gold_parses``,
 ``equivalence_classes``): unparsable answers and golds, timeouts inside a batch, the integer shortcut's edges.
 
-Each case is hand-chosen so that a plausible bug (issue 41's mutation audit) changes the expected list; the inputs
+Each case is hand-chosen so that a plausible bug (a mutant of the verifier) changes the expected list; the inputs
 below were checked against math-verify 0.8: ``\\text{}`` and ``}{`` do not parse, ``9^{9^{9^{9}}}`` times out.
 """
 
