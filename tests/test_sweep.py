@@ -621,3 +621,24 @@ def test_a_setting_a_record_predates_reads_as_its_default():
     assert records.comparable(old) != records.comparable(changed)
     with pytest.raises(CapoError, match="differ in config|model.attention"):
         records._check_same([(pathlib.Path("a"), old), (pathlib.Path("b"), changed)], "training records")
+
+
+def test_a_setting_the_run_folders_mark_predates_reads_as_its_default(tmp_path):
+    """A run folder marked before a knob existed (its resolved config lacks the key) ran with what is now the knob's
+    default, as a record that predates a knob reads: it is not refused for that key alone; the same folder marked
+    with another value of the knob is refused, naming it."""
+    from types import SimpleNamespace
+
+    from capo.trainer.config import TrainConfig
+
+    cfg = TrainConfig().to_dict()
+    job = SimpleNamespace(run_dir=tmp_path / "grpo-seed1", eval={"problems": 4})
+    job.run_dir.mkdir()
+    old = json.loads(json.dumps(cfg))
+    del old["model"]["train_top_layers"]  # a folder started before the knob existed
+    mark = job.run_dir / runner.RUN_SETTINGS
+    mark.write_text(json.dumps({"config": old, "settings": {"eval": {"problems": 4}}}))
+    assert runner.run_dir_problem(job, cfg) is None
+    old["model"]["train_top_layers"] = 2
+    mark.write_text(json.dumps({"config": old, "settings": {"eval": {"problems": 4}}}))
+    assert "(model.train_top_layers: 2 -> 0)" in runner.run_dir_problem(job, cfg)
