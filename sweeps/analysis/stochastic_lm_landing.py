@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
 
-def outcome_rate(split: str, n: int, seed: int, options: dict) -> float:
+@cache
+def outcome_rate(split: str, n: int, seed: int, options: str) -> float:
+    """The outcome rate of the first ``n`` questions of ``split`` (``options``: the task options as JSON)."""
     from capo.tasks.stochastic import stochastic_problems
 
-    return float(np.mean([int(p.answer) for p in stochastic_problems(split, n, seed=seed, options=options)]))
+    problems = stochastic_problems(split, n, seed=seed, options=json.loads(options))
+    return float(np.mean([int(p.answer) for p in problems]))
 
 
 def rows(folder: Path) -> list[dict]:
@@ -27,10 +31,11 @@ def rows(folder: Path) -> list[dict]:
     for f in sorted(folder.glob("*-seed*.json")):
         rec = json.loads(f.read_text())
         data, fin = rec["config"]["data"], rec["final"]
+        opts = json.dumps(data["task_options"], sort_keys=True)
         out.append({"method": rec["method"], "seed": rec["seed"], "stated": fin["stochastic_mean_stated"],
                     "ece": fin["stochastic_ece"], "auroc": fin["stochastic_auroc"],
-                    "train_rate": outcome_rate("train", data["n_train"], rec["seed"], data["task_options"]),
-                    "eval_rate": outcome_rate("eval", data["n_eval"], 0, data["task_options"])})
+                    "train_rate": outcome_rate("train", data["n_train"], rec["seed"], opts),
+                    "eval_rate": outcome_rate("eval", data["n_eval"], 0, opts)})
     return out
 
 

@@ -25,12 +25,12 @@ def flat_config(config: dict, leave_out: tuple[str, ...] = (), sections: tuple[s
     return {k: v for k, v in sorted(flat.items()) if k not in leave_out and k.split(".")[0] not in leave_out}
 
 
-def _defaults(sections: tuple[str, ...] | None) -> dict:
-    """Today's default of every training setting outside :data:`FREE`, flat: a record written before a knob existed
-    (``model.attention``, ``model.ref_dtype``) ran with what is now its default, so it reads as that."""
+def setting_defaults(leave_out: tuple[str, ...] = FREE, sections: tuple[str, ...] | None = None) -> dict:
+    """Today's default of every training setting outside ``leave_out``, flat: a record or run folder written before
+    a knob existed (``model.attention``, ``model.ref_dtype``) ran with what is now its default, so it reads as that."""
     from capo.trainer.config import TrainConfig
 
-    return flat_config(TrainConfig().to_dict(), FREE, sections)
+    return flat_config(TrainConfig().to_dict(), leave_out, sections)
 
 
 def comparable(rec: dict, sections: tuple[str, ...] | None = None) -> dict:
@@ -38,7 +38,7 @@ def comparable(rec: dict, sections: tuple[str, ...] | None = None) -> dict:
     setting of the record's config outside :data:`FREE` (only ``sections`` of the config when given; a setting the
     record predates reads as its default), and the device it ran on (a GPU's sampling stream and float summation
     differ from a CPU's)."""
-    cfg = {**_defaults(sections), **flat_config(rec.get("config") or {}, FREE, sections)}
+    cfg = {**setting_defaults(FREE, sections), **flat_config(rec.get("config") or {}, FREE, sections)}
     settings = rec.get("settings") or {}
     device = (rec.get("machine") or {}).get("device", "cpu")  # records before 2026-11-25 name none: all ran on a CPU
     return {"preset": settings.get("preset"), "eval": settings.get("eval"), "device": device, "config": cfg}

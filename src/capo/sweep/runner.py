@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from capo.errors import DataError
-from capo.sweep.records import flat_config
+from capo.sweep.records import flat_config, setting_defaults
 from capo.sweep.spec import BASE, BOOKKEEPING, Job, record_state, same_settings
 
 TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "train/masked_frac",
@@ -223,8 +223,8 @@ def run_dir_problem(job: Job, cfg: dict) -> str | None:
         return f"{d} holds training output but no record of its settings; move or delete it to train the job anew"
     else:
         return None
-    # a setting the folder's mark predates ran with what is now its default (as records read: records._defaults)
-    now, then = flat_config(cfg, BOOKKEEPING), {**_setting_defaults(), **flat_config(then, BOOKKEEPING)}
+    # a setting the folder's mark predates ran with what is now its default (as records read them)
+    now, then = flat_config(cfg, BOOKKEEPING), {**setting_defaults(BOOKKEEPING), **flat_config(then, BOOKKEEPING)}
     diff = [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(then))
             if now.get(k) != then.get(k)]
     diff += [f"eval.{k}: {then_eval.get(k)!r} -> {v!r}" for k, v in job.eval.items() if then_eval.get(k) != v]
@@ -232,13 +232,6 @@ def run_dir_problem(job: Job, cfg: dict) -> str | None:
         return None
     return (f"{d} was trained with other settings ({', '.join(diff)}); a record is written only for a model trained "
             "with the job's settings: move or delete the folder to train the job anew")
-
-
-def _setting_defaults() -> dict:
-    """Today's default of every training setting outside :data:`BOOKKEEPING`, flat."""
-    from capo.trainer.config import TrainConfig
-
-    return flat_config(TrainConfig().to_dict(), BOOKKEEPING)
 
 
 def _mark(job: Job, cfg: dict) -> None:
