@@ -105,7 +105,7 @@ def test_every_flag_has_help(capsys):
 
     sweep = next(a for a in build_parser()._actions if a.dest == "command").choices["sweep"]
     actions = next(a for a in sweep._actions if a.dest == "sweep_command").choices
-    assert set(actions) == set(ACTIONS) == {"run", "status", "report"}
+    assert set(actions) == set(ACTIONS) == {"run", "status", "prune", "report"}
     for name, p in actions.items():
         assert p.description and all(a.help for a in p._actions), name
     for action in ("run", "status", "report"):

@@ -1,4 +1,4 @@
-"""``capo sweep run | status | report``: seed-powered comparisons of training methods (:mod:`capo.sweep`).
+"""``capo sweep run | status | prune | report``: seed-powered comparisons of training methods (:mod:`capo.sweep`).
 
 Paths are relative to the current directory: run folders go to ``runs/sweeps/NAME`` and records to
 ``sweeps/records/NAME`` (``--runs-root``, ``--records-root``), the report to ``docs/figures/sweeps/NAME``
@@ -14,6 +14,7 @@ from pathlib import Path
 from capo.cli.flags import add_settings
 from capo.errors import ConfigError
 from capo.settings import from_namespace, opt
+from capo.sweep.runner import KEEP, KEEP_HELP
 
 SPEC_HELP = "the sweep spec (YAML): name, preset, methods, seeds, eval, ... (the repository's are sweeps/*.yaml)"
 
@@ -38,6 +39,14 @@ class SweepRunSettings(SweepStatusSettings):
     commit: bool = opt(False, "git-commit each record as it lands, in the git repository that holds the records, so "
                        "that a fresh clone continues a cut-off sweep")
     max_runs: int | None = opt(None, "run at most this many of the jobs not done yet, then stop")
+    keep: str = opt("final", KEEP_HELP, choices=KEEP)
+
+
+@dataclass
+class SweepPruneSettings(SweepStatusSettings):
+    """Everything ``capo sweep prune`` takes (its ``--help`` is built from these fields)."""
+
+    keep: str = opt("final", KEEP_HELP, choices=KEEP)
 
 
 @dataclass
@@ -75,6 +84,11 @@ ACTIONS = {  # name -> (settings, help, description)
                "settings: the spec was edited; delete it to rerun) or corrupt (a file that is no record: restore or "
                "delete it); a note when the records folder does not exist here; then, exit 2, what would stop "
                "`capo sweep run` (the checks it makes before any job starts)."),
+    "prune": (SweepPruneSettings, "free the disk that finished jobs' checkpoints hold (--keep)",
+              "For every job of SPEC whose record is done and that no live process holds, reduce its run folder's "
+              "checkpoints to what --keep names (a job without its record, or running, is never touched): what "
+              "`capo sweep run --keep` does to each job it finishes, for folders finished before it or with "
+              "another --keep. Prints the space freed per job and in all."),
     "report": (SweepReportSettings, "tables, power analysis and figures from a sweep's records",
                "Pair every method with --reference by training seed: mean difference, 95% t-interval over seeds, "
                "paired t-test p, Holm-adjusted p over the methods, the seeds needed for --effect at 80% power, the "
@@ -111,6 +125,10 @@ def run(ns) -> int:
     all_jobs = jobs(spec, Path(args.runs_root), Path(args.records_root))
     if ns.sweep_command == "status":
         return _status(spec, all_jobs, args)
+    if ns.sweep_command == "prune":
+        from capo.sweep.runner import prune_sweep
+
+        return prune_sweep(all_jobs, args.keep)
     return _run(spec, all_jobs, args)
 
 
@@ -143,7 +161,7 @@ def _run(spec: dict, all_jobs: list, args: SweepRunSettings) -> int:
     if args.max_runs is not None and args.max_runs < 0:
         raise ConfigError(f"--max-runs must be >= 0, got {args.max_runs}")
     preflight.check(Path(args.spec), spec, all_jobs, Path(args.runs_root), Path(args.records_root))
-    return run_sweep(spec["name"], all_jobs, n_jobs, args.commit, args.max_runs)
+    return run_sweep(spec["name"], all_jobs, n_jobs, args.commit, args.max_runs, args.keep)
 
 
 def _report(args: SweepReportSettings) -> int:

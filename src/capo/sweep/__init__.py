@@ -1,4 +1,4 @@
-"""Seed-powered comparisons of training methods: ``capo sweep run | status | report``.
+"""Seed-powered comparisons of training methods: ``capo sweep run | status | prune | report``.
 
 A sweep spec (YAML) names a preset, the methods (config overrides each), the training seeds and the held-out
 evaluation. :mod:`capo.sweep.spec` reads it and lists its jobs (one per method and seed, and the base model's

@@ -45,6 +45,11 @@ TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "tr
 RUN_RECORD = "record.json"  # a finished run's record, kept in its run folder too (read by checkouts sharing the folder)
 LOCK = "sweep.lock"
 RUN_SETTINGS = "settings.json"  # the run folder's settings mark: the job's settings, their hash and resolved config
+# what a finished job's run folder keeps once its record is written (``capo sweep run --keep``, ``capo sweep prune``)
+KEEP = ("all", "final", "weights", "none")
+KEEP_HELP = ("what a finished job's run folder keeps of its checkpoints once its record is written: all (every one "
+             "the trainer kept), final (the last, resumable), weights (the last checkpoint's model alone: loadable "
+             "with from_pretrained, not resumable; a 135M model's 0.5 GB instead of 1.6 GB) or none")
 EVAL_FLAGS = {"problems": "--limit", "k": "-k", "batch_size": "--batch-size", "seed": "--seed"}  # spec eval -> flag
 
 
@@ -95,7 +100,7 @@ def claim(job: Job) -> str | None:
     return _holder(lock) or "another process (the lock changed hands twice)"
 
 
-def run_job(job: Job) -> dict | str:
+def run_job(job: Job, keep: str = "all") -> dict | str:
     """Claim the job, train (resuming from the last checkpoint), evaluate the final checkpoint, write the record.
     Returns the record, or why it was left alone: another live process runs it, or another process finished it
     after this one listed its jobs (the list is made once, at the start; a finished job is never run again)."""
@@ -108,7 +113,12 @@ def run_job(job: Job) -> dict | str:
             raise DataError(corrupt_record(job, why))
         if now != "todo":
             return f"finished by another sweep process ({now} record {job.record})"
-        return _train_eval_record(job)
+        record = _train_eval_record(job)
+        try:
+            prune_checkpoints(job, keep)
+        except OSError as e:  # the record stands; the folder only keeps more than asked
+            print(f"  note: {job.name}'s checkpoints were not pruned to --keep {keep}: {e}", flush=True)
+        return record
     finally:
         (job.run_dir / LOCK).unlink(missing_ok=True)
 
@@ -332,8 +342,58 @@ def commit_record(job: Job) -> None:
         print(f"  (git commit of {job.record} failed: {r.stderr.strip() or r.stdout.strip()})", flush=True)
 
 
-def run_sweep(name: str, all_jobs: list[Job], n_jobs: int, commit: bool, max_runs: int | None) -> int:
-    """Run the jobs not done yet (at most ``max_runs``), ``n_jobs`` at a time; 1 when any failed, else 0."""
+def prune_checkpoints(job: Job, keep: str) -> int:
+    """Reduce a finished job's checkpoints to what ``keep`` (one of :data:`KEEP`) names; the bytes freed. Called only
+    once the job's record is written: the record, not the checkpoints, is what every report reads."""
+    import shutil
+
+    from capo.trainer.checkpoint import list_checkpoints, strip_resume_state
+
+    if keep not in KEEP:
+        raise ValueError(f"keep {keep!r} is not allowed; allowed values: {', '.join(KEEP)}")
+    ckpts = [p for _, p in list_checkpoints(job.run_dir)]
+    if keep == "all" or not ckpts:
+        return 0
+    drop = ckpts if keep == "none" else ckpts[:-1]
+    freed = sum(_size(p) for p in drop)
+    for p in drop:
+        shutil.rmtree(p)
+    if keep == "weights":
+        freed += strip_resume_state(ckpts[-1], f"capo sweep --keep weights, after the record {job.record} was written")
+    return freed
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def prune_sweep(all_jobs: list[Job], keep: str) -> int:
+    """``capo sweep prune``: :func:`prune_checkpoints` on every job whose record is done and that no live process
+    holds; one line per job that freed anything, then the total. 0."""
+    from capo.sweep.spec import state
+
+    total = 0
+    for j in all_jobs:
+        if j.method == BASE or state(j) != "done" or not j.run_dir.is_dir():
+            continue
+        if claim(j) is not None:
+            print(f"  skipped {j.name}: held by a live sweep process")
+            continue
+        try:
+            freed = prune_checkpoints(j, keep)
+        finally:
+            (j.run_dir / LOCK).unlink(missing_ok=True)
+        if freed:
+            print(f"  {j.name}: freed {freed / 2**30:.2f} GiB")
+        total += freed
+    print(f"freed {total / 2**30:.2f} GiB (--keep {keep})")
+    return 0
+
+
+def run_sweep(name: str, all_jobs: list[Job], n_jobs: int, commit: bool, max_runs: int | None,
+              keep: str = "all") -> int:
+    """Run the jobs not done yet (at most ``max_runs``), ``n_jobs`` at a time, each pruned to ``keep`` once its record
+    is written (:func:`prune_checkpoints`); 1 when any failed, else 0."""
     found = {j.name: record_state(j) for j in all_jobs}
     states = {name: st for name, (st, _) in found.items()}
     for j in all_jobs:
@@ -348,7 +408,7 @@ def run_sweep(name: str, all_jobs: list[Job], n_jobs: int, commit: bool, max_run
           "at a time", flush=True)
     failed = 0
     with ThreadPoolExecutor(max_workers=n_jobs) as pool:
-        futures = {pool.submit(run_job, j): j for j in todo}
+        futures = {pool.submit(run_job, j, keep): j for j in todo}
         for fut in as_completed(futures):
             failed += _report_job(futures[fut], fut, commit)
     return 1 if failed else 0

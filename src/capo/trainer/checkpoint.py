@@ -22,6 +22,7 @@ from capo.errors import CapoError
 
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 STATE_FILE = "trainer_state.pt"
+WEIGHTS_ONLY = "WEIGHTS_ONLY"  # marks a checkpoint whose resume state was removed after its run finished
 
 
 def rng_state() -> dict:
@@ -52,6 +53,10 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     if not ckpts:
         return None
     path = ckpts[-1][1]
+    if (path / WEIGHTS_ONLY).exists():
+        raise CapoError(f"checkpoint {path} holds only the model weights: its optimizer and RNG state were removed "
+                        f"after the run finished ({(path / WEIGHTS_ONLY).read_text().strip()}), so it cannot be "
+                        f"resumed; train on from it as a new run with --model.path {path} --run.out_dir NEW_DIR")
     missing = [f for f in (STATE_FILE, "config.json") if not (path / f).is_file()]
     if missing:
         raise CapoError(f"checkpoint {path} is incomplete or corrupt (missing {', '.join(missing)}); delete it to "
@@ -93,6 +98,20 @@ def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, state: dict, 
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def strip_resume_state(path: Path, why: str) -> int:
+    """Keep only the model (weights, config, tokenizer) of checkpoint ``path``: remove its trainer state and RNG
+    files and mark it :data:`WEIGHTS_ONLY` (``why`` is written in the mark), so that it still loads with
+    ``from_pretrained`` but a resume names the reason instead of calling it corrupt. Returns the bytes freed."""
+    path = Path(path)
+    (path / WEIGHTS_ONLY).write_text(why.strip() + "\n")
+    freed = 0
+    for f in [path / STATE_FILE, *path.glob("rng_rank*.pt")]:
+        if f.is_file():
+            freed += f.stat().st_size
+            f.unlink()
+    return freed
 
 
 def load_state(path: Path, rank: int) -> tuple[dict, dict | None]:
