@@ -8,6 +8,8 @@ pooled AUROC and the per-question AUC-mean of the mean token log-prob (lpm), and
 chosen, and why, is written in docs/results/real-model.md ("Facts: the prompt pilot").
 
     python sweeps/pilots/facts_prompt.py --per-relation 16 -k 8 --out runs/pilots/facts_prompt.json
+    python sweeps/pilots/facts_prompt.py --per-relation 16 -k 8 --max-new-tokens 24 \
+        --formats chat+rlcr+prefill chat+rlcr-example+prefill     # RLCR's opening tag written for the model
 """
 
 from __future__ import annotations
@@ -30,14 +32,17 @@ OWN_SYSTEM = "Answer each question with the answer alone: a name, a symbol or a 
 RLCR_EXAMPLE = (SYSTEM_RLCR_SHORT + " For example, to 'What is the capital of Italy?' reply exactly: "
                 "<answer>Rome</answer> <confidence>0.9</confidence>")
 ONE_SHOT = "What is the capital of Italy? Answer with the name only.\nRome\n\n"
-# name -> (chat template, system (None: the template's own), prefix of the user turn, answer format)
+# name -> (chat template, system (None: the template's own), prefix of the user turn, answer format, prefill: the
+# start of the assistant's turn written into the prompt, graded as the response's start)
 FORMATS = {
-    "chat": (True, None, "", "short"),
-    "chat+system": (True, OWN_SYSTEM, "", "short"),
-    "chat+one-shot": (True, None, ONE_SHOT, "short"),
-    "plain": (False, None, "", "short"),
-    "chat+rlcr": (True, SYSTEM_RLCR_SHORT, "", "rlcr_short"),
-    "chat+rlcr-example": (True, RLCR_EXAMPLE, "", "rlcr_short"),
+    "chat": (True, None, "", "short", ""),
+    "chat+system": (True, OWN_SYSTEM, "", "short", ""),
+    "chat+one-shot": (True, None, ONE_SHOT, "short", ""),
+    "plain": (False, None, "", "short", ""),
+    "chat+rlcr": (True, SYSTEM_RLCR_SHORT, "", "rlcr_short", ""),
+    "chat+rlcr-example": (True, RLCR_EXAMPLE, "", "rlcr_short", ""),
+    "chat+rlcr+prefill": (True, SYSTEM_RLCR_SHORT, "", "rlcr_short", "<answer>"),
+    "chat+rlcr-example+prefill": (True, RLCR_EXAMPLE, "", "rlcr_short", "<answer>"),
 }
 
 
@@ -47,12 +52,13 @@ def _questions(per_relation: int):
 
 
 def _measure(engine, problems, fmt, k, max_new, seed, temperature) -> dict:
-    chat, system, prefix, answer_format = FORMATS[fmt]
-    prompts = [render_prompt(engine.tokenizer, prefix + p.prompt, chat_template=chat, system=system)
+    chat, system, prefix, answer_format, prefill = FORMATS[fmt]
+    prompts = [render_prompt(engine.tokenizer, prefix + p.prompt, chat_template=chat, system=system) + prefill
                for p in problems]
     ro = engine.sample(prompts, k=k, max_new_tokens=max_new, seed=seed, temperature=temperature)
     golds = [p.answer for p in problems for _ in range(k)]
-    g = grade(ro.texts, golds, None, answer_format=answer_format)
+    texts = [prefill + t for t in ro.texts]
+    g = grade(texts, golds, None, answer_format=answer_format)
     lpm = ro.gen_logp.sum(-1) / ro.lengths.clamp(min=1)
     correct = g.correct.float()
     per_q = correct.view(len(problems), k).mean(-1)
@@ -67,7 +73,7 @@ def _measure(engine, problems, fmt, k, max_new, seed, temperature) -> dict:
            "half_known": round(float(((per_q > 0) & (per_q < 1)).float().mean()), 4),
            "auroc_lpm": round(auroc(lpm, g.correct), 4), "auc_mean_lpm": round(float(am.value), 4),
            "auc_mean_prompts": int(am.n_groups_used), "per_relation": rel,
-           "examples": ro.texts[:: k * 8][:6]}
+           "examples": texts[:: k * 8][:6]}
     if answer_format == "rlcr_short":
         out["format_ok"] = round(float(g.format_ok.float().mean()), 4)
     return out

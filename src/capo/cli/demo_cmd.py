@@ -321,7 +321,7 @@ def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
                          temperature=first.rollout.temperature, max_new_tokens=first.rollout.max_new_tokens,
                          batch_size=512 if first.data.answer_format == "percent" else 64, seed=0,
                          chat_template=first.model.chat_template, system_prompt=first.data.system_prompt,
-                         answer_format=first.data.answer_format, n_boot=200,
+                         response_prefix=first.data.response_prefix, answer_format=first.data.answer_format, n_boot=200,
                          token_stats=first.data.answer_format != "percent")  # a stated probability: no token table
         results[name] = run_eval(s, out / "eval" / name, progress=True)
     return results, models

@@ -54,6 +54,7 @@ from capo.rundir import Progress, atomic_write_text, json_line, read_jsonl_rows,
 from capo.settings import opt
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, required_answer_formats
 from capo.tasks.generated import GENERATED_TASKS
+from capo.tasks.prompts import check_response_prefix
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, Verifier
 
 __all__ = ["EvalSettings", "make_engine", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
@@ -62,10 +63,10 @@ read_rows = read_jsonl_rows  # a run's generations.jsonl rows (torn last line dr
 
 # settings that change what is generated: a resumed run must match them exactly
 GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "top_p", "max_new_tokens", "batch_size",
-                   "seed", "chat_template", "system_prompt", "prompt_field", "answer_field", "dataset_answer_format",
+                   "seed", "chat_template", "system_prompt", "response_prefix", "prompt_field", "answer_field", "dataset_answer_format",
                    "answer_format", "fallback_last_number",  # these two: rows store their extracted answers
                    "engine")
-OLD_DEFAULTS = {"engine": "hf"}  # settings added later: what a run directory written before them used
+OLD_DEFAULTS = {"engine": "hf", "response_prefix": ""}  # settings added later: what a run directory written before them used
 
 
 DEFAULT_MAX_NEW_TOKENS = 512  # the response budget when neither --max-new-tokens nor a shipped model sets one
@@ -108,6 +109,9 @@ class EvalSettings:
     chat_template: bool = opt(True, "wrap prompts in the tokenizer's chat template when it has one (the flag "
                               "--no-chat-template feeds the raw prompt)")
     system_prompt: str | None = opt(None, "system message (default: asks for the final answer within \\boxed{})")
+    response_prefix: str = opt("", "the start of the model's turn, written into the prompt for it (a prefill, e.g. "
+                               "'<answer>'); each response is graded and recorded as this prefix + what the model "
+                               "wrote (the trainer's data.response_prefix)")
     device: str = opt("auto", "where the hf engine runs the model: auto = CUDA when visible, else the CPU (vLLM "
                       "places itself)", choices=DEVICES)
     autocast: str = opt("auto", "bf16 autocast (auto: on for CUDA with bf16 and for bf16-capable CPUs with >= 25M "
@@ -173,6 +177,10 @@ def validate_settings(s: EvalSettings) -> None:
     if s.generations is None and needed is not None and s.answer_format not in needed:
         bad("--answer-format", f"the {s.dataset!r} task's responses are graded with {' or '.join(map(repr, needed))} "
             f"(default {needed[0]!r}); got {s.answer_format!r}")
+    try:
+        check_response_prefix(s.dataset, s.response_prefix)
+    except ValueError as e:
+        bad("--response-prefix", str(e))
     if s.dataset_answer_format not in FILE_ANSWER_FORMATS:
         bad("--dataset-answer-format", f"{s.dataset_answer_format!r} is not allowed; allowed values: "
             f"{', '.join(FILE_ANSWER_FORMATS)}")
@@ -405,7 +413,8 @@ def response_budget(s: EvalSettings, problems: list, engine=None) -> int:
 
         tok, limit = load_tokenizer_and_context(s.model)
     system = s.system_prompt if s.system_prompt is not None else default_system(s.answer_format)
-    texts = [render_problem(tok, p, dataset=s.dataset, chat_template=s.chat_template, system=system) for p in problems]
+    texts = [render_problem(tok, p, dataset=s.dataset, chat_template=s.chat_template, system=system,
+                            response_prefix=s.response_prefix) for p in problems]
     longest = max((len(x) for x in tok(texts, add_special_tokens=False)["input_ids"]), default=0)
     if not limit or longest + DEFAULT_MAX_NEW_TOKENS <= limit or longest >= limit:
         return DEFAULT_MAX_NEW_TOKENS  # fits; or no response fits at all: sampling names the prompt
@@ -435,7 +444,7 @@ def make_engine(s: EvalSettings):
 
 
 def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, engine=None) -> None:
-    from capo.tasks.prompts import default_system, render_problem
+    from capo.tasks.prompts import default_system, render_problem, with_prefix
 
     t_load = time.perf_counter()
     engine = engine if engine is not None else make_engine(s)
@@ -450,21 +459,22 @@ def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, 
             missing = [(i, j) for i, p in enumerate(batch) for j in range(s.k) if (p.id, j) not in done]
             if not missing:
                 continue
-            texts = [render_problem(tok, p, dataset=s.dataset, chat_template=s.chat_template, system=system)
-                     for p in batch]
+            texts = [render_problem(tok, p, dataset=s.dataset, chat_template=s.chat_template, system=system,
+                                    response_prefix=s.response_prefix) for p in batch]
             t0 = time.perf_counter()
             samples = _sample(engine, texts, s, seed=s.seed * 1_000_003 + b // per_batch)
             timing["generate_s"] = timing.get("generate_s", 0.0) + time.perf_counter() - t0
             timing["generated_tokens"] = timing.get("generated_tokens", 0) + sum(x.n_tokens for r in samples for x in r)
             t0 = time.perf_counter()
-            g = grade([samples[i][j].text for i, j in missing], [batch[i].answer for i, _ in missing], verifier,
+            responses = with_prefix(s.response_prefix, [samples[i][j].text for i, j in missing])
+            g = grade(responses, [batch[i].answer for i, _ in missing], verifier,
                       answer_format=s.answer_format, fallback_last_number=s.fallback_last_number)
             timing["verify_s"] = timing.get("verify_s", 0.0) + time.perf_counter() - t0
             lines = []
             for m, (i, j) in enumerate(missing):
                 smp = samples[i][j]
                 row = make_row(prompt_id=batch[i].id, prompt_idx=b + i, sample_idx=j, prompt=batch[i].prompt,
-                               gold=batch[i].answer, text=smp.text, graded=g, i=m, n_tokens=smp.n_tokens,
+                               gold=batch[i].answer, text=responses[m], graded=g, i=m, n_tokens=smp.n_tokens,
                                sum_logprob=smp.sum_logprob, mean_logprob=smp.mean_logprob,
                                finish_reason=smp.finish_reason, rate=batch[i].meta.get("rate"),
                                group=batch[i].meta.get("group"),

@@ -197,6 +197,7 @@ def eval_settings(job: Job, cfg: dict, model: str):
                         batch_size=ev["batch_size"], seed=ev["seed"],
                         chat_template=cfg["model"].get("chat_template", True),
                         system_prompt=cfg["data"].get("system_prompt"),
+                        response_prefix=cfg["data"].get("response_prefix", ""),
                         answer_format=cfg["data"]["answer_format"], n_boot=0, token_stats=False,
                         autocast="on" if cfg["model"].get("autocast_bf16") else "off")
 
@@ -208,6 +209,7 @@ def _eval_args(s, out: Path) -> list[str]:
             "--batch-size", str(s.batch_size), "--seed", str(s.seed),
             *([] if s.chat_template else ["--no-chat-template"]),
             *([] if s.system_prompt is None else ["--system-prompt", s.system_prompt]),
+            *([f"--response-prefix={s.response_prefix}"] if s.response_prefix else []),
             "--answer-format", s.answer_format, "--n-boot", str(s.n_boot),
             *([] if s.token_stats else ["--no-token-stats"]), "--autocast", s.autocast, "--out", str(out),
             "--no-progress"]

@@ -39,17 +39,38 @@ def render_prompt(tokenizer, prompt: str, *, chat_template: bool = True, system:
 
 
 def render_problem(tokenizer, problem: Problem, *, dataset: str, chat_template: bool = True,
-                   system: str | None = SYSTEM_BOXED) -> str:
+                   system: str | None = SYSTEM_BOXED, response_prefix: str = "") -> str:
     """The prompt for ``problem`` of ``dataset``: a task generated in code (:mod:`capo.tasks.generated`) uses the raw
     format its model was trained on (``"7-1-3="``, no system text, no template); every other dataset goes through
-    :func:`render_prompt`."""
+    :func:`render_prompt`, followed by ``response_prefix``: the start of the model's turn, written for it (a prefill
+    such as ``"<answer>"``); the response is graded as ``response_prefix`` + what the model wrote
+    (:func:`with_prefix`)."""
     from capo.tasks.datasets import GENERATED_TASKS
 
+    check_response_prefix(dataset, response_prefix)
     if dataset in GENERATED_TASKS:
         from capo.tasks.generated import generated_task
 
         return _bos(tokenizer) + generated_task(dataset).prompt(problem)
-    return render_prompt(tokenizer, problem.prompt, chat_template=chat_template, system=system)
+    return render_prompt(tokenizer, problem.prompt, chat_template=chat_template, system=system) + response_prefix
+
+
+def check_response_prefix(dataset: str, response_prefix: str) -> None:
+    """The one rule for a response prefix: a string, and none for a task generated in code (its model reads its own
+    raw prompt format). Raises ValueError naming the problem."""
+    from capo.tasks.datasets import GENERATED_TASKS
+
+    if not isinstance(response_prefix, str):
+        raise ValueError(f"the response prefix must be a string, got {response_prefix!r}")
+    if response_prefix and dataset in GENERATED_TASKS:
+        raise ValueError(f"a response prefix is for prompted datasets; the task {dataset!r} is generated in code and "
+                         f"its model reads its own raw prompt format (got {response_prefix!r})")
+
+
+def with_prefix(response_prefix: str, texts: list[str]) -> list[str]:
+    """The responses as the grader and the records see them: ``response_prefix`` (written into the prompt for the
+    model, :func:`render_problem`) followed by what the model wrote."""
+    return [response_prefix + t for t in texts] if response_prefix else list(texts)
 
 
 def check_context(model, attention_mask, max_new_tokens: int, prompts: list[str]) -> None:

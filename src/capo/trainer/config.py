@@ -31,6 +31,7 @@ from capo.rollout.engine import DECODERS, ENGINES, KV_CACHES, check_engine
 from capo.rollout.logprobs import ATTENTIONS
 from capo.rollout.method_inputs import needed_data
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, GENERATED_TASKS
+from capo.tasks.prompts import check_response_prefix
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
 
 
@@ -78,6 +79,9 @@ class DataConfig:
                               choices=ANSWER_FORMATS)
     system_prompt: str | None = knob(None, "system message for chat-template models (None = the built-in one "
                                      "asking for the answer in the RLCR or \\boxed{} format)")
+    response_prefix: str = knob("", "the start of the model's turn, written into the prompt for it (a prefill, e.g. "
+                                "'<answer>' or '<think>\\n'); the response is graded as this prefix + what the model "
+                                "wrote. Not for a task generated in code")
     task_options: dict = knob({}, "options of a task generated in code, e.g. coin_sum: {p_one: 0.5, coin_frac: 0.5} "
                               "(P(hidden coin = 1), fraction of problems with a coin); word_problems: min_ops, "
                               "max_ops, max_start, max_value, distractors (capo.tasks.word_problems)")
@@ -262,6 +266,10 @@ class TrainConfig:
             generated_task(d.dataset).check_options(d.task_options)
         _choice("data.answer_format", d.answer_format, ANSWER_FORMATS)
         _task_answer_format(d)
+        try:
+            check_response_prefix(d.dataset, d.response_prefix)
+        except ValueError as e:
+            raise ConfigError(f"data.response_prefix: {e}") from None
         _choice("data.gold_format", d.gold_format, FILE_ANSWER_FORMATS)
         _at_least("data.n_train", d.n_train, 1)
         _at_least("data.n_eval", d.n_eval, 1)

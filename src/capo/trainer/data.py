@@ -36,5 +36,5 @@ def load_problems(data, seed: int) -> tuple[list[Problem], list[Problem]]:
 def render_prompts(problems: list[Problem], tokenizer, data, *, use_chat_template: bool) -> list[str]:
     """Prompt strings for generation (the same rendering ``capo eval`` uses)."""
     system = data.system_prompt if data.system_prompt is not None else default_system(data.answer_format)
-    return [render_problem(tokenizer, p, dataset=data.dataset, chat_template=use_chat_template, system=system)
-            for p in problems]
+    return [render_problem(tokenizer, p, dataset=data.dataset, chat_template=use_chat_template, system=system,
+                           response_prefix=data.response_prefix) for p in problems]

@@ -45,6 +45,7 @@ from capo.errors import CapoError
 from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs, train_top_layers
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
 from capo.rundir import Progress, run_lock
+from capo.tasks.prompts import with_prefix
 from capo.tasks.stochastic import stochastic_summary
 from capo.trainer import checkpoint as ckpt
 from capo.trainer.config import TrainConfig, dump_yaml
@@ -210,10 +211,11 @@ class Trainer:
         g_size = len(ro.texts) // len(problems)
         golds = [p.answer for p in problems for _ in range(g_size)]
         dev = ro.response_ids.device  # the step runs where the rollout is (the trainer's device)
-        g = grade(ro.texts, golds, self.verifier, answer_format=self.cfg.data.answer_format, device=dev)
+        texts = with_prefix(self.cfg.data.response_prefix, ro.texts)  # as the model's turn reads
+        g = grade(texts, golds, self.verifier, answer_format=self.cfg.data.answer_format, device=dev)
         if self.user_reward is not None:
             prompts = [p.prompt for p in problems for _ in range(g_size)]
-            rewards, g.reward_errors, _ = user_rewards(self.user_reward, prompts, ro.texts, golds,
+            rewards, g.reward_errors, _ = user_rewards(self.user_reward, prompts, texts, golds,
                                                        timeout=self.cfg.algo.reward_timeout,
                                                        on_error=self.cfg.algo.reward_errors)
             rewards = rewards.to(dev)
