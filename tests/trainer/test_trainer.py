@@ -272,7 +272,7 @@ def test_the_reference_is_held_in_model_ref_dtype(tiny_model, tmp_path):
         cfg_for(tiny_model, tmp_path / "bad", **{"model.ref_dtype": "fp16"})
 
 
-def test_train_top_layers_trains_only_the_top_layers_and_the_final_norm(tiny_model, tmp_path):
+def test_train_top_layers_trains_only_the_top_layers_and_the_final_norm(tiny_model, tmp_path, capsys):
     """model.train_top_layers=1: after an update, only the top decoder layer and the final norm moved; every lower
     layer and the embeddings (tied to the head) are bit-identical to the start, and the optimizer holds only the
     trained parameters. 0 (the default) trains every parameter; more layers than the model has is an error."""
@@ -285,6 +285,11 @@ def test_train_top_layers_trains_only_the_top_layers_and_the_final_norm(tiny_mod
     assert top and all(n.startswith((f"model.layers.{len(layers) - 1}.", "model.norm.")) for n in top), top
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied: the head stays frozen
     assert sum(len(g["params"]) for g in t.opt.param_groups) == len(top)
+    n_top = sum(p.numel() for n, p in model.named_parameters() if n in top)
+    n_all = sum(p.numel() for p in model.parameters())
+    assert t.param_counts == {"trained": n_top, "total": n_all} and n_top < n_all
+    assert (f"training {n_top / 1e6:.2f}M of {n_all / 1e6:.2f}M parameters (model.train_top_layers=1)"
+            in capsys.readouterr().err)
     ro, g, rewards = _fixed_batch(t)  # mixed groups: a non-zero update
     batch, _ = t.advantages(ro, g, rewards, None, None)
     assert t.update(batch)["policy/updates"] == 1

@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,7 +108,11 @@ class Trainer:
         self.verifier = Verifier(workers=max(1, min(4, torch.get_num_threads())))
         self.user_reward = load_user_reward(cfg.algo.reward) if ":" in cfg.algo.reward else None
         self.reward_fn = None if self.user_reward else REWARDS.get(cfg.algo.reward)
-        train_top_layers(self.model, cfg.model.train_top_layers)
+        self.param_counts = train_top_layers(self.model, cfg.model.train_top_layers)
+        if cfg.model.train_top_layers and self.acc.is_main_process:
+            n = self.param_counts
+            print(f"capo train: training {n['trained'] / 1e6:.2f}M of {n['total'] / 1e6:.2f}M parameters "
+                  f"(model.train_top_layers={cfg.model.train_top_layers})", file=sys.stderr, flush=True)
         o, params = cfg.optim, [p for p in self.model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (o.warmup_steps + 1)))
