@@ -440,15 +440,18 @@ def spawn(args, engine: str, python: str = sys.executable, **kw) -> dict:
     return json.loads(line[0][7:])
 
 
-STEP_VARIANTS = ("capo", "capo_noshare", "trl", "capo_vllm", "capo_top")
+STEP_VARIANTS = ("capo", "capo_noshare", "trl", "capo_vllm", "capo_top", "capo_lora")
 
 
-def step_variants(names: list[str], noshare: str, vllm_py: str, top_layers: int = 6) -> tuple[dict, dict]:
+def step_variants(names: list[str], noshare: str, vllm_py: str, top_layers: int = 6,
+                  lora_rank: int = 16) -> tuple[dict, dict]:
     """The runs of ``--what step``: spawn keyword arguments and engine (child mode) per variant name (``capo_top``:
-    capo training only the top ``top_layers`` decoder layers, ``model.train_top_layers``)."""
+    capo training only the top ``top_layers`` decoder layers, ``model.train_top_layers``; ``capo_lora``: capo
+    training rank-``lora_rank`` LoRA adapters on every linear layer, ``model.lora_rank``)."""
     kw = {"capo": {}, "capo_noshare": dict(extra=noshare), "trl": {},
           "capo_vllm": dict(extra=json.dumps({"rollout.engine": "vllm"}), python=vllm_py),
-          "capo_top": dict(extra=json.dumps({"model.train_top_layers": top_layers}))}
+          "capo_top": dict(extra=json.dumps({"model.train_top_layers": top_layers})),
+          "capo_lora": dict(extra=json.dumps({"model.lora_rank": lora_rank}))}
     return {k: kw[k] for k in names}, {k: "trl" if k == "trl" else "capo" for k in names}
 
 
@@ -459,11 +462,11 @@ def print_step_ratios(res: dict, med: dict, cmed: dict) -> None:
         per_rep = [t["cpu_step"] / c["cpu_step"] for t, c in zip(res["trl"], res[k])]
         print(f"RATIO TRL/{k} step time: CPU {cmed['trl'] / cmed[k]:.2f}x (per interleaved pair: "
               f"{', '.join(f'{x:.2f}' for x in per_rep)}), wall {med['trl'] / med[k]:.2f}x")
-    if "capo_top" in res and "capo" in res:
-        top = [c["cpu_update"] / t["cpu_update"] for c, t in zip(res["capo"], res["capo_top"])]
-        print(f"RATIO capo/capo_top (> 1: training the top layers only is faster): step CPU "
-              f"{cmed['capo'] / cmed['capo_top']:.2f}x, update CPU per interleaved pair "
-              f"{', '.join(f'{x:.2f}' for x in top)}")
+    for k, what in (("capo_top", "training the top layers only"), ("capo_lora", "training LoRA adapters")):
+        if k in res and "capo" in res:
+            part = [c["cpu_update"] / t["cpu_update"] for c, t in zip(res["capo"], res[k])]
+            print(f"RATIO capo/{k} (> 1: {what} is faster): step CPU {cmed['capo'] / cmed[k]:.2f}x, update CPU "
+                  f"per interleaved pair {', '.join(f'{x:.2f}' for x in part)}")
     for k in (x for x in ("capo_noshare", "capo_vllm") if x in res and "capo" in res):
         print(f"RATIO {k}/capo (> 1: capo with HF rollouts faster): CPU {cmed[k] / cmed['capo']:.2f}x, "
               f"wall {med[k] / med['capo']:.2f}x")
@@ -510,6 +513,7 @@ def main() -> None:
                     help="runs of --what step, interleaved in this order (capo_vllm: rollouts by the vLLM engine, "
                          "in .venv-vllm)")
     ap.add_argument("--top-layers", type=int, default=6, help="K of the capo_top variant (model.train_top_layers)")
+    ap.add_argument("--lora-rank", type=int, default=16, help="rank of the capo_lora variant (model.lora_rank)")
     ap.add_argument("--vllm-python", default=None, help="interpreter of the vLLM environment (default: "
                     ".venv-vllm/bin/python of this checkout)")
     ap.add_argument("--allocator", choices=("system", "tuned"), default="system",
@@ -554,7 +558,7 @@ def main() -> None:
                     "grpo_kl": dict(algo="grpo", extra=json.dumps({"algo.kl_coef": 0.01}))}
         engine = {k: "capo" for k in variants}
     else:
-        variants, engine = step_variants(args.variants, noshare, vllm_py, args.top_layers)
+        variants, engine = step_variants(args.variants, noshare, vllm_py, args.top_layers, args.lora_rank)
     for att in (args.attentions or [])[1:]:  # the first is every variant's own (--attention); the others add runs
         for k in [k for k in variants if engine[k] == "capo"]:
             variants[f"{k}@{att}"], engine[f"{k}@{att}"] = {**variants[k], "attention": att}, "capo"
@@ -576,7 +580,7 @@ def main() -> None:
     for k, v in res.items():
         upd = statistics.median(r["update_s"] for r in v)
         cupd = statistics.median(r["cpu_update"] for r in v)
-        rate = ("(the FLOP count is the whole model's)" if k == "capo_top" else
+        rate = ("(the FLOP count is the whole model's)" if k in ("capo_top", "capo_lora") else
                 f"{v[0]['flops'] / cupd / 1e9:.2f} G = {v[0]['flops'] / cupd / pk:.1%} of {args.precision} matmul peak")
         print(f"{k:12s} median step wall {med[k]:.2f}s CPU {cmed[k]:.2f}s | update wall {upd:.2f}s CPU {cupd:.2f}s | "
               f"update FLOP/s (CPU time) {rate} | peak RSS {max(r['peak_rss_gib'] for r in v):.2f} GiB")

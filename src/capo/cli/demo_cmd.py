@@ -308,7 +308,7 @@ def _train_all(cfgs: dict, algos, seeds, args, probe=probe_seconds, machine=_mac
 
 def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
     """Held-out evaluation of the base model and every trained one; returns (metrics by name, model by name)."""
-    from capo.evaluation.run import EvalSettings, run_eval
+    from capo.evaluation.run import run_eval, settings_as_trained
 
     print("\n== held-out evaluation", flush=True)
     first = next(iter(cfgs.values()))
@@ -317,12 +317,9 @@ def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
         models[f"{algo}-seed{seed}"] = str(Path(cfg.run.out_dir) / "checkpoints" / f"step-{cfg.run.steps:06d}")
     results = {}
     for name, model in models.items():
-        s = EvalSettings(model=model, dataset=first.data.dataset, split="test", limit=args.eval_problems, k=args.eval_k,
-                         temperature=first.rollout.temperature, max_new_tokens=first.rollout.max_new_tokens,
-                         batch_size=512 if first.data.answer_format == "percent" else 64, seed=0,
-                         chat_template=first.model.chat_template, system_prompt=first.data.system_prompt,
-                         response_prefix=first.data.response_prefix, answer_format=first.data.answer_format, n_boot=200,
-                         token_stats=first.data.answer_format != "percent")  # a stated probability: no token table
+        stated = first.data.answer_format == "percent"  # a stated probability: no token table, larger batches
+        s = settings_as_trained(first.to_dict(), model=model, limit=args.eval_problems, k=args.eval_k,
+                                batch_size=512 if stated else 64, n_boot=200, token_stats=not stated)
         results[name] = run_eval(s, out / "eval" / name, progress=True)
     return results, models
 

@@ -57,7 +57,8 @@ from capo.tasks.generated import GENERATED_TASKS
 from capo.tasks.prompts import check_response_prefix
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, Verifier
 
-__all__ = ["EvalSettings", "make_engine", "run_eval", "run_from_generations", "read_rows", "validate_settings"]
+__all__ = ["EvalSettings", "make_engine", "run_eval", "run_from_generations", "read_rows", "settings_as_trained",
+           "validate_settings"]
 
 read_rows = read_jsonl_rows  # a run's generations.jsonl rows (torn last line dropped)
 
@@ -146,6 +147,21 @@ class EvalSettings:
                                "kept", group="judging and metrics")
     n_examples: int = opt(8, "example responses shown in the report", flag="", group="")  # no flag
     extra: dict = opt({}, "", flag="", group="")  # no flag: settings a caller adds for its own record
+
+
+def settings_as_trained(cfg: dict, *, model: str, limit: int | None, k: int, batch_size: int, seed: int = 0,
+                        n_boot: int = 0, token_stats: bool = False) -> EvalSettings:
+    """A trained run's held-out evaluation: ``cfg`` is its resolved training config as a dict (``config.yaml``,
+    ``TrainConfig.to_dict()``); the responses are sampled as it trained (temperature, budget), in the precision it
+    trained in, with the prompts rendered as in training (chat template, system prompt, response prefix; a task
+    generated in code ignores them) and graded with its answer format. The one rule ``capo sweep`` and ``capo demo``
+    evaluate by."""
+    m, d, r = cfg["model"], cfg["data"], cfg["rollout"]
+    return EvalSettings(model=model, dataset=d["dataset"], split="test", limit=limit, k=k,
+                        temperature=r["temperature"], max_new_tokens=r["max_new_tokens"], batch_size=batch_size,
+                        seed=seed, chat_template=m.get("chat_template", True), system_prompt=d.get("system_prompt"),
+                        response_prefix=d.get("response_prefix", ""), answer_format=d["answer_format"],
+                        n_boot=n_boot, token_stats=token_stats, autocast="on" if m.get("autocast_bf16") else "off")
 
 
 def validate_settings(s: EvalSettings) -> None:

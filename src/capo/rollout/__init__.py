@@ -1,6 +1,7 @@
 """The rollout layer, between tasks/verify below and evaluation/trainer/adapters above.
 
 - :mod:`capo.rollout.models`: ``load_model``, ``check_model_spec``, ``train_top_layers``, the bf16 autocast policy, EOS ids;
+- :mod:`capo.rollout.lora`: LoRA adapters through peft (``model.lora_rank``): injection, merged weights, their state;
 - :mod:`capo.rollout.types`: ``Rollout`` (tensors) and ``Sample`` (one response as lists);
 - :mod:`capo.rollout.engine`: the ``Engine`` interface, the list of engines ``ENGINES`` and ``check_engine``;
 - :mod:`capo.rollout.sampling`: the ``hf`` engine (``generate`` with per-token raw log-probs);

@@ -186,20 +186,13 @@ def _train(job: Job, log: Path) -> tuple[dict, str]:
 
 
 def eval_settings(job: Job, cfg: dict, model: str):
-    """The job's final held-out evaluation as ``capo eval`` settings (:class:`capo.evaluation.run.EvalSettings`),
-    sampled as the run trained, in the precision it trained in, with the prompts rendered as in training (the chat
-    template and system prompt of its config; a task generated in code ignores both: its raw prompt)."""
-    from capo.evaluation.run import EvalSettings
+    """The job's final held-out evaluation as ``capo eval`` settings: the spec's ``eval`` on the run as it trained
+    (:func:`capo.evaluation.run.settings_as_trained`)."""
+    from capo.evaluation.run import settings_as_trained
 
     ev = job.eval
-    return EvalSettings(model=model, dataset=cfg["data"]["dataset"], split="test", limit=ev["problems"], k=ev["k"],
-                        temperature=cfg["rollout"]["temperature"], max_new_tokens=cfg["rollout"]["max_new_tokens"],
-                        batch_size=ev["batch_size"], seed=ev["seed"],
-                        chat_template=cfg["model"].get("chat_template", True),
-                        system_prompt=cfg["data"].get("system_prompt"),
-                        response_prefix=cfg["data"].get("response_prefix", ""),
-                        answer_format=cfg["data"]["answer_format"], n_boot=0, token_stats=False,
-                        autocast="on" if cfg["model"].get("autocast_bf16") else "off")
+    return settings_as_trained(cfg, model=model, limit=ev["problems"], k=ev["k"], batch_size=ev["batch_size"],
+                               seed=ev["seed"])
 
 
 def _eval_args(s, out: Path) -> list[str]:

@@ -72,10 +72,11 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, state: dict, accelerator, keep: int,
-                    engine_rng: dict | None = None) -> Path:
+                    engine_rng: dict | None = None, weights: dict | None = None) -> Path:
     """Collective: every process calls it. Returns the final checkpoint path. ``engine_rng``: this process's
     generation engine's own RNG stream (None for an engine that draws from torch's global RNG), kept in its
-    ``rng_rank{r}.pt`` under ``"engine"``."""
+    ``rng_rank{r}.pt`` under ``"engine"``. ``weights``: the state dict to save as the model (a LoRA run's merged
+    weights); None: the model's own."""
     ckdir = Path(run_dir) / "checkpoints"
     final = ckdir / f"step-{step:06d}"
     tmp = ckdir / f"step-{step:06d}.tmp"
@@ -84,7 +85,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, state: dict, 
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(tmp, safe_serialization=True)
+        accelerator.unwrap_model(model).save_pretrained(tmp, safe_serialization=True, state_dict=weights)
         tokenizer.save_pretrained(tmp)
         torch.save(state, tmp / STATE_FILE)
     torch.save({**rng_state(), "engine": engine_rng}, tmp / f"rng_rank{accelerator.process_index}.pt")

@@ -60,6 +60,12 @@ class ModelConfig:
                                  "the backward stops at the lowest trained layer, so an update costs less; an untied "
                                  "output head trains too, a head tied to the input embeddings stays frozen (training "
                                  "it would train the embeddings and carry the backward through every layer)")
+    lora_rank: int = knob(0, "train rank-r LoRA adapters (peft; pip install 'capo[lora]') instead of the model's "
+                          "weights (0 = off): the base stays frozen, the adapters start at zero, checkpoints hold the "
+                          "merged weights (a plain model) and the adapters (for resuming)")
+    lora_alpha: float = knob(32.0, "LoRA scale numerator: the adapters' update is (lora_alpha / lora_rank) B A")
+    lora_targets: str = knob("all-linear", "the linear layers that get adapters: all-linear (every one but the "
+                             "output head) or module names separated by commas, e.g. q_proj,v_proj")
     chat_template: bool = knob(True, "wrap prompts in the tokenizer's chat template when it has one")
     attention: str = knob(ATTENTIONS[0], "attention implementation of the log-prob forwards (training, reference, "
                           "old): sdpa (transformers' default) or eager (plain matmuls: on the CPU faster at short "
@@ -251,6 +257,7 @@ class TrainConfig:
             _choice("model.ref_dtype", m.ref_dtype, ("float32", "bfloat16"))
         _choice("model.attention", m.attention, ATTENTIONS)
         _at_least("model.train_top_layers", m.train_top_layers, 0)
+        _validate_lora(m, r)
         for key in ("path", "ref_path"):
             if getattr(m, key) is not None:
                 _check_model(f"model.{key}", getattr(m, key))
@@ -453,6 +460,20 @@ PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _validate_lora(m: ModelConfig, r: RolloutConfig) -> None:
+    _at_least("model.lora_rank", m.lora_rank, 0)
+    if not m.lora_rank:
+        return
+    if isinstance(m.lora_alpha, bool) or not (isinstance(m.lora_alpha, (int, float)) and m.lora_alpha > 0):
+        raise ConfigError(f"model.lora_alpha must be > 0, got {m.lora_alpha!r}")
+    if m.train_top_layers:
+        raise ConfigError("model.lora_rank and model.train_top_layers each choose what trains; set one of them (the "
+                          "other 0)")
+    if r.engine != "hf":
+        raise ConfigError(f"model.lora_rank with rollout.engine={r.engine!r}: only the hf engine generates with the "
+                          "adapters (a vLLM engine would need them merged at every step)")
 
 
 def load_config(config: str | None = None, overrides: dict | None = None, *,

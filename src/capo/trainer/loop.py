@@ -42,8 +42,9 @@ from capo.core import (
     truncated_is_weights,
 )
 from capo.core.calibration import summarize
-from capo.errors import CapoError
+from capo.errors import CapoError, ConfigError
 from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs, train_top_layers
+from capo.rollout.lora import adapter_state, add_lora, load_adapter_state, merged_state_dict
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
 from capo.rundir import Progress, run_lock
 from capo.tasks.prompts import with_prefix
@@ -99,7 +100,9 @@ class Trainer:
         self.run_dir = Path(cfg.run.out_dir)
         self.train_set, self.eval_set = load_problems(cfg.data, seed=cfg.run.seed)
         resume_from = ckpt.latest_checkpoint(self.run_dir) if cfg.run.resume else None
-        self.model, self.tok = load_model(str(resume_from) if resume_from else cfg.model.path, DTYPES[cfg.model.dtype])
+        # a LoRA run resumes on its base model (its checkpoints hold merged weights; the adapters are in their state)
+        start = cfg.model.path if resume_from is None or cfg.model.lora_rank else str(resume_from)
+        self.model, self.tok = load_model(start, DTYPES[cfg.model.dtype])
         self.ref = None
         if cfg.needs_reference:
             self.ref, _ = load_model(cfg.model.ref_path or cfg.model.path, DTYPES[cfg.model.ref_dtype or cfg.model.dtype])
@@ -108,11 +111,7 @@ class Trainer:
         self.verifier = Verifier(workers=max(1, min(4, torch.get_num_threads())))
         self.user_reward = load_user_reward(cfg.algo.reward) if ":" in cfg.algo.reward else None
         self.reward_fn = None if self.user_reward else REWARDS.get(cfg.algo.reward)
-        self.param_counts = train_top_layers(self.model, cfg.model.train_top_layers)
-        if cfg.model.train_top_layers and self.acc.is_main_process:
-            n = self.param_counts
-            print(f"capo train: training {n['trained'] / 1e6:.2f}M of {n['total'] / 1e6:.2f}M parameters "
-                  f"(model.train_top_layers={cfg.model.train_top_layers})", file=sys.stderr, flush=True)
+        self.param_counts = self._choose_trained()
         o, params = cfg.optim, [p for p in self.model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (o.warmup_steps + 1)))
@@ -125,6 +124,22 @@ class Trainer:
         self._seed_everything(cfg.run.seed)
         if resume_from:
             self._restore(resume_from)
+
+    def _choose_trained(self) -> dict[str, int]:
+        """Freeze what does not train (``model.train_top_layers``) or add LoRA adapters (``model.lora_rank``);
+        the trained and total parameter counts, said when not every parameter trains."""
+        m = self.cfg.model
+        if m.lora_rank:
+            with torch.random.fork_rng():  # the adapters' random A from the run's seed, the global stream untouched
+                torch.manual_seed(self.cfg.run.seed)
+                n = add_lora(self.model, m.lora_rank, m.lora_alpha, m.lora_targets)
+            how = f"model.lora_rank={m.lora_rank}"
+        else:
+            n, how = train_top_layers(self.model, m.train_top_layers), f"model.train_top_layers={m.train_top_layers}"
+        if n["trained"] < n["total"] and self.acc.is_main_process:
+            print(f"capo train: training {n['trained'] / 1e6:.2f}M of {n['total'] / 1e6:.2f}M parameters ({how})",
+                  file=sys.stderr, flush=True)
+        return n
 
     def _make_engine(self, resume_from):
         r, autocast = self.cfg.rollout, "on" if self.cfg.model.autocast_bf16 else "off"
@@ -443,12 +458,23 @@ class Trainer:
         checkpoint because the row is written after it: a run killed in between writes it on resume."""
         state = {"step": self.step, "data_pos": self.data_pos, "mask_thresholds": self.mask_thresholds,
                  "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "row": row}
+        model, weights = self.acc.unwrap_model(self.model), None
+        if self.cfg.model.lora_rank:  # a plain model of merged weights, the adapters in the state for resuming
+            state["lora"], weights = adapter_state(model), merged_state_dict(model)
         ckpt.save_checkpoint(self.run_dir, self.step, model=self.model, tokenizer=self.tok, state=state,
                              accelerator=self.acc, keep=self.cfg.run.keep_checkpoints,
-                             engine_rng=self.engine.rng_state())
+                             engine_rng=self.engine.rng_state(), weights=weights)
 
     def _restore(self, path: Path) -> None:
         state, rng = ckpt.load_state(path, self.rank)
+        if self.cfg.model.lora_rank:
+            if "lora" not in state:
+                raise ConfigError(f"{path}: a checkpoint of a run without LoRA adapters; resume it with "
+                                  "model.lora_rank=0, or start the LoRA run in another run.out_dir")
+            load_adapter_state(self.acc.unwrap_model(self.model), state["lora"])
+        elif "lora" in state:
+            raise ConfigError(f"{path}: a checkpoint of a LoRA run; resume it with the model.lora_* settings it was "
+                              "started with")
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.data_pos = state["step"], state["data_pos"]

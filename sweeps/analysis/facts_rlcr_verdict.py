@@ -1,0 +1,89 @@
+"""The registered claims of `facts_rlcr` (sweeps/README.md), read from its records: per seed and per base draw the
+format rate (1 - responses without a usable confidence / responses), the mean stated confidence, the stated
+confidence's AUROC and ECE, the accuracy, and the ECE and pooled AUROC of exp(lpm); then each claim's 6-seed mean with
+its 95% t-interval (`capo.evaluation.stats.seed_paired_interval`, the interval `capo sweep report` uses) and whether
+it holds as registered. Until every seed is in it says so and gives no verdict.
+
+    python sweeps/analysis/facts_rlcr_verdict.py [sweeps/records/facts_rlcr]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from capo.evaluation.stats import seed_paired_interval
+
+SEEDS = (1, 2, 3, 4, 5, 6)  # the registered seeds
+COLUMNS = ("format_rate", "stated_mean", "verbal_auroc", "verbal_ece", "accuracy", "ece_minus_accuracy",
+           "lpm_ece", "lpm_auroc")
+
+
+def row(final: dict) -> dict:
+    """The claims' quantities of one record's final held-out metrics."""
+    n, missing = final["n"], final.get("verbal_missing", final["n"])
+    ve = final.get("verbal_ece")
+    ve = None if ve is None or (isinstance(ve, float) and math.isnan(ve)) else ve
+    return {"format_rate": 1 - missing / n, "stated_mean": final.get("verbal_mean_confidence"),
+            "verbal_auroc": final.get("verbal_auroc"), "verbal_ece": ve, "accuracy": final["accuracy"],
+            "ece_minus_accuracy": None if ve is None else ve - final["accuracy"],
+            "lpm_ece": final["ece"], "lpm_auroc": final["auroc"]}
+
+
+def read(folder: Path) -> tuple[dict[int, dict], list[dict]]:
+    """(seed -> row of the RLCR records, rows of the base draws)."""
+    runs, bases = {}, []
+    for f in sorted(folder.glob("*.json")):
+        rec = json.loads(f.read_text())
+        (bases.append(row(rec["final"])) if rec["method"] == "base" else
+         runs.__setitem__(rec["seed"], row(rec["final"])))
+    return runs, bases
+
+
+def claims(runs: dict[int, dict]) -> list[tuple[str, bool | None, str]]:
+    """(claim, held?, the reading) for claims 1-3 as registered: a claim holds when its whole 95% interval lies on
+    the claimed side; held is None when no interval can be formed."""
+
+    def iv(key):
+        return seed_paired_interval([runs[s][key] for s in sorted(runs)])
+
+    def fmt(d):
+        return "n/a" if d is None else f"{d['mean']:.3f} [{d['low']:.3f}, {d['high']:.3f}] over {d['n']} seeds"
+
+    rate, stated, vauc, gap = iv("format_rate"), iv("stated_mean"), iv("verbal_auroc"), iv("ece_minus_accuracy")
+    def within(d, lo, hi):
+        return None if d is None else lo <= d["low"] and d["high"] <= hi
+
+    return [
+        ("1. format rate >= 0.9", within(rate, 0.9, 1.0), fmt(rate)),
+        ("2a. mean stated confidence < 0.1", within(stated, 0.0, 0.1), fmt(stated)),
+        ("2b. verbal AUROC within 0.5 +- 0.1", within(vauc, 0.4, 0.6), fmt(vauc)),
+        ("3. verbal ECE - accuracy within +-0.05", within(gap, -0.05, 0.05), fmt(gap)),
+    ]
+
+
+def table(runs: dict[int, dict], bases: list[dict]) -> list[str]:
+    lines = ["| record | " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
+    named = [(f"base, draw {i}", b) for i, b in enumerate(bases)] + [(f"RLCR, seed {s}", runs[s]) for s in sorted(runs)]
+    for name, r in named:
+        lines.append(f"| {name} | " + " | ".join("--" if r[c] is None else f"{r[c]:.3f}" for c in COLUMNS) + " |")
+    return lines
+
+
+def main(folder: Path) -> int:
+    runs, bases = read(folder)
+    print("\n".join(table(runs, bases)))
+    missing = [s for s in SEEDS if s not in runs]
+    if missing:
+        print(f"\nseeds not in yet: {missing}: no verdict (the claims are read only over all six)")
+        return 0
+    print()
+    for claim, held, reading in claims(runs):
+        print(f"{claim}: {'holds' if held else 'n/a' if held is None else 'does not hold'} -- {reading}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("sweeps/records/facts_rlcr")))

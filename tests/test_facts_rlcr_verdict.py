@@ -1,0 +1,51 @@
+"""The reading of `facts_rlcr`'s registered claims: a claim holds only when its whole 95% interval over the seeds is
+on the claimed side, and no verdict is given before every registered seed is in."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("facts_rlcr_verdict", ROOT / "sweeps/analysis/facts_rlcr_verdict.py")
+verdict = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(verdict)
+
+
+def _final(acc, conf, vauc, missing, n=100):
+    return {"n": n, "verbal_missing": missing, "verbal_ece": abs(conf - acc), "verbal_mean_confidence": conf,
+            "verbal_auroc": vauc, "accuracy": acc, "ece": 0.3, "auroc": 0.6}
+
+
+def _write(folder, finals):
+    folder.mkdir()
+    (folder / "base.json").write_text(json.dumps({"method": "base", "seed": 0, "final": _final(0.02, 0.9, None, 99)}))
+    for seed, fin in finals.items():
+        (folder / f"rlcr-seed{seed}.json").write_text(json.dumps({"method": "rlcr", "seed": seed, "final": fin}))
+    return folder
+
+
+def test_claims_hold_only_with_the_whole_interval_on_their_side(tmp_path, capsys):
+    collapsed = {s: _final(0.1 + 0.01 * s, 0.0, 0.5, 1) for s in range(1, 7)}
+    runs, bases = verdict.read(_write(tmp_path / "a", collapsed))
+    assert bases[0]["format_rate"] == pytest.approx(0.01) and runs[1]["format_rate"] == pytest.approx(0.99)
+    assert runs[3]["ece_minus_accuracy"] == 0.0  # a constant 0: ECE = accuracy
+    assert [held for _, held, _ in verdict.claims(runs)] == [True, True, True, True]
+    # one seed keeps an informative confidence: mean stated 0.075 < 0.1, but the interval reaches past it
+    mixed = {**collapsed, 6: _final(0.3, 0.45, 0.8, 1)}
+    runs, _ = verdict.read(_write(tmp_path / "b", mixed))
+    held = dict((c[:2], h) for c, h, _ in verdict.claims(runs))
+    assert held == {"1.": True, "2a": False, "2b": False, "3.": False}
+    # 1 and 0.9: format rates 0.95 +- spread whose interval dips under 0.9
+    low = {s: _final(0.1, 0.0, 0.5, m) for s, m in zip(range(1, 7), (1, 2, 3, 20, 30, 1))}
+    runs, _ = verdict.read(_write(tmp_path / "c", low))
+    assert verdict.claims(runs)[0][1] is False
+
+
+def test_no_verdict_before_every_seed(tmp_path, capsys):
+    folder = _write(tmp_path / "a", {1: _final(0.1, 0.0, 0.5, 1), 2: _final(0.1, 0.0, 0.5, 1)})
+    assert verdict.main(folder) == 0
+    out = capsys.readouterr().out
+    assert "seeds not in yet: [3, 4, 5, 6]: no verdict" in out and "holds" not in out
+    assert "| base, draw 0 | 0.010 | 0.900 | -- |" in out
