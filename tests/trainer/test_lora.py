@@ -15,6 +15,7 @@ from capo.rollout import load_model, token_logprobs
 from capo.rollout.lora import add_lora, merged_state_dict
 from capo.trainer.config import load_config
 from capo.trainer.loop import Trainer
+from test_trainer import _fixed_batch
 
 SMALL = {"rollout.prompts_per_step": 2, "rollout.group_size": 4, "rollout.max_new_tokens": 10, "data.n_train": 32,
          "data.n_eval": 4, "run.eval_samples": 2, "run.progress": False, "optim.lr": 1e-2}
@@ -45,21 +46,6 @@ def test_the_adapted_model_starts_exactly_as_the_base(tiny_model):
     assert not any("lm_head" in name or "embed" in name for name in trained)  # all-linear spares the head
     only_q = add_lora(load_model(tiny_model)[0], 2, 4.0, "q_proj")
     assert 0 < only_q["trained"] < n["trained"]
-
-
-def _fixed_batch(tr, seed=5):
-    """A rollout of 4 prompts x 4 with fixed mixed rewards (the tiny untrained model answers nothing right)."""
-    from capo.rollout import HFEngine
-    from capo.trainer.data import render_prompts
-
-    problems = tr.train_set[:4]
-    torch.manual_seed(seed)
-    ro = HFEngine(tr.acc.unwrap_model(tr.model), tr.tok).sample(
-        render_prompts(problems, tr.tok, tr.cfg.data, use_chat_template=False), k=4, max_new_tokens=10)
-    g, _ = tr.reward(ro, problems)
-    rewards = torch.rand(16, generator=torch.Generator().manual_seed(seed)).round()
-    g.correct = rewards.bool()
-    return ro, g, rewards
 
 
 def test_only_the_adapters_train_and_a_checkpoint_is_the_merged_model(tiny_model, tmp_path):
