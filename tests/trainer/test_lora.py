@@ -109,3 +109,9 @@ def test_bad_lora_settings_are_refused(tmp_path, override, message):
 def test_a_target_the_model_lacks_is_refused_by_name(tiny_model, tmp_path):
     with pytest.raises(ConfigError, match="model.lora_targets='nope_proj'"):
         Trainer(cfg_for(tiny_model, tmp_path, **LORA, **{"model.lora_targets": "nope_proj"}))
+
+
+def test_a_checkpoint_of_another_rank_is_refused_by_name(tiny_model, tmp_path):
+    Trainer(cfg_for(tiny_model, tmp_path / "run", **LORA, **{"run.steps": 1})).train()
+    with pytest.raises(ConfigError, match="LoRA adapters do not match the model's .*model.lora_\\* settings"):
+        Trainer(cfg_for(tiny_model, tmp_path / "run", **{**LORA, "model.lora_rank": 8, "run.steps": 2}))

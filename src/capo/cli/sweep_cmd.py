@@ -14,7 +14,7 @@ from pathlib import Path
 from capo.cli.flags import add_settings
 from capo.errors import ConfigError
 from capo.settings import from_namespace, opt
-from capo.sweep.runner import KEEP, KEEP_HELP
+from capo.sweep.runner import DEFAULT_KEEP, KEEP, KEEP_HELP
 
 SPEC_HELP = "the sweep spec (YAML): name, preset, methods, seeds, eval, ... (the repository's are sweeps/*.yaml)"
 
@@ -39,14 +39,14 @@ class SweepRunSettings(SweepStatusSettings):
     commit: bool = opt(False, "git-commit each record as it lands, in the git repository that holds the records, so "
                        "that a fresh clone continues a cut-off sweep")
     max_runs: int | None = opt(None, "run at most this many of the jobs not done yet, then stop")
-    keep: str = opt("final", KEEP_HELP, choices=KEEP)
+    keep: str = opt(DEFAULT_KEEP, KEEP_HELP, choices=KEEP)
 
 
 @dataclass
 class SweepPruneSettings(SweepStatusSettings):
     """Everything ``capo sweep prune`` takes (its ``--help`` is built from these fields)."""
 
-    keep: str = opt("final", KEEP_HELP, choices=KEEP)
+    keep: str = opt(DEFAULT_KEEP, KEEP_HELP, choices=KEEP)
 
 
 @dataclass

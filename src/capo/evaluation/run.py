@@ -64,10 +64,12 @@ read_rows = read_jsonl_rows  # a run's generations.jsonl rows (torn last line dr
 
 # settings that change what is generated: a resumed run must match them exactly
 GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "top_p", "max_new_tokens", "batch_size",
-                   "seed", "chat_template", "system_prompt", "response_prefix", "prompt_field", "answer_field", "dataset_answer_format",
+                   "seed", "chat_template", "system_prompt", "response_prefix", "prompt_field", "answer_field",
+                   "dataset_answer_format",
                    "answer_format", "fallback_last_number",  # these two: rows store their extracted answers
                    "engine")
-OLD_DEFAULTS = {"engine": "hf", "response_prefix": ""}  # settings added later: what a run directory written before them used
+# settings added later: what a run directory written before them used
+OLD_DEFAULTS = {"engine": "hf", "response_prefix": ""}
 
 
 DEFAULT_MAX_NEW_TOKENS = 512  # the response budget when neither --max-new-tokens nor a shipped model sets one

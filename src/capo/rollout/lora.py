@@ -57,8 +57,9 @@ def load_adapter_state(model, state: dict[str, torch.Tensor]) -> None:
     own = dict(model.named_parameters())
     differ = sorted({n for n in own if ".lora_A." in n or ".lora_B." in n} ^ set(state))
     if differ or any(own[n].shape != t.shape for n, t in state.items()):
-        raise ConfigError(f"the checkpoint's LoRA adapters do not match the model's ({differ[0] if differ else 'shapes'}"
-                          "): resume with the model.lora_* settings the run was started with")
+        which = differ[0] if differ else "their shapes"
+        raise ConfigError(f"the checkpoint's LoRA adapters do not match the model's ({which}): resume with the "
+                          "model.lora_* settings the run was started with")
     with torch.no_grad():
         for n, t in state.items():
             own[n].copy_(t)

@@ -47,6 +47,7 @@ LOCK = "sweep.lock"
 RUN_SETTINGS = "settings.json"  # the run folder's settings mark: the job's settings, their hash and resolved config
 # what a finished job's run folder keeps once its record is written (``capo sweep run --keep``, ``capo sweep prune``)
 KEEP = ("all", "final", "weights", "none")
+DEFAULT_KEEP = "final"
 KEEP_HELP = ("what a finished job's run folder keeps of its checkpoints once its record is written: all (every one "
              "the trainer kept), final (the last, resumable), weights (the last checkpoint's model alone: loadable "
              "with from_pretrained, not resumable; a 135M model's 0.5 GB instead of 1.6 GB) or none")
@@ -100,7 +101,7 @@ def claim(job: Job) -> str | None:
     return _holder(lock) or "another process (the lock changed hands twice)"
 
 
-def run_job(job: Job, keep: str = "all") -> dict | str:
+def run_job(job: Job, keep: str = DEFAULT_KEEP) -> dict | str:
     """Claim the job, train (resuming from the last checkpoint), evaluate the final checkpoint, write the record.
     Returns the record, or why it was left alone: another live process runs it, or another process finished it
     after this one listed its jobs (the list is made once, at the start; a finished job is never run again)."""
@@ -386,7 +387,7 @@ def prune_sweep(all_jobs: list[Job], keep: str) -> int:
 
 
 def run_sweep(name: str, all_jobs: list[Job], n_jobs: int, commit: bool, max_runs: int | None,
-              keep: str = "all") -> int:
+              keep: str = DEFAULT_KEEP) -> int:
     """Run the jobs not done yet (at most ``max_runs``), ``n_jobs`` at a time, each pruned to ``keep`` once its record
     is written (:func:`prune_checkpoints`); 1 when any failed, else 0."""
     found = {j.name: record_state(j) for j in all_jobs}
