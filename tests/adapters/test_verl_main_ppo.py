@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -47,11 +48,36 @@ def test_step_metrics_parses_verls_console_lines():
     assert got[2]["num_turns/max"] == 2 and "note" not in got[2]
 
 
+QUIET_S = 300  # a run that writes nothing for this long is hung
+LIMIT_S = 3600  # and none may run longer, however loaded the machine
+
+
+def run_watched(argv, env, cwd) -> tuple[int, str]:
+    """(exit status, output) of ``argv``, killed when it writes nothing for :data:`QUIET_S` seconds (a hang) or runs
+    past :data:`LIMIT_S`. A wall-clock limit near the run's own time (it takes ~90 s alone) failed it on a machine
+    busy with two training jobs (over 600 s there); silence, not slowness, is what marks a hang."""
+    path = cwd / "main_ppo.log"
+    with open(path, "w") as out:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        start = last = time.monotonic()
+        size = 0
+        while proc.poll() is None:
+            time.sleep(1.0)
+            now, grown = time.monotonic(), path.stat().st_size
+            if grown != size:
+                size, last = grown, now
+            if now - last > QUIET_S or now - start > LIMIT_S:
+                proc.kill()
+                proc.wait()
+                why = f"no output for {QUIET_S} s" if now - last > QUIET_S else f"over {LIMIT_S} s"
+                pytest.fail(f"main_ppo killed ({why}):\n" + path.read_text(errors="replace")[-4000:])
+    return proc.returncode, path.read_text(errors="replace")
+
+
 def test_main_ppo_trains_two_capo_steps_on_cpu(tmp_path):
     argv, env = verl_cpu_shim.main_ppo_run(tmp_path, steps=2)
-    r = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    log = r.stdout + r.stderr
-    assert r.returncode == 0, log[-4000:]
+    code, log = run_watched(argv, env, tmp_path)
+    assert code == 0, log[-4000:]
     steps = step_metrics(log)
     assert sorted(steps) == [1, 2], log[-4000:]
     for m in steps.values():
