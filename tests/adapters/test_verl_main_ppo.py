@@ -48,14 +48,16 @@ def test_step_metrics_parses_verls_console_lines():
     assert got[2]["num_turns/max"] == 2 and "note" not in got[2]
 
 
-QUIET_S = 300  # a run that writes nothing for this long is hung
+QUIET_S = 900  # a run that writes nothing for this long is hung (beside two training jobs, Ray's start and its
+#                first step were silent for over 300 s)
 LIMIT_S = 3600  # and none may run longer, however loaded the machine
 
 
 def run_watched(argv, env, cwd) -> tuple[int, str]:
     """(exit status, output) of ``argv``, killed when it writes nothing for :data:`QUIET_S` seconds (a hang) or runs
     past :data:`LIMIT_S`. A wall-clock limit near the run's own time (it takes ~90 s alone) failed it on a machine
-    busy with two training jobs (over 600 s there); silence, not slowness, is what marks a hang."""
+    busy with two training jobs (over 600 s there); silence, not slowness, is what marks a hang, and Ray's workers
+    are silent for minutes on such a machine, hence a long :data:`QUIET_S`."""
     path = cwd / "main_ppo.log"
     with open(path, "w") as out:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
