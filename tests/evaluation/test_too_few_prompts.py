@@ -68,7 +68,7 @@ def test_the_estimator_table_bolds_no_value_from_too_few_prompts():
 def test_the_demo_terminal_says_too_few_prompts():
     """It printed "0.000 [0.000, 0.000] over 1 prompts"."""
     assert _paired_line({"diff": 0.0, "low": 0.0, "high": 0.0, "n_prompts": 1}).startswith(
-        "too few prompts to compare: 1 with right and wrong answers in both runs")
+        "too few prompts to pair: 1 with right and wrong answers in both runs")
     assert _paired_line({"diff": 0.1, "low": 0.05, "high": 0.2, "n_prompts": 12}).endswith("over 12 prompts")
 
 

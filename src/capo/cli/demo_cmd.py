@@ -374,8 +374,8 @@ def _paired_line(d: dict) -> str:
 
     n = d["n_prompts"]
     if too_few(n):
-        return (f"too few prompts to compare: {n} with right and wrong answers in both runs (a comparison needs at "
-                f"least {MIN_PROMPTS})")
+        return (f"too few prompts to pair: {n} with right and wrong answers in both runs (a pairing needs at least "
+                f"{MIN_PROMPTS}; the conclusion below compares each model's own AUC-mean instead)")
     return f"{_ms(d['diff'], None):>7}  [{_ms(d['low'], None)}, {_ms(d['high'], None)}]  over {n} prompts"
 
 
