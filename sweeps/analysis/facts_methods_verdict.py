@@ -3,7 +3,7 @@ report` uses (:func:`capo.sweep.analysis.summary`: Welch's interval for a change
 t-interval and Holm's adjustment over the methods compared with GRPO). Until every registered seed of every method is
 in it prints the per-seed table and says which seeds are missing, with no verdict.
 
-How each registered sentence is read (written down on 2026-11-27, with 13 of the 24 method records landed and no
+How each registered sentence is read (written down on 2026-11-27, with 11 of the 24 method records landed and no
 claim read; the sentences themselves were registered before any run):
 
 1. "GRPO's pooled AUROC of lpm falls from the base by at least 0.05 and its ECE of exp(lpm) rises by at least 0.05,
@@ -91,7 +91,8 @@ def claims(s: dict) -> list[tuple[str, bool | None, str]]:
 def readings(s: dict, records: dict) -> list[str]:
     """What is printed beside the claims, with no verdict: AUC-mean's change from the base, CAPO's accuracy against
     GRPO, and capo_sum - CAPO (exploratory)."""
-    out = [f"GRPO's AUC-mean of lpm from the base (reported, not claimed): {fmt(s['from_base']['grpo'].get('auc_mean'))}",
+    auc = s["from_base"]["grpo"].get("auc_mean")
+    out = [f"GRPO's AUC-mean of lpm from the base (reported, not claimed): {fmt(auc)}",
            f"CAPO - GRPO accuracy: {fmt(s['paired'].get('capo', {}).get('accuracy'))}"]
     if "capo_sum" in records and "capo" in records:
         for k in ("accuracy", "auroc", "auc_mean", "ece"):
