@@ -13,8 +13,8 @@ claim read; the sentences themselves were registered before any run):
    all three do. AUC-mean's change is printed, not claimed.
 2. "CAPO - GRPO in pooled AUROC and in AUC-mean of lpm, paired by seed, is positive with an interval excluding 0"
    (Holm over the three methods compared with GRPO): each measure holds when the paired interval's bottom > 0 and
-   the Holm-adjusted p < 0.05; the claim holds when both do, partly when one does. CAPO's accuracy change is printed
-   beside it.
+   the Holm-adjusted p < 0.05; the claim holds when both do (2a and 2b are printed each, so a half is visible).
+   CAPO's accuracy change is printed beside it.
 3. Dr. GRPO - GRPO on ECE of exp(lpm) and on pooled AUROC, direction not predicted: a difference is found when the
    paired interval excludes 0 and the Holm-adjusted p < 0.05; its sign is then the reading.
 4. capo_sum - CAPO: exploratory, printed with no verdict.
