@@ -537,7 +537,7 @@ def main() -> None:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     print(f"device: capo's trainer on {gpu or 'the CPU'}, TRL on {gpu if trl_on_gpu(args.trl_device) else 'the CPU'}")
     print(f"torch {torch.__version__}, threads {args.threads}, size {args.size}, precision {args.precision}, "
-          f"allocator {args.allocator} (every engine); matmul "
+          f"allocator {args.allocator} (every engine); CPU matmul "
           f"peak fp32 {peak['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s")
     if args.what == "eval":
         r = spawn(args, "eval")
@@ -581,6 +581,8 @@ def main() -> None:
         upd = statistics.median(r["update_s"] for r in v)
         cupd = statistics.median(r["cpu_update"] for r in v)
         rate = ("(the FLOP count is the whole model's)" if k in ("capo_top", "capo_lora") else
+                "(the update ran on the GPU: the peak above is the CPU's, no ratio)"
+                if gpu and (engine[k] != "trl" or trl_on_gpu(args.trl_device)) else
                 f"{v[0]['flops'] / cupd / 1e9:.2f} G = {v[0]['flops'] / cupd / pk:.1%} of {args.precision} matmul peak")
         print(f"{k:12s} median step wall {med[k]:.2f}s CPU {cmed[k]:.2f}s | update wall {upd:.2f}s CPU {cupd:.2f}s | "
               f"update FLOP/s (CPU time) {rate} | peak RSS {max(r['peak_rss_gib'] for r in v):.2f} GiB")

@@ -18,11 +18,19 @@ from test_trainer import cfg_for, rows  # noqa: E402
 
 from _device import DEVICE  # noqa: E402  (tests/ is on sys.path: its conftest.py)
 
-pytestmark = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (and CAPO_TEST_DEVICE unset or cuda)")
+cuda = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (and CAPO_TEST_DEVICE unset or cuda)")
 LENGTH = {"algo.reward": "reward_fns:length_reward"}  # varies on a random model: the estimators get advantages
-# where a random model's batch leaves no advantage under the length reward too
-NO_ADVANTAGE_HERE = {"dapo": "filters every group", "capo": "ranks correct against wrong responses",
+# where a random model's batch leaves no advantage under the length reward too, read off what each preset implies
+# (not its name: capo_sum uses capo's estimator and was missed by a list of names)
+NO_ADVANTAGE_HERE = {"capo": "ranks correct against wrong responses",
                      "seed_grpo": "scales by 1 - semantic entropy: 0 when every answer differs"}
+
+
+def no_advantage_here(algo: str) -> bool:
+    """True where the preset's estimator gives a random model's batch no advantage under the length reward: DAPO's
+    group filter drops every group, and the estimators of NO_ADVANTAGE_HERE."""
+    preset = ALGORITHMS[algo]
+    return bool(preset.get("group_filter")) or preset["advantage"] in NO_ADVANTAGE_HERE
 
 
 @pytest.fixture
@@ -40,6 +48,7 @@ def over(tmp_path):
             "data.dataset": str(path), "rollout.decode": "generate"}  # the CUDA-graph loop: its own tests below
 
 
+@cuda
 @pytest.mark.parametrize("reward", ["native", "length"])
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_every_algorithm_trains_on_cuda(tiny_model, tmp_path, over, algo, reward):
@@ -52,10 +61,16 @@ def test_every_algorithm_trains_on_cuda(tiny_model, tmp_path, over, algo, reward
     assert all(v is None or v == v for v in r[-1].values())  # no NaN written
     # where a batch had non-zero advantages, the update ran on the GPU and moved the weights
     assert all(x.get("policy/grad_norm", 0.0) > 0 for x in r if x.get("policy/adv_abs_mean", 0.0) > 0)
-    if reward == "length" and algo not in NO_ADVANTAGE_HERE:
+    if reward == "length" and not no_advantage_here(algo):
         assert any(x.get("policy/adv_abs_mean", 0.0) > 0 for x in r)
 
 
+def test_the_no_advantage_rule_follows_the_estimator_not_the_name():
+    """Runs everywhere (no GPU needed): the rule above covers every preset built on capo's estimator."""
+    assert {a for a in ALGORITHMS if no_advantage_here(a)} == {"dapo", "capo", "capo_sum", "seed_grpo"}
+
+
+@cuda
 def test_resume_on_cuda_continues_the_run(tiny_model, tmp_path, over):
     """A run cut at step 2 and resumed logs the uncut run's numbers (the checkpoint carries the CUDA RNG)."""
     kw = {**over, **LENGTH, "algo.name": "capo", "run.save_every": 2, "run.seed": 3}
@@ -72,6 +87,7 @@ def test_resume_on_cuda_continues_the_run(tiny_model, tmp_path, over):
         assert nums(b) == pytest.approx(nums(a), rel=1e-5, abs=1e-6)
 
 
+@cuda
 def test_bf16_autocast_trains_on_cuda(tiny_model, tmp_path, over):
     """bf16 autocast with the static-cache setting: RoPE's fp32 keys beside bf16 values once broke the static cache
     (the engine now generates with the dynamic one under autocast)."""
@@ -81,6 +97,7 @@ def test_bf16_autocast_trains_on_cuda(tiny_model, tmp_path, over):
     assert any(x.get("policy/grad_norm", 0.0) > 0 for x in rows(tmp_path / "bf16"))
 
 
+@cuda
 @pytest.mark.parametrize("autocast", [False, True])
 def test_the_cuda_graph_loop_trains_and_resumes_on_cuda(tiny_model, tmp_path, over, autocast):
     """rollout.decode's default on CUDA: capo's static-cache loop, each step a CUDA graph. CAPO trains with it (fp32
