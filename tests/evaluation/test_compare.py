@@ -162,3 +162,32 @@ def test_rows_without_answer_ids_get_them_from_the_verifier(tmp_path):
     assert seed.cols.aids.min() >= 0  # every fake row has an answer
     for key in ("majority_vote", "max_confidence_lpm"):
         assert got[key] == pytest.approx(want[key], abs=1e-12), key
+
+
+def test_the_demo_terminal_pairs_with_the_statistic_of_report_split_on(tmp_path, capsys):
+    """One paired per-prompt AUC-mean difference in capo: the demo's terminal line against the base equals the "all"
+    row of `capo report --split-on` at the same draws (both read the runs through compare.run_columns)."""
+    from capo.cli.demo_cmd import _paired_vs_base
+
+    runs = _runs(tmp_path)
+    by = {r.name: r for r in runs}
+    argv = ["report", str(by["base"].path), str(by["grpo-seed0"].path), "--out", str(tmp_path / "r.html"),
+            "--reference", "base", "--split-on", "?", "--n-boot", "1000"]
+    assert main(argv) == 2  # every prompt of these runs holds a "?": nothing to split, said plainly
+    assert "--split-on '?': every held-out prompt of base contains it, so there is nothing to split" in \
+        capsys.readouterr().err
+    assert main([*argv[:-3], "&", "--n-boot", "1000"]) == 2
+    assert "--split-on '&': every held-out prompt" in capsys.readouterr().err
+    assert main([*argv[:-3], "no such text", "--n-boot", "1000"]) == 2
+    assert "--split-on 'no such text': no held-out prompt of base contains it" in capsys.readouterr().err
+    for r in (by["base"], by["grpo-seed0"]):  # a split: prompts p0, p3, ... get a marker
+        gen = r.path / "generations.jsonl"
+        rows = [json.loads(ln) for ln in gen.read_text().splitlines()]
+        for row in rows:
+            row["prompt"] += " [m]" if int(str(row["prompt_id"])[1:]) % 3 == 0 else ""
+        gen.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main([*argv[:-3], "[m]", "--n-boot", "1000"]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| grpo-seed0 | all |"))
+    d = _paired_vs_base(by["base"].path, by["grpo-seed0"].path)
+    assert d["n_prompts"] >= 2 and d["low"] < d["diff"] < d["high"]
+    assert row.endswith(f"| {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] ({d['n_prompts']}) |")

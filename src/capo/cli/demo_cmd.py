@@ -380,16 +380,12 @@ def _paired_line(d: dict) -> str:
 
 
 def _paired_vs_base(base_dir: Path, run_dir: Path) -> dict:
-    """Paired per-prompt AUC-mean difference (run - base) on the same held-out prompts, with a bootstrap CI."""
+    """Paired per-prompt AUC-mean difference (run - base) on the same held-out prompts, with a bootstrap CI: the
+    statistic of ``capo report --split-on`` (:func:`capo.evaluation.compare.run_columns`)."""
     from capo.core.calibration import paired_difference
+    from capo.evaluation.compare import run_columns
 
-    def load(d):
-        rows = [json.loads(ln) for ln in (d / "generations.jsonl").read_text().splitlines() if ln.strip()]
-        ids = {p: i for i, p in enumerate(sorted({str(r["prompt_id"]) for r in rows}))}
-        lpm = [r["mean_logprob"] if r["mean_logprob"] is not None else float("-inf") for r in rows]
-        return lpm, [r["verdict"] == "correct" for r in rows], [ids[str(r["prompt_id"])] for r in rows]
-
-    pd = paired_difference(*load(run_dir), *load(base_dir), n_boot=1000, seed=0)
+    pd = paired_difference(*run_columns(run_dir), *run_columns(base_dir), n_boot=1000, seed=0)
     return {"diff": pd.value, "low": pd.low, "high": pd.high, "n_prompts": pd.n_groups_used}
 
 

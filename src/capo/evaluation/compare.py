@@ -28,7 +28,7 @@ from capo.tasks import stochastic as stochastic_task
 from capo.tasks.stochastic import stochastic_summary
 
 __all__ = ["MEASURES", "MIN_PROMPTS", "Model", "Comparison", "compare", "headline", "model_name", "prompts_behind",
-           "too_few"]
+           "run_columns", "too_few"]
 
 # (metrics key, readable name, +1 = higher is better / -1 = lower is better): the measures the headline covers
 MEASURES = [
@@ -317,15 +317,17 @@ def headline(cmp: Comparison) -> tuple[str, str]:
     return " ".join(plain + [tail]), " ".join(htm + [html.escape(tail)])
 
 
-def _split_columns(run_dir: Path, text: str, subset: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def run_columns(run_dir: Path, text: str = "", subset: str = "all") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(lpm [N] float64, correct [N] bool, prompt index [N]) of an eval run's rows in ``subset``: "all", "with"
-    (prompts that contain ``text``) or "without"; an empty response's lpm is -inf; prompts indexed in sorted id order."""
+    (prompts that contain ``text``) or "without"; an empty response's lpm is -inf; prompts indexed in sorted id order.
+    The inputs of :func:`capo.core.calibration.paired_difference` (``capo report --split-on``, the demo's terminal)."""
     rows = [json.loads(ln) for ln in (Path(run_dir) / "generations.jsonl").read_text().splitlines() if ln.strip()]
     rows = [r for r in rows if subset == "all" or ((text in r["prompt"]) == (subset == "with"))]
     ids = {p: i for i, p in enumerate(sorted({str(r["prompt_id"]) for r in rows}))}
     lpm = [r["mean_logprob"] if r["mean_logprob"] is not None else float("-inf") for r in rows]
-    return (torch.tensor(lpm, dtype=torch.float64), torch.tensor([r["verdict"] == "correct" for r in rows]),
-            torch.tensor([ids[str(r["prompt_id"])] for r in rows]))
+    return (torch.tensor(lpm, dtype=torch.float64),
+            torch.tensor([r["verdict"] == "correct" for r in rows], dtype=torch.bool),
+            torch.tensor([ids[str(r["prompt_id"])] for r in rows], dtype=torch.long))  # typed: a subset can be empty
 
 
 def split_table(runs: list, reference: str, text: str, n_boot: int = 1000, seed: int = 0) -> str:
@@ -338,12 +340,16 @@ def split_table(runs: list, reference: str, text: str, n_boot: int = 1000, seed:
     if len(ref) != 1:
         raise ConfigError(f"--split-on compares every run with one reference run (e.g. base); {reference!r} has "
                           f"{len(ref)} runs")
+    for subset, word in (("with", "no"), ("without", "every")):
+        if not run_columns(ref[0].path, text, subset)[0].numel():
+            raise ConfigError(f"--split-on {text!r}: {word} held-out prompt of {ref[0].name} contains it, so there is "
+                              "nothing to split; give a text that some prompts contain and others do not")
     lines = [f"| model | prompts | accuracy | AUC-mean | paired AUC-mean diff vs {reference} [95% CI] (prompts) |",
              "|---|---|---|---|---|"]
     for label, subset in (("all", "all"), (f"with {text}", "with"), (f"without {text}", "without")):
-        base = _split_columns(ref[0].path, text, subset)
+        base = run_columns(ref[0].path, text, subset)
         for r in sorted(runs, key=lambda r: (r is not ref[0], r.name)):
-            x = _split_columns(r.path, text, subset)
+            x = run_columns(r.path, text, subset)
             pd = cal.paired_difference(*x, *base, n_boot=n_boot, seed=seed) if r is not ref[0] else None
             diff = "-" if pd is None else f"{pd.value:+.3f} [{pd.low:+.3f}, {pd.high:+.3f}] ({pd.n_groups_used})"
             lines.append(f"| {r.name} | {label} | {float(x[1].double().mean()):.3f} | "
