@@ -272,6 +272,28 @@ def test_the_reference_is_held_in_model_ref_dtype(tiny_model, tmp_path):
         cfg_for(tiny_model, tmp_path / "bad", **{"model.ref_dtype": "fp16"})
 
 
+def test_optim_fused_takes_the_same_steps_up_to_float_rounding(tiny_model, tmp_path):
+    """optim.fused: AdamW's fused kernel, the same update as the default loop up to float rounding: two steps of GRPO
+    from one seed end at the same weights within 1e-6, with the same logged numbers."""
+    kw = {"algo.name": "grpo", "run.steps": 2, "run.seed": 5, "algo.reward": "reward_fns:length_reward"}  # advantages
+    loop = Trainer(cfg_for(tiny_model, tmp_path / "loop", **kw))  # each trains before the next is built: the
+    start = [p.detach().clone() for p in loop.model.parameters()]  # sampler draws from torch's global RNG
+    loop.train()
+    fused = Trainer(cfg_for(tiny_model, tmp_path / "fused", **kw, **{"optim.fused": True}))
+    fused.train()
+    assert fused.opt.optimizer.defaults["fused"] and not loop.opt.optimizer.defaults["fused"]
+    for (name, a), b in zip(loop.model.named_parameters(), fused.model.parameters()):
+        assert torch.allclose(a, b, rtol=0, atol=1e-6), name
+    # the steps moved the weights: the comparison is not between two untouched models
+    assert max(float((a - s0).abs().max()) for a, s0 in zip(loop.model.parameters(), start)) > 1e-4
+
+    def nums(r):
+        return {k: v for k, v in r.items() if not k.startswith("time/") and isinstance(v, float)}
+
+    for a, b in zip(rows(tmp_path / "loop"), rows(tmp_path / "fused")):
+        assert nums(b) == pytest.approx(nums(a), rel=1e-4, abs=1e-6)
+
+
 def test_train_top_layers_trains_only_the_top_layers_and_the_final_norm(tiny_model, tmp_path, capsys):
     """model.train_top_layers=1: after an update, only the top decoder layer and the final norm moved; every lower
     layer and the embeddings (tied to the head) are bit-identical to the start, and the optimizer holds only the

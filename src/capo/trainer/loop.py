@@ -113,7 +113,7 @@ class Trainer:
         self.reward_fn = None if self.user_reward else REWARDS.get(cfg.algo.reward)
         self.param_counts = self._choose_trained()
         o, params = cfg.optim, [p for p in self.model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=o.fused or None)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (o.warmup_steps + 1)))
         self.model, self.opt, self.sched = self.acc.prepare(self.model, opt, sched)
         self.engine = engine if engine is not None else self._make_engine(resume_from)
