@@ -573,7 +573,8 @@ def test_a_corrupt_record_is_reported_and_never_rewritten(tmp_path, capsys, monk
     argv = [str(spec_path), "--runs-root", str(tmp_path / "runs"), "--records-root", str(tmp_path / "records")]
     assert main(["sweep", "status", *argv]) == 2
     out, err = capsys.readouterr()
-    assert out.splitlines() == ["corrupt grpo-seed3", "todo   capo-seed3"]
+    assert out.splitlines() == ["corrupt grpo-seed3", "todo    capo-seed3",
+                                "0 of 2 done, 0 running, 1 waiting, 1 corrupt"]
     assert f"{job.record}: corrupt record (not valid JSON" in err and "nothing was run" in err
     assert _run(tmp_path, spec_path) == 2
     assert f"{job.record}: corrupt record" in capsys.readouterr().err

@@ -4,6 +4,8 @@ committed one (docs/figures/sweeps), the committed records count as done, bad in
 
 import json
 import pathlib
+import socket
+import statistics
 import subprocess
 
 import pytest
@@ -56,17 +58,46 @@ def test_committed_records_are_done_under_status_from_the_repository_root(name, 
     """The settings hash is unchanged by the move into the package: every job of a finished spec is done."""
     monkeypatch.chdir(ROOT)  # the default --records-root, sweeps/records, is the current directory's
     assert main(["sweep", "status", f"sweeps/{name}.yaml"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    *lines, left = capsys.readouterr().out.splitlines()
     assert len(lines) == n_jobs and all(ln.startswith("done ") for ln in lines), lines
+    assert left == f"{n_jobs} of {n_jobs} done, 0 running, 0 waiting"
 
 
 def test_status_elsewhere_reads_that_directorys_records_and_says_it_has_none(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # no sweeps/records here: every job is still to run, and status says why
     assert main(["sweep", "status", str(ROOT / "sweeps" / "word_methods.yaml")]) == 0
-    *lines, note = capsys.readouterr().out.splitlines()
+    *lines, left, note = capsys.readouterr().out.splitlines()
     assert len(lines) == 27 and all(ln.startswith("todo ") for ln in lines)
+    assert left == "0 of 27 done, 0 running, 27 waiting"
     assert note == (f"note: no records folder sweeps/records/word_methods in {tmp_path}: no job has a record here; "
                     "run from the folder that holds the sweep's records (a repository's root) or pass --records-root")
+
+
+def test_status_names_the_jobs_a_live_process_runs_and_what_is_left(tmp_path, monkeypatch, capsys):
+    """A job without its record whose lock a live process holds is "running" (with that process); a dead process's
+    lock is not; the jobs left are costed at the median wall time of the done training jobs' records."""
+    import os
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    records = tmp_path / "sweeps" / "records" / "word_grpo_capo"
+    shutil.copytree(RECORDS / "word_grpo_capo", records)
+    walls = {p.stem: json.loads(p.read_text())["wall_s"] for p in records.glob("*-seed*.json")}
+    for name in ("grpo-seed9", "grpo-seed10", "capo-seed10"):  # three jobs to do again
+        (records / f"{name}.json").unlink()
+        del walls[name]
+    runs = tmp_path / "runs" / "sweeps" / "word_grpo_capo"
+    (runs / "grpo-seed9").mkdir(parents=True)
+    (runs / "grpo-seed9" / "sweep.lock").write_text(f"{os.getpid()}@{socket.gethostname()}")  # live: this process
+    (runs / "grpo-seed10").mkdir(parents=True)
+    (runs / "grpo-seed10" / "sweep.lock").write_text(f"{2**22 + 12345}@{socket.gethostname()}")  # no such process
+    assert main(["sweep", "status", str(ROOT / "sweeps" / "word_grpo_capo.yaml")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"running grpo-seed9  ({os.getpid()}@{socket.gethostname()})" in out
+    assert "todo    grpo-seed10" in out and "todo    capo-seed10" in out
+    med = statistics.median(walls.values())
+    assert out[30] == (f"27 of 30 done, 1 running, 2 waiting; a training job's record took {med / 60:.0f} min (median "
+                       f"wall time of {len(walls)}): the 3 left are ~{3 * med / 3600:.1f} job-hours")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -133,20 +133,51 @@ def run(ns) -> int:
 
 
 def _status(spec: dict, all_jobs: list, args: SweepStatusSettings) -> int:
-    """One line per job, a note when the records folder does not exist here, then what would stop `run` (exit 2)."""
+    """One line per job (a job without its record that a live sweep process holds is "running", with the process),
+    what is left and roughly what it costs, a note when the records folder does not exist here, then what would stop
+    `run` (exit 2)."""
     import os
 
     from capo.sweep import preflight
+    from capo.sweep.runner import holder
     from capo.sweep.spec import state
 
+    states = {}
     for j in all_jobs:
-        print(f"{state(j):6} {j.name}")
+        st = state(j)
+        who = holder(j) if st == "todo" else None
+        states[j.name] = "running" if who else st
+        print(f"{states[j.name]:7} {j.name}" + (f"  ({who})" if who else ""))
+    print(_left(all_jobs, states))
     folder = Path(args.records_root) / spec["name"]
     if not folder.exists():
         print(f"note: no records folder {folder} in {os.getcwd()}: no job has a record here; run from the folder "
               "that holds the sweep's records (a repository's root) or pass --records-root")
     preflight.check(Path(args.spec), spec, all_jobs, Path(args.runs_root), Path(args.records_root))
     return 0
+
+
+def _left(all_jobs: list, states: dict[str, str]) -> str:
+    """One line: jobs done, running and waiting, and the cost of those left at the median wall time of the done
+    training jobs' records (a rough guide: a resumed run's record counts its last process only)."""
+    import json
+    import statistics
+    from collections import Counter
+
+    from capo.sweep.spec import BASE
+
+    n = Counter(states.values())
+    line = f"{n['done']} of {len(all_jobs)} done, {n['running']} running, {n['todo']} waiting" + "".join(
+        f", {n[k]} {k}" for k in ("stale", "corrupt") if n[k])
+    walls = [json.loads(j.record.read_text()).get("wall_s") for j in all_jobs
+             if states[j.name] == "done" and j.method != BASE]
+    walls = [w for w in walls if isinstance(w, (int, float)) and w > 0]
+    left = n["running"] + n["todo"]
+    if walls and left:
+        med = statistics.median(walls)
+        line += (f"; a training job's record took {med / 60:.0f} min (median wall time of {len(walls)}): the {left} "
+                 f"left are ~{left * med / 3600:.1f} job-hours")
+    return line
 
 
 def _run(spec: dict, all_jobs: list, args: SweepRunSettings) -> int:

@@ -82,6 +82,12 @@ def _holder(lock: Path) -> str | None:
     return f"{pid_i}@{host.strip()}"
 
 
+def holder(job: Job) -> str | None:
+    """The live process running ``job`` ("pid@host"), None when no live process holds its lock. Reads only: unlike
+    :func:`claim` it takes nothing (``capo sweep status``)."""
+    return _holder(job.run_dir / LOCK)
+
+
 def claim(job: Job) -> str | None:
     """Take the job's lock; returns None when taken, else the live holder ("pid@host") and the job is left alone."""
     job.run_dir.mkdir(parents=True, exist_ok=True)
