@@ -340,14 +340,14 @@ def split_table(runs: list, reference: str, text: str, n_boot: int = 1000, seed:
     if len(ref) != 1:
         raise ConfigError(f"--split-on compares every run with one reference run (e.g. base); {reference!r} has "
                           f"{len(ref)} runs")
-    for subset, word in (("with", "no"), ("without", "every")):
-        if not run_columns(ref[0].path, text, subset)[0].numel():
-            raise ConfigError(f"--split-on {text!r}: {word} held-out prompt of {ref[0].name} contains it, so there is "
-                              "nothing to split; give a text that some prompts contain and others do not")
     lines = [f"| model | prompts | accuracy | AUC-mean | paired AUC-mean diff vs {reference} [95% CI] (prompts) |",
              "|---|---|---|---|---|"]
     for label, subset in (("all", "all"), (f"with {text}", "with"), (f"without {text}", "without")):
         base = run_columns(ref[0].path, text, subset)
+        if not base[0].numel():  # nothing is printed before the table is whole
+            raise ConfigError(f"--split-on {text!r}: {'no' if subset == 'with' else 'every'} held-out prompt of "
+                              f"{ref[0].name} contains it, so there is nothing to split; give a text that some prompts "
+                              "contain and others do not")
         for r in sorted(runs, key=lambda r: (r is not ref[0], r.name)):
             x = run_columns(r.path, text, subset)
             pd = cal.paired_difference(*x, *base, n_boot=n_boot, seed=seed) if r is not ref[0] else None
