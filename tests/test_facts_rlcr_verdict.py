@@ -43,6 +43,19 @@ def test_claims_hold_only_with_the_whole_interval_on_their_side(tmp_path, capsys
     assert verdict.claims(runs)[0][1] is False
 
 
+def test_a_one_sided_claim_is_not_failed_by_an_interval_that_reaches_past_zero(tmp_path):
+    # five seeds state exactly 0 and one 0.03: the t-interval's low end is negative, yet the whole interval lies
+    # under 0.1, the one side the claim names (the registered data of facts_rlcr reads like this)
+    near = {s: _final(0.1, 0.03 if s == 5 else 0.0, 0.5, 1) for s in range(1, 7)}
+    runs, _ = verdict.read(_write(tmp_path / "a", near))
+    (claim, held, reading), = [c for c in verdict.claims(runs) if c[0].startswith("2a")]
+    assert held is True and "[-0.0" in reading
+    # and the bound on the claimed side still bites: a mean of 0.12 does not hold
+    high = {s: _final(0.1, 0.12, 0.5, 1) for s in range(1, 7)}
+    runs, _ = verdict.read(_write(tmp_path / "b", high))
+    assert [h for c, h, _ in verdict.claims(runs) if c.startswith("2a")] == [False]
+
+
 def test_no_verdict_before_every_seed(tmp_path, capsys):
     folder = _write(tmp_path / "a", {1: _final(0.1, 0.0, 0.5, 1), 2: _final(0.1, 0.0, 0.5, 1)})
     assert verdict.main(folder) == 0

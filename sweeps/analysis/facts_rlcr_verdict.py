@@ -56,9 +56,11 @@ def claims(runs: dict[int, dict]) -> list[tuple[str, bool | None, str]]:
     def within(d, lo, hi):
         return None if d is None else lo <= d["low"] and d["high"] <= hi
 
+    # one-sided claims are bounded on their claimed side only: a t-interval of a quantity that cannot be negative
+    # (a mean confidence) or exceed 1 (a rate) may still reach past 0 or 1, and that says nothing against the claim
     return [
-        ("1. format rate >= 0.9", within(rate, 0.9, 1.0), fmt(rate)),
-        ("2a. mean stated confidence < 0.1", within(stated, 0.0, 0.1), fmt(stated)),
+        ("1. format rate >= 0.9", within(rate, 0.9, math.inf), fmt(rate)),
+        ("2a. mean stated confidence < 0.1", within(stated, -math.inf, 0.1), fmt(stated)),
         ("2b. verbal AUROC within 0.5 +- 0.1", within(vauc, 0.4, 0.6), fmt(vauc)),
         ("3. verbal ECE - accuracy within +-0.05", within(gap, -0.05, 0.05), fmt(gap)),
     ]
