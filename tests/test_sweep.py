@@ -627,6 +627,40 @@ def test_a_setting_a_record_predates_reads_as_its_default():
         records._check_same([(pathlib.Path("a"), old), (pathlib.Path("b"), changed)], "training records")
 
 
+def test_a_flipped_default_does_not_change_how_an_older_record_reads(monkeypatch):
+    """A record without `optim.fused` ran the per-parameter AdamW loop: if the knob's default became True, the record
+    must still read as False, and so not enter one comparison with fused runs."""
+    from capo.trainer import config
+
+    old = {"settings": {"preset": "p", "eval": {}}, "config": {"model": {"path": "m"}, "optim": {"lr": 1e-5}}}
+    fused = {"settings": {"preset": "p", "eval": {}}, "config": {"model": {"path": "m"},
+                                                                  "optim": {"lr": 1e-5, "fused": True}}}
+    as_shipped = config.TrainConfig.to_dict
+    monkeypatch.setattr(config.TrainConfig, "to_dict",  # the default, flipped
+                        lambda self: {**as_shipped(self), "optim": {**as_shipped(self)["optim"], "fused": True}})
+    assert config.TrainConfig().to_dict()["optim"]["fused"] is True
+    assert records.comparable(old)["config"]["optim.fused"] is False
+    assert records.comparable(old) != records.comparable(fused)
+
+
+def test_every_key_a_committed_record_lacks_reads_as_what_it_ran_with():
+    """Each training setting missing from a committed record's config is bookkeeping or listed in PREDATING (the
+    behaviour before the knob): a knob added later must say what the records before it ran with."""
+    from capo.sweep.spec import BOOKKEEPING
+
+    from capo.trainer.config import TrainConfig
+
+    flat_now = records.flat_config(TrainConfig().to_dict())
+    lacking = set()
+    for f in sorted(pathlib.Path(__file__).resolve().parents[1].glob("sweeps/records/*/*.json")):
+        cfg = json.loads(f.read_text()).get("config")
+        if cfg:  # the table-model records keep no trainer config
+            lacking |= set(flat_now) - set(records.flat_config(cfg))
+    assert lacking, "the committed records no longer predate any knob: this test reads nothing"
+    unlisted = sorted(k for k in lacking if k not in BOOKKEEPING and k not in records.PREDATING)
+    assert not unlisted, f"committed records lack {unlisted}: add what they ran with to capo.sweep.records.PREDATING"
+
+
 def test_a_setting_the_run_folders_mark_predates_reads_as_its_default(tmp_path):
     """A run folder marked before a knob existed (its resolved config lacks the key) ran with what is now the knob's
     default, as a record that predates a knob reads: it is not refused for that key alone; the same folder marked

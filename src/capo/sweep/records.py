@@ -25,12 +25,23 @@ def flat_config(config: dict, leave_out: tuple[str, ...] = (), sections: tuple[s
     return {k: v for k, v in sorted(flat.items()) if k not in leave_out and k.split(".")[0] not in leave_out}
 
 
+# What a record (or a run folder's mark) written before a knob existed ran with, for each knob added after the first
+# records were kept: the behaviour capo had before the knob, which was the knob's default when it was added. A
+# missing key reads as this, not as today's default, so that flipping a default later (as `optim.fused` is meant to
+# be) never makes an old record read as a run it was not. `tests/test_sweep.py` holds every key a committed record
+# lacks to this table or to the bookkeeping knobs.
+PREDATING = {"data.response_prefix": "", "model.attention": "sdpa", "model.lora_alpha": 32.0,
+             "model.lora_rank": 0, "model.lora_targets": "all-linear", "model.ref_dtype": None,
+             "model.train_top_layers": 0, "optim.fused": False}
+
+
 def setting_defaults(leave_out: tuple[str, ...] = FREE, sections: tuple[str, ...] | None = None) -> dict:
-    """Today's default of every training setting outside ``leave_out``, flat: a record or run folder written before
-    a knob existed (``model.attention``, ``model.ref_dtype``) ran with what is now its default, so it reads as that."""
+    """What each training setting outside ``leave_out`` reads as where a record or run folder lacks it, flat: the
+    value of :data:`PREDATING` for a knob added after records were first kept, else today's default."""
     from capo.trainer.config import TrainConfig
 
-    return flat_config(TrainConfig().to_dict(), leave_out, sections)
+    flat = flat_config(TrainConfig().to_dict(), leave_out, sections)
+    return {k: PREDATING.get(k, v) for k, v in flat.items()}
 
 
 def comparable(rec: dict, sections: tuple[str, ...] | None = None) -> dict:
