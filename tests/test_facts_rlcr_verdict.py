@@ -22,7 +22,12 @@ def _write(folder, finals):
     folder.mkdir()
     (folder / "base.json").write_text(json.dumps({"method": "base", "seed": 0, "final": _final(0.02, 0.9, None, 99)}))
     for seed, fin in finals.items():
-        (folder / f"rlcr-seed{seed}.json").write_text(json.dumps({"method": "rlcr", "seed": seed, "final": fin}))
+        curve = [{"step": 0, "eval/n": 100, "eval/accuracy": 0.02, "eval/verbal_missing": 99,
+                  "eval/verbal_mean_confidence": 0.9, "eval/verbal_auroc": None, "eval/auroc": 0.8},
+                 {"step": 60, "eval/n": 100, "eval/accuracy": 0.1 * seed, "eval/verbal_missing": 0,
+                  "eval/verbal_mean_confidence": 0.0, "eval/verbal_auroc": 0.5, "eval/auroc": 0.6}]
+        (folder / f"rlcr-seed{seed}.json").write_text(json.dumps({"method": "rlcr", "seed": seed, "final": fin,
+                                                                 "curves": {"eval": curve}}))
     return folder
 
 
@@ -62,3 +67,6 @@ def test_no_verdict_before_every_seed(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "seeds not in yet: [3, 4, 5, 6]: no verdict" in out and "holds" not in out
     assert "| base, draw 0 | 0.010 | 0.900 | -- |" in out
+    # the curve: seeds 1 and 2 at step 60, accuracy 0.1 and 0.2; the step-0 verbal AUROC has no value
+    assert "| 0 | 0.020 (0.020-0.020) | 0.010 (0.010-0.010) | 0.900 (0.900-0.900) | -- | 0.800 (0.800-0.800) |" in out
+    assert "| 60 | 0.150 (0.100-0.200) | 1.000 (1.000-1.000) | 0.000 (0.000-0.000) | 0.500 (0.500-0.500) |" in out

@@ -32,6 +32,29 @@ def row(final: dict) -> dict:
             "lpm_ece": final["ece"], "lpm_auroc": final["auroc"]}
 
 
+def curve(folder: Path) -> list[str]:
+    """The periodic held-out evaluation along training, per step: the mean over the RLCR seeds (and their range) of
+    accuracy, format rate, mean stated confidence, verbal AUROC and pooled AUROC of lpm (a seed enters a column at a
+    step where it has a value)."""
+    cols = {"accuracy": lambda e: e["eval/accuracy"], "format rate": lambda e: 1 - e["eval/verbal_missing"] / e["eval/n"],
+            "mean stated confidence": lambda e: e.get("eval/verbal_mean_confidence"),
+            "verbal AUROC": lambda e: e.get("eval/verbal_auroc"), "pooled AUROC of lpm": lambda e: e["eval/auroc"]}
+    by_step: dict[int, dict[str, list[float]]] = {}
+    for f in sorted(folder.glob("*.json")):
+        rec = json.loads(f.read_text())
+        for e in [] if rec["method"] == "base" else rec["curves"]["eval"]:
+            cells = by_step.setdefault(e["step"], {c: [] for c in cols})
+            for c, get in cols.items():
+                v = get(e)
+                if v is not None and not (isinstance(v, float) and math.isnan(v)):
+                    cells[c].append(v)
+    lines = ["| step | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
+    for step, cells in sorted(by_step.items()):
+        lines.append(f"| {step} | " + " | ".join(
+            f"{sum(v) / len(v):.3f} ({min(v):.3f}-{max(v):.3f})" if v else "--" for v in cells.values()) + " |")
+    return lines
+
+
 def read(folder: Path) -> tuple[dict[int, dict], list[dict]]:
     """(seed -> row of the RLCR records, rows of the base draws)."""
     runs, bases = {}, []
@@ -77,6 +100,8 @@ def table(runs: dict[int, dict], bases: list[dict]) -> list[str]:
 def main(folder: Path) -> int:
     runs, bases = read(folder)
     print("\n".join(table(runs, bases)))
+    print("\nalong training (the periodic held-out evaluation; mean over the seeds, range in brackets):\n")
+    print("\n".join(curve(folder)))
     missing = [s for s in SEEDS if s not in runs]
     if missing:
         print(f"\nseeds not in yet: {missing}: no verdict (the claims are read only over all six)")
