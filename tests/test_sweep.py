@@ -431,6 +431,33 @@ def test_plane_points_are_each_methods_seeds_mean_and_sd_hand_computed(tmp_path)
     assert (tmp_path / "plane.png").stat().st_size > 10_000
 
 
+def test_pooled_reliability_bins_every_seeds_responses_hand_computed(tmp_path):
+    """exp(lpm) of every response of all of a method's seeds, in 10 equal bins: GRPO's two seeds give confidences
+    0.95, 0.95, 0.15 (one lpm missing: left out) -> bin 9 holds 2 responses at accuracy 0.5, bin 1 one at 0; the base
+    comes first, then the reference, then the others; a folder whose records keep no log-prob draws nothing."""
+    import math
+
+    def rec(method, seed, responses):
+        return {"method": method, "seed": seed, "final": {}, "responses": responses}
+
+    lp = math.log
+    recs = {"grpo": {1: rec("grpo", 1, [["a", 1, lp(0.95)], ["b", 0, lp(0.15)]]),
+                     2: rec("grpo", 2, [["a", 0, lp(0.95)], ["b", 1, None]])},
+            "capo": {1: rec("capo", 1, [["a", 1, lp(0.55)]])}}
+    bases = [rec("base", None, [["a", 0, lp(0.05)]])]
+    runs = plots.pooled_reliability(recs, bases, "grpo")
+    assert list(runs) == ["base (1 draw)", "grpo (2 seeds)", "capo (1 seed)"]
+    g = runs["grpo (2 seeds)"]["reliability"]
+    assert g["count"] == [0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0]  # (the last bin: confidence exactly 1)
+    assert g["accuracy"][9] == 0.5 and g["accuracy"][1] == 0.0
+    assert g["confidence"][9] == pytest.approx(0.95) and g["confidence"][1] == pytest.approx(0.15)
+    assert runs["capo (1 seed)"]["reliability"]["count"][5] == 1
+    assert plots.plot_reliability(recs, bases, "grpo", tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 10_000
+    none = {"grpo": {1: rec("grpo", 1, [["a", 1, None]])}}
+    assert not plots.plot_reliability(none, [], "grpo", tmp_path / "n.png") and not (tmp_path / "n.png").exists()
+
+
 def test_a_run_finished_under_another_records_folder_is_copied_not_evaluated_again(tmp_path, monkeypatch):
     """Two checkouts sharing --runs-root: the second finds the finished run's record in the run folder and copies it
     byte for byte (same wall time, same commit) instead of evaluating the run again; a record kept from other

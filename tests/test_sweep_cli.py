@@ -23,7 +23,7 @@ COMMITTED = {"default_grpo_capo": ["default_grpo_capo"], "collapse_grpo_capo": [
 
 def test_the_report_of_committed_records_is_the_committed_report_byte_for_byte(tmp_path, capsys):
     """`capo sweep report` rewrites docs/figures/sweeps/word_grpo_capo exactly: summary.md, summary.json, the printed
-    tables and, when this matplotlib is the one that drew them (PNGs name their writer), the three figures."""
+    tables and, when this matplotlib is the one that drew them (PNGs name their writer), the four figures."""
     import matplotlib
     from PIL import Image
 
@@ -34,8 +34,9 @@ def test_the_report_of_committed_records_is_the_committed_report_byte_for_byte(t
         assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name
     out = capsys.readouterr().out
     assert out.startswith((committed / "summary.md").read_text() + "\n")
-    assert out.endswith(f"figures: {tmp_path / 'curves.png'}, {tmp_path / 'plane.png'}, {tmp_path / 'forest.png'}\n")
-    for name in ("curves.png", "plane.png", "forest.png"):
+    assert out.endswith(f"figures: {tmp_path / 'curves.png'}, {tmp_path / 'plane.png'}, {tmp_path / 'forest.png'}, "
+                        f"{tmp_path / 'reliability.png'}\n")
+    for name in ("curves.png", "plane.png", "forest.png", "reliability.png"):
         drawn_by = Image.open(committed / name).info.get("Software", "")
         if f"version{matplotlib.__version__}," not in drawn_by:
             continue  # another matplotlib draws other bytes; the numbers above are what must not change

@@ -93,7 +93,7 @@ ACTIONS = {  # name -> (settings, help, description)
                "Pair every method with --reference by training seed: mean difference, 95% t-interval over seeds, "
                "paired t-test p, Holm-adjusted p over the methods, the seeds needed for --effect at 80% power, the "
                "change from the start (base records) and along the periodic curve. Prints the tables and writes "
-               "summary.md, summary.json, curves.png, plane.png and forest.png to --out."),
+               "summary.md, summary.json, curves.png, plane.png, forest.png and reliability.png to --out."),
 }
 
 

@@ -21,7 +21,7 @@ from capo.verify.short import SHORT_FORMATS, normalize_short
 if TYPE_CHECKING:
     from capo.verify import Verifier
 
-__all__ = ["columns", "compute_metrics", "pass_ks", "row_rates"]
+__all__ = ["columns", "compute_metrics", "pass_ks", "reliability_points", "row_rates"]
 
 
 def pass_ks(k: int) -> list[int]:
@@ -125,6 +125,15 @@ def _count_metrics(rows: list[dict]) -> dict:
     m["mean_tokens"] = sum(known) / len(known) if known else math.nan
     m["empty_responses"] = float(sum(1 for n in known if n == 0))
     return m
+
+
+def reliability_points(confidence, correct, n_bins: int = 10) -> dict:
+    """The reliability diagram's points (``bin_edges``, per-bin mean ``confidence``, ``accuracy`` and ``count``; the
+    form :func:`capo.evaluation.plots.plot_reliability_panels` draws) of confidences [M] in [0, 1] against 0/1
+    outcomes [M], in ``n_bins`` equal-width bins, the binning of `capo eval`'s ECE."""
+    conf = torch.as_tensor(confidence, dtype=torch.float64)
+    return _reliability_points(cal.reliability_curve(conf, torch.as_tensor(correct, dtype=torch.float64),
+                                                     n_bins=n_bins))
 
 
 def _reliability_points(rel) -> dict:

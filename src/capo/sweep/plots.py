@@ -1,5 +1,6 @@
 """A sweep's figures (matplotlib ``Figure`` objects, no global backend): the held-out curves as small multiples,
-every method on the final accuracy / AUC-mean plane, and the forest plot of the paired differences."""
+every method on the final accuracy / AUC-mean plane, the forest plot of the paired differences, and each method's
+reliability diagram over the final evaluations of all its seeds."""
 
 from __future__ import annotations
 
@@ -192,3 +193,34 @@ def _forest_row(ax, i: int, d: dict, lim: float, color: str) -> None:
         ax.annotate(f"mean {d['mean']:+.2f}", (mu, i), xytext=(-4 if mu > 0 else 4, 5), textcoords="offset points",
                     ha="right" if mu > 0 else "left", fontsize=6, color=color)
 
+
+
+def pooled_reliability(records: dict, bases: list[dict], reference: str, n_bins: int = 10) -> dict[str, dict]:
+    """{panel name: reliability points} of exp(lpm) against correctness over every response of the final held-out
+    evaluation of all of a method's seeds (and of all the base's draws, first), the reference next: a description of
+    where each method's confidence lands, not a test (responses of one seed are not independent draws)."""
+    from capo.evaluation.metrics import reliability_points
+
+    groups = [(f"base ({len(bases)} draw{'s' * (len(bases) != 1)})", bases)] if bases else []
+    for m in [reference] + sorted(set(records) - {reference}):
+        if m in records:
+            groups.append((f"{m} ({len(records[m])} seed{'s' * (len(records[m]) != 1)})", list(records[m].values())))
+    out = {}
+    for name, recs in groups:
+        pairs = [(math.exp(lpm), ok) for r in recs for _, ok, lpm in r.get("responses") or [] if lpm is not None]
+        if pairs:
+            conf, ok = zip(*pairs)
+            out[name] = {"reliability": reliability_points(list(conf), list(ok), n_bins)}
+    return out
+
+
+def plot_reliability(records: dict, bases: list[dict], reference: str, path: Path) -> bool:
+    """OUT/reliability.png: :func:`pooled_reliability` as one panel per method; False (nothing drawn) when no
+    record keeps its responses' log-probs."""
+    from capo.evaluation.plots import plot_reliability_panels
+
+    runs = pooled_reliability(records, bases, reference)
+    if not runs:
+        return False
+    plot_reliability_panels(runs, path, title="confidence exp(lpm), every seed's responses")
+    return True

@@ -17,8 +17,9 @@ Figures: OUT/curves.png (small multiples: each method's held-out accuracy and AU
 stated-probability ECE and |m - p_c| -- during training over the reference's, mean, a band of +-1 sd over seeds and
 each seed), OUT/plane.png (every method on the final accuracy / AUC-mean plane: each seed, the mean +-1 sd, the
 start; not for stochastic outcomes) and OUT/forest.png (one panel per measure: the paired
-seed-level differences with their t-intervals; intervals from fewer than 3 seeds are cut at the panel's edge). The
-data files are written before any figure.
+seed-level differences with their t-intervals; intervals from fewer than 3 seeds are cut at the panel's edge) and
+OUT/reliability.png (one reliability diagram of exp(lpm) per method over every response of all its seeds' final
+evaluations, the base's draws first; a description, not a test). The data files are written before any figure.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def write_report(folders: list[Path], reference: str = "grpo", effect: float = 0
         raise ConfigError(f"--reference {reference!r} has no records; methods: {', '.join(sorted(records))}")
     out = Path(out) if out is not None else default_out(folders)
     out.mkdir(parents=True, exist_ok=True)
-    s = summary(records, reference, effect, load_base(*folders)[:base_draws])
+    bases = load_base(*folders)[:base_draws]
+    s = summary(records, reference, effect, bases)
     md = markdown(s)
     (out / "summary.md").write_text(md)
     (out / "summary.json").write_text(json.dumps(s, indent=1))
@@ -60,14 +62,14 @@ def write_report(folders: list[Path], reference: str = "grpo", effect: float = 0
         for m in sorted(records):
             for seed in sorted(records[m]):
                 print(curve_table(records[m][seed]))
-    figures = _draw(records, s, reference, out)
+    figures = _draw(records, s, reference, out, bases)
     print("figures: " + ", ".join(map(str, figures)))
     return figures
 
 
-def _draw(records: dict, s: dict, reference: str, out: Path) -> list[Path]:
+def _draw(records: dict, s: dict, reference: str, out: Path, bases: list[dict]) -> list[Path]:
     from capo.sweep.analysis import HEADLINE_PAIR, headline_pair
-    from capo.sweep.plots import plot_curves, plot_forest, plot_plane
+    from capo.sweep.plots import plot_curves, plot_forest, plot_plane, plot_reliability
 
     pair = headline_pair(s["methods"])
     plot_curves(records, reference, out / "curves.png", tuple(f"eval/{k}" for k in pair))
@@ -79,6 +81,10 @@ def _draw(records: dict, s: dict, reference: str, out: Path) -> list[Path]:
         figures.append(out / "forest.png")
     else:
         (out / "forest.png").unlink(missing_ok=True)  # nothing paired: no stale plot from an earlier run
+    if plot_reliability(records, bases, reference, out / "reliability.png"):
+        figures.append(out / "reliability.png")
+    else:
+        (out / "reliability.png").unlink(missing_ok=True)
     return figures
 
 
