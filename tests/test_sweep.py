@@ -65,6 +65,9 @@ def test_sweep_resumes_and_records(tmp_path, capsys):
 
         assert rec["machine"]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
         assert (rec["machine"]["torch"], rec["machine"]["transformers"]) == (torch.__version__, transformers.__version__)
+        # the code each phase started under: training, then the final evaluation, each with its commit
+        assert [st["phase"] for st in rec["code"]] == ["train", "eval"]
+        assert rec["commit"] == rec["code"][0]["commit"] == runner.code_commit()
         # --keep final (the default): of the trainer's two checkpoints the last stays, complete and resumable
         ck = tmp_path / "runs" / "tiny" / f"{method}-seed3" / "checkpoints"
         assert [p.name for p in ck.iterdir()] == ["step-000002"] and (ck / "step-000002" / "trainer_state.pt").is_file()

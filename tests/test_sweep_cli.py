@@ -185,6 +185,67 @@ def test_the_record_names_the_code_that_ran():
     assert runner.code_commit() == _git(ROOT, "rev-parse", "HEAD")
 
 
+def test_a_record_keeps_every_code_state_its_job_ran_under(tmp_path, monkeypatch):
+    """Each phase notes the commit and whether capo's files were edited when it started; a resumed job adds its own
+    line. The record's `commit` is training's first, `code` the distinct states; mixed_code names what differs; a
+    torn last line is skipped."""
+    states = iter([{"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": False},
+                   {"commit": "b" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": True}])
+    monkeypatch.setattr(runner, "code_state", lambda: next(states))
+    body = {"name": "tiny", "preset": "default", "methods": {"grpo": {"algo.name": "grpo"}}, "seeds": [1]}
+    job = spec.jobs(body, tmp_path / "runs", tmp_path / "records")[0]
+    runner.note_code(job, "train")  # the first process, stopped mid-training
+    runner.note_code(job, "train")  # resumed under a later commit
+    runner.note_code(job, "train")  # the same state again: kept once
+    runner.note_code(job, "eval")  # evaluated with an edit not committed
+    with open(job.run_dir / runner.CODE_LOG, "a") as f:
+        f.write('{"phase": "ev')  # torn by a kill
+    fields = runner.code_fields(job)
+    assert fields["commit"] == "a" * 40
+    assert [(st["phase"], st["commit"][0], st["dirty"]) for st in fields["code"]] == [
+        ("train", "a", False), ("train", "b", False), ("eval", "b", True)]
+    assert records.mixed_code(fields) == f"2 commits ({'a' * 8}, {'b' * 8}); uncommitted edits at eval"
+    assert records.mixed_code({"code": fields["code"][1:2]}) is None and records.mixed_code({}) is None
+
+
+def test_code_state_sees_an_edit_to_capos_files_only(tmp_path, monkeypatch):
+    """dirty: capo's own files differ from the commit; an edit elsewhere in the checkout (a document) is not one."""
+    import capo
+
+    for k, v in {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                 "GIT_COMMITTER_EMAIL": "t@t"}.items():
+        monkeypatch.setenv(k, v)
+    pkg = tmp_path / "src" / "capo"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (tmp_path / "README.md").write_text("a\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "start")
+    monkeypatch.setattr(capo, "__file__", str(pkg / "__init__.py"))
+    head = _git(tmp_path, "rev-parse", "HEAD")
+    assert runner.code_state() == {"commit": head, "dirty": False}
+    (tmp_path / "README.md").write_text("b\n")
+    assert runner.code_state() == {"commit": head, "dirty": False}
+    (pkg / "__init__.py").write_text("x = 1\n")
+    assert runner.code_state() == {"commit": head, "dirty": True}
+
+
+def test_the_report_names_records_made_by_mixed_code(tmp_path, capsys):
+    """A record whose job ran under two commits is reported with a note; the numbers are the same."""
+    src = RECORDS / "word_grpo_capo"
+    for p in src.glob("*.json"):
+        rec = json.loads(p.read_text())
+        if p.name == "capo-seed3.json":
+            rec["code"] = [{"phase": "train", "commit": "1" * 40, "dirty": False},
+                           {"phase": "eval", "commit": "2" * 40, "dirty": False}]
+        (tmp_path / p.name).write_text(json.dumps(rec))
+    assert main(["sweep", "report", str(tmp_path), "--reference", "grpo", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "note: capo seed 3 ran under 2 commits (11111111, 22222222)\n" in out
+    assert (tmp_path / "out" / "summary.md").read_text() == (FIGURES / "word_grpo_capo" / "summary.md").read_text()
+
+
 def test_each_action_is_built_from_its_settings():
     """Every flag of `capo sweep run | status | report` is a field of its settings dataclass, with the field's help."""
     from capo.cli import build_parser

@@ -131,3 +131,14 @@ def read_record(path: Path) -> dict:
     if not isinstance(rec, dict) or "method" not in rec or "seed" not in rec:
         raise DataError(f"{path}: not a sweep record (no 'method' and 'seed')")
     return rec
+
+
+def mixed_code(rec: dict) -> str | None:
+    """Why a record's job did not run one committed code state (several commits, or edits not committed), or None
+    (records from before 2026-11-28 keep no ``code``: None)."""
+    states = rec.get("code") or []
+    commits = sorted({st.get("commit") for st in states} - {None, ""})
+    why = [f"{len(commits)} commits ({', '.join(c[:8] for c in commits)})"] if len(commits) > 1 else []
+    why += [f"uncommitted edits at {', '.join(st['phase'] for st in states if st.get('dirty'))}"] \
+        if any(st.get("dirty") for st in states) else []
+    return "; ".join(why) or None

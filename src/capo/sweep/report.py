@@ -58,6 +58,8 @@ def write_report(folders: list[Path], reference: str = "grpo", effect: float = 0
     (out / "summary.md").write_text(md)
     (out / "summary.json").write_text(json.dumps(s, indent=1))
     print(md)
+    for line in _code_notes(records):
+        print(line)
     if curve_tables:
         for m in sorted(records):
             for seed in sorted(records[m]):
@@ -65,6 +67,15 @@ def write_report(folders: list[Path], reference: str = "grpo", effect: float = 0
     figures = _draw(records, s, reference, out, bases)
     print("figures: " + ", ".join(map(str, figures)))
     return figures
+
+
+def _code_notes(records: dict) -> list[str]:
+    """A line for each record whose job ran under more than one commit or with uncommitted edits to capo
+    (:func:`capo.sweep.records.mixed_code`): its numbers stand, and the reader is told which code made them."""
+    from capo.sweep.records import mixed_code
+
+    return [f"note: {m} seed {seed} ran under {why}" for m in sorted(records) for seed in sorted(records[m])
+            if (why := mixed_code(records[m][seed]))]
 
 
 def _draw(records: dict, s: dict, reference: str, out: Path, bases: list[dict]) -> list[Path]:

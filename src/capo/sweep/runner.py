@@ -45,6 +45,7 @@ TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "tr
 RUN_RECORD = "record.json"  # a finished run's record, kept in its run folder too (read by checkouts sharing the folder)
 LOCK = "sweep.lock"
 RUN_SETTINGS = "settings.json"  # the run folder's settings mark: the job's settings, their hash and resolved config
+CODE_LOG = "code.jsonl"  # in the run folder: the code each `capo` subprocess of the job started under, a line each
 # what a finished job's run folder keeps once its record is written (``capo sweep run --keep``, ``capo sweep prune``)
 KEEP = ("all", "final", "weights", "none")
 DEFAULT_KEEP = "final"
@@ -148,7 +149,10 @@ def _train_eval_record(job: Job) -> dict:
     _mark(job, resolved)
     log = job.run_dir / "sweep.log"
     t0 = time.perf_counter()
+    if job.method != BASE:
+        note_code(job, "train")
     cfg, model = _train(job, log)
+    note_code(job, "eval")
     _capo(_eval_args(eval_settings(job, cfg, model), job.run_dir / "eval"), log)
     record = build_record(job, cfg, time.perf_counter() - t0)
     text = json.dumps(record, separators=(",", ":")) + "\n"
@@ -291,7 +295,7 @@ def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
     return {"sweep": job.sweep, "method": job.method, "seed": job.seed, **({"draw": job.draw} if job.draw else {}),
             "settings_hash": job.settings_hash,
             "settings": job.settings, "config": cfg,
-            "commit": code_commit(), "machine": machine(), "wall_s": round(wall_s, 1), "final": metrics,
+            **code_fields(job), "machine": machine(), "wall_s": round(wall_s, 1), "final": metrics,
             "curves": curves,
             "responses": responses}
 
@@ -333,6 +337,44 @@ def code_commit() -> str:
         return f"capo=={version('capo')}"
     except PackageNotFoundError:
         return ""
+
+
+def code_state() -> dict:
+    """{"commit": :func:`code_commit`, "dirty": whether capo's files in that checkout differ from the commit (edited,
+    added or deleted; None for an installed package or without git)}."""
+    import capo
+
+    commit = code_commit()
+    dirty = None
+    if commit and not commit.startswith("capo=="):
+        r = _git(Path(capo.__file__).resolve().parent, "status", "--porcelain", "--", ".")
+        dirty = bool(r.stdout.strip()) if r.returncode == 0 else None
+    return {"commit": commit, "dirty": dirty}
+
+
+def note_code(job: Job, phase: str) -> None:
+    """Append the code a phase of the job starts under to its run folder's :data:`CODE_LOG` (a resumed job appends
+    again, so a run trained across processes keeps every state it ran under)."""
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    with open(job.run_dir / CODE_LOG, "a") as f:
+        f.write(json.dumps({"phase": phase, **code_state()}) + "\n")
+
+
+def code_fields(job: Job) -> dict:
+    """A record's ``commit`` (the code its training started under; for a run folder from before :data:`CODE_LOG`,
+    the code at the time of writing) and ``code``: every distinct (phase, commit, dirty) the job's subprocesses
+    started under, in order."""
+    path = job.run_dir / CODE_LOG
+    lines = path.read_text().splitlines() if path.exists() else []
+    states = []
+    for ln in lines:
+        try:
+            st = json.loads(ln)
+        except json.JSONDecodeError:
+            continue  # torn by a kill mid-write
+        if st not in states:
+            states.append(st)
+    return {"commit": states[0]["commit"] if states else code_commit(), "code": states}
 
 
 def commit_record(job: Job) -> None:
