@@ -87,6 +87,7 @@ bench: install
 	$(BIN)/python benchmarks/allocator.py --quick
 	$(BIN)/python benchmarks/kv_cache.py --quick
 	$(BIN)/python benchmarks/decode_loop.py --quick
+	$(BIN)/python benchmarks/update_attention.py --quick
 	$(BIN)/python benchmarks/token_stats_cost.py --quick
 	$(VLLM_VENV)/bin/python benchmarks/token_stats_cost.py --quick --engine vllm
 	$(BIN)/python benchmarks/trl_vs_capo.py --quick --variants capo trl capo_vllm

@@ -8,9 +8,11 @@ Run it as ``sh scripts/gpu-check.sh [--out DIR]`` on the GPU machine, from the c
 2. runs every test that has a CUDA path (:data:`CUDA_TESTS`; the test device is the GPU: tests/_device.py);
 3. runs ``benchmarks/decode_loop.py``: ``generate`` against capo's decoding loop with CUDA graphs (``rollout.decode``)
    at the testbed's shape, fp32 and bf16, rollouts and trainer steps;
-4. runs ``benchmarks/trl_vs_capo.py`` at the reasoning testbed's shape with TRL on the GPU too;
-5. runs ``capo demo --task word_problems``;
-6. writes ``OUT/summary.json``: the machine, the wheels, and per step its command, exit status, seconds, test counts
+4. runs ``benchmarks/update_attention.py``: the update's forward + backward in bf16 with and without cuDNN's attention
+   and in fp32, each call at a new shape;
+5. runs ``benchmarks/trl_vs_capo.py`` at the reasoning testbed's shape with TRL on the GPU too;
+6. runs ``capo demo --task word_problems``;
+7. writes ``OUT/summary.json``: the machine, the wheels, and per step its command, exit status, seconds, test counts
    and last output lines (full logs in ``OUT/logs``); the demo's own summary.json and the benchmarks' ratios.
 
 Each step has a time cap and the whole a deadline (``--budget-s``, default 540 s): a step cut short is recorded as
@@ -55,7 +57,11 @@ BENCH = ["benchmarks/trl_vs_capo.py", "--size", "testbed", "--prompts", "word_pr
 # the decoding loops at the testbed's shape (rollout.decode: generate vs capo's loop with CUDA graphs), fp32 and bf16,
 # and 4 trainer steps of the word_problems preset with each
 DECODE = ["benchmarks/decode_loop.py", "--bf16", "--train-steps", "4", "--reps", "2"]
-CAPS = {"cuda_tests": 210, "decode_loop": 170, "trl_vs_capo": 120, "demo": 80}  # seconds per step; the deadline caps
+# the update's forward + backward in bf16 with and without cuDNN's attention, and fp32, at a new shape each call: the
+# candidate cause of the bf16 update's 9x (docs/performance.md)
+UPDATE = ["benchmarks/update_attention.py"]
+CAPS = {"cuda_tests": 210, "decode_loop": 170, "update_attention": 60, "trl_vs_capo": 120, "demo": 80}  # seconds per
+# step; the deadline caps
 # them all
 
 
@@ -111,10 +117,11 @@ def plan(py: str, work: Path, dry: bool) -> list[Step]:
     tests = [py, "-m", "pytest", "-p", "no:cacheprovider", *CUDA_TESTS, "-k", NOT_ON_GPU]
     tests += ["--collect-only", "-q"] if dry else ["-v", "-rfEs"]
     demo = [py, "-m", "capo.cli", "demo", "--task", "word_problems", "--out", str(work / "demo")]
-    bench, decode = [py, *BENCH], [py, *DECODE]
+    bench, decode, update = [py, *BENCH], [py, *DECODE], [py, *UPDATE]
     if dry:
-        demo, bench, decode = demo + ["--help"], bench + ["--help"], decode + ["--help"]
-    return [Step("cuda_tests", tests), Step("decode_loop", decode), Step("trl_vs_capo", bench), Step("demo", demo)]
+        demo, bench, decode, update = demo + ["--help"], bench + ["--help"], decode + ["--help"], update + ["--help"]
+    return [Step("cuda_tests", tests), Step("decode_loop", decode), Step("update_attention", update),
+            Step("trl_vs_capo", bench), Step("demo", demo)]
 
 
 def step_env(site: Path, work: Path) -> dict:
@@ -165,6 +172,9 @@ def extras(work: Path, steps: list[Step]) -> dict:
     decode = next((s for s in steps if s.name == "decode_loop"), None)
     if decode is not None:
         out["decode_loop_lines"] = [ln for ln in decode.tail if ln.startswith(("RATIO", "device:", "  fp32", "  bf16"))]
+    update = next((s for s in steps if s.name == "update_attention"), None)
+    if update is not None:
+        out["update_attention_lines"] = [ln for ln in update.tail if ln.startswith(("RATIO", "device:", "  "))]
     return out
 
 

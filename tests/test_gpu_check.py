@@ -45,7 +45,7 @@ def test_dry_run_writes_the_summary(tmp_path):
         assert "no CUDA GPU visible" in s["gpu_note"] and s["machine"]["gpu"] is None
     w = s["wheels"]
     assert w["installed"] == [PROBE] and w["missing"] == [] and (out / "work" / "site" / PROBE).is_dir()
-    assert [x["name"] for x in s["steps"]] == ["cuda_tests", "decode_loop", "trl_vs_capo", "demo"]
+    assert [x["name"] for x in s["steps"]] == ["cuda_tests", "decode_loop", "update_attention", "trl_vs_capo", "demo"]
     assert all(x["rc"] == 0 and not x["timed_out"] for x in s["steps"]), s["steps"]
     tests = s["steps"][0]
     assert "--collect-only" in tests["cmd"] and tests["counts"]["collected"] >= 40, tests
