@@ -17,7 +17,9 @@ How each registered sentence is read (written down on 2026-11-28, before any rec
   < -0.02 (a loss larger than 0.02 told); otherwise neither (under-powered). Whether the mean lies in the predicted
   [-0.01, +0.03] is printed beside it.
 - Secondary, no verdict: mean response length (`mean_tokens`) capo_sum - CAPO (predicted longer) and capo_sum - GRPO
-  in accuracy, AUC-mean and length; the seeds a paired t-test needs for 0.02 at 80% power at the observed sd.
+  in accuracy, AUC-mean and length; the seeds a paired t-test needs for 0.02 at 80% power at the observed sd. Each
+  method's change from the start (the 8 base draws of `word_grpo_capo`) is `capo sweep report` over the three
+  folders (the registration's command), not repeated here.
 
     python sweeps/analysis/word_capo_sum_verdict.py [RECORDS_FOLDER ...]
 """
