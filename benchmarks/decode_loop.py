@@ -87,6 +87,7 @@ def time_training(a, precision: str) -> dict:
     first step, and how many graphs torch compiled (the loop's step: one per rollout shape)."""
     from torch._dynamo.utils import counters
 
+    from capo.rundir import read_jsonl
     from capo.trainer.config import load_config
     from capo.trainer.loop import Trainer
 
@@ -101,7 +102,7 @@ def time_training(a, precision: str) -> dict:
                                                 "run.threads": a.threads, "data.n_eval": 2, "run.eval_samples": 2,
                                                 "model.autocast_bf16": precision == "bf16"})
             Trainer(cfg).train()
-            rows = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            rows = read_jsonl(Path(tmp) / "metrics.jsonl")
         rows = [r for r in rows if "time/step" in r]  # training steps only (not a step-0 evaluation's row)
         later = rows[1:] or rows
         out[v] = {"time/rollout": statistics.median(r["time/rollout"] for r in later),

@@ -73,7 +73,9 @@ def run_engine(engine: str, python: str, model: Path, a) -> dict:
     if p.returncode:
         sys.stderr.write(log.read_text()[-4000:])
         raise SystemExit(f"capo eval --engine {engine} failed (exit {p.returncode}); log: {log}")
-    rows = [json.loads(x) for x in (run_dir / "generations.jsonl").read_text().splitlines() if x.strip()]
+    from capo.rundir import read_jsonl
+
+    rows = read_jsonl(run_dir / "generations.jsonl")
     m = json.loads((run_dir / "metrics.json").read_text())["metrics"]
     return {"wall_s": wall, "cpu_s": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
             "load_s": m["time_load_model_s"], "generate_s": m["time_generate_s"], "verify_s": m.get("time_verify_s"),

@@ -235,7 +235,9 @@ def run_capo(assets: Path, steps: int, warmup: int, precision: str, algo: str, p
     for name in ("next_problems", "rollout", "reward", "logprobs", "advantages", "update", "rollout_metrics"):
         timed_cpu(tr, name, name, cpu)
     tr.train()
-    rows = [json.loads(x) for x in (Path(cfg.run.out_dir) / "metrics.jsonl").read_text().splitlines()]
+    from capo.rundir import read_jsonl
+
+    rows = read_jsonl(Path(cfg.run.out_dir) / "metrics.jsonl")
     first_step, rows = rows[0]["time/step"], rows[warmup:]
     phases = {k[5:]: statistics.median(r.get(k, 0.0) for r in rows) for k in rows[0] if k.startswith("time/")}
     phases = {k: v for k, v in phases.items() if k not in ("eval", "save")}

@@ -99,8 +99,9 @@ def trace_price(path: Path, g: int = 8) -> None:
     from capo.core import capo_advantage
     from capo.core.calibration import summarize
 
-    rows = sorted((json.loads(x) for x in path.read_text().splitlines()), key=lambda r: (r["prompt_idx"],
-                                                                                         r["sample_idx"]))
+    from capo.rundir import read_jsonl
+
+    rows = sorted(read_jsonl(path), key=lambda r: (r["prompt_idx"], r["sample_idx"]))
     n = torch.tensor([r["n_tokens"] for r in rows], dtype=torch.float64)
     lpm = torch.tensor([r["mean_logprob"] for r in rows], dtype=torch.float64)
     c = torch.tensor([r["verdict"] == "correct" for r in rows])

@@ -100,3 +100,20 @@ def test_json_line_writes_the_values_json_dumps_writes(fast, row):
 def test_json_line_is_compact_where_orjson_writes_it():
     assert json_line({"a": [1.0, 1e-05], "b": "é", "c": None}) == '{"a":[1.0,0.00001],"b":"é","c":null}\n'
     assert json_line({"a": [1.0, -math.inf]}) == '{"a": [1.0, -Infinity]}\n'  # as json.dumps writes it
+
+
+def test_read_jsonl_splits_at_newlines_only_and_refuses_a_bad_line(tmp_path):
+    """A JSON string may hold U+2028 (SmolLM2 wrote one in a facts answer, and a sweep record failed to build),
+    U+2029, U+0085 and the separators str.splitlines() breaks at: read_jsonl keeps each row whole. A line that is not
+    JSON raises, naming the file and line: a whole file is never read short."""
+    from capo.errors import DataError
+    from capo.rundir import read_jsonl
+
+    rows = [{"text": "Al A\u2028x"}, {"text": "a\u2029b\x85c\x1cd\x0be"}, {"n": 1}]
+    path = tmp_path / "g.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert len(path.read_text(encoding="utf-8").splitlines()) > 3  # what the old readers split it into
+    assert read_jsonl(path) == rows
+    path.write_text(path.read_text(encoding="utf-8") + '{"text": "torn\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"g\.jsonl, line 4: not a JSON line"):
+        read_jsonl(path)

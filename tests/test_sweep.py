@@ -461,6 +461,23 @@ def test_pooled_reliability_bins_every_seeds_responses_hand_computed(tmp_path):
     assert not plots.plot_reliability(none, [], "grpo", tmp_path / "n.png") and not (tmp_path / "n.png").exists()
 
 
+def test_a_record_is_built_from_responses_holding_a_line_separator(tmp_path):
+    """A generated answer with U+2028 in it (SmolLM2 wrote one: facts_methods' capo_sum seed 6 failed to record)
+    stays one response: the record has every row of the evaluation and their lpm."""
+    job = spec.jobs(SPEC, tmp_path / "runs", tmp_path / "records")[0]
+    ev = job.run_dir / "eval"
+    ev.mkdir(parents=True)
+    (ev / "metrics.json").write_text(json.dumps({"metrics": {"accuracy": 0.5}}))
+    rows = [{"prompt_id": "p1", "verdict": "correct", "mean_logprob": -0.25, "text": "Al A\u2028x"},
+            {"prompt_id": "p1", "verdict": "incorrect", "mean_logprob": None, "text": "b\u2029c"}]
+    (ev / "generations.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                                          encoding="utf-8")
+    (job.run_dir / "metrics.jsonl").write_text('{"step": 1, "train/accuracy": 0.5}\n')
+    rec = runner.build_record(job, {}, 1.0)
+    assert rec["responses"] == [["p1", 1, -0.25], ["p1", 0, None]]
+    assert rec["curves"]["train"] == [{"step": 1, "train/accuracy": 0.5}]
+
+
 def test_a_run_finished_under_another_records_folder_is_copied_not_evaluated_again(tmp_path, monkeypatch):
     """Two checkouts sharing --runs-root: the second finds the finished run's record in the run folder and copies it
     byte for byte (same wall time, same commit) instead of evaluating the run again; a record kept from other

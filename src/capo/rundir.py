@@ -21,7 +21,7 @@ try:
 except ImportError:  # an environment that installed capo without its dependencies (the verl one): the same values
     orjson = None
 
-from capo.errors import ConfigError
+from capo.errors import ConfigError, DataError
 
 __all__ = ["Progress", "atomic_write_text", "json_line", "json_loads", "read_jsonl_rows", "run_lock"]
 
@@ -89,6 +89,21 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list:
+    """Every row of a complete JSON-lines file, split at newlines only: a JSON string may hold U+2028, U+2029, U+0085
+    and other characters that ``str.splitlines()`` takes for line ends (SmolLM2 wrote U+2028 inside a facts answer).
+    A line that is not valid JSON raises :class:`DataError` naming the file and the line: a file that should be whole
+    is never read short. (:func:`read_jsonl_rows` reads an append-only file that a crash may have torn.)"""
+    rows = []
+    for i, line in enumerate(Path(path).read_bytes().split(b"\n"), 1):
+        if line.strip():
+            try:
+                rows.append(json_loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}, line {i}: not a JSON line ({e})") from None
+    return rows
 
 
 def read_jsonl_rows(path: Path, repair: bool = False) -> list:

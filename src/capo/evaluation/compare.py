@@ -21,9 +21,10 @@ import torch
 from capo.core import calibration as cal
 from capo.core import voting
 from capo.core.checks import did_you_mean
-from capo.errors import ConfigError
+from capo.errors import ConfigError, DataError
 from capo.evaluation.metrics import assign_answer_ids, columns, stochastic_columns
 from capo.evaluation.stats import seed_paired_interval
+from capo.rundir import read_jsonl
 from capo.tasks import stochastic as stochastic_task
 from capo.tasks.stochastic import stochastic_summary
 
@@ -157,11 +158,11 @@ def _load_seed(run_dir: Path) -> _Seed | None:
     if not gen.is_file():
         return None
     try:
-        rows = [json.loads(ln) for ln in gen.read_text().splitlines() if ln.strip()]
+        rows = read_jsonl(gen)
         if rows and any("answer_id" not in r for r in rows):  # capo eval computes the classes after writing rows
             _answer_ids(rows, _answer_format(run_dir))
         cols = columns(rows) if rows else None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+    except (DataError, KeyError, TypeError, ValueError):
         return None  # no intervals for this run rather than no report
     if cols is None:
         return None
@@ -321,7 +322,7 @@ def run_columns(run_dir: Path, text: str = "", subset: str = "all") -> tuple[tor
     """(lpm [N] float64, correct [N] bool, prompt index [N]) of an eval run's rows in ``subset``: "all", "with"
     (prompts that contain ``text``) or "without"; an empty response's lpm is -inf; prompts indexed in sorted id order.
     The inputs of :func:`capo.core.calibration.paired_difference` (``capo report --split-on``, the demo's terminal)."""
-    rows = [json.loads(ln) for ln in (Path(run_dir) / "generations.jsonl").read_text().splitlines() if ln.strip()]
+    rows = read_jsonl(Path(run_dir) / "generations.jsonl")
     rows = [r for r in rows if subset == "all" or ((text in r["prompt"]) == (subset == "with"))]
     ids = {p: i for i, p in enumerate(sorted({str(r["prompt_id"]) for r in rows}))}
     lpm = [r["mean_logprob"] if r["mean_logprob"] is not None else float("-inf") for r in rows]

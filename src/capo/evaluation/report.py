@@ -19,6 +19,7 @@ import torch
 
 from capo.errors import DataError
 from capo.evaluation import compare, plots
+from capo.rundir import read_jsonl_rows
 from capo.tasks import stochastic as stochastic_task
 
 __all__ = ["RunInfo", "draw_safely", "load_run", "render_report", "write_report"]
@@ -157,14 +158,7 @@ def load_run(run_dir: Path, name: str | None = None, n_examples: int = 0) -> Run
         return RunInfo(name, run_dir, "eval", data.get("metrics", {}), data.get("curves", {}), cfg, examples)
     tj = run_dir / "metrics.jsonl"
     if tj.exists():
-        rows = []
-        for i, line in enumerate(tj.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a torn last line of a crashed run
+        rows = read_jsonl_rows(tj)  # up to a torn last line of a crashed run
         if not rows:
             raise DataError(f"{tj} has no rows")
         last = rows[-1]

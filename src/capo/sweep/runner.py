@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from capo.errors import DataError
+from capo.rundir import read_jsonl, read_jsonl_rows
 from capo.sweep.records import flat_config, setting_defaults
 from capo.sweep.spec import BASE, BOOKKEEPING, Job, record_state, same_settings
 
@@ -281,13 +282,12 @@ def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
     """The small, committed summary of a finished job (no checkpoints, no texts)."""
     ev_dir = job.run_dir / "eval"
     metrics = json.loads((ev_dir / "metrics.json").read_text())["metrics"]
-    rows = [json.loads(ln) for ln in (ev_dir / "generations.jsonl").read_text().splitlines() if ln.strip()]
+    rows = read_jsonl(ev_dir / "generations.jsonl")
     responses = [[str(r["prompt_id"]), int(r["verdict"] == "correct"),
                   None if r["mean_logprob"] is None else round(r["mean_logprob"], 6)] for r in rows]
     curves = {"train": [], "eval": []}
-    train_rows = [] if job.method == BASE else (job.run_dir / "metrics.jsonl").read_text().splitlines()
-    for ln in train_rows:
-        row = json.loads(ln)
+    train_rows = [] if job.method == BASE else read_jsonl(job.run_dir / "metrics.jsonl")
+    for row in train_rows:
         curves["train"].append({"step": row["step"], **{k: row[k] for k in TRAIN_SERIES if k in row}})
         ev = {k: v for k, v in row.items() if k.startswith("eval/")}
         if ev:
@@ -364,14 +364,8 @@ def code_fields(job: Job) -> dict:
     """A record's ``commit`` (the code its training started under; for a run folder from before :data:`CODE_LOG`,
     the code at the time of writing) and ``code``: every distinct (phase, commit, dirty) the job's subprocesses
     started under, in order."""
-    path = job.run_dir / CODE_LOG
-    lines = path.read_text().splitlines() if path.exists() else []
     states = []
-    for ln in lines:
-        try:
-            st = json.loads(ln)
-        except json.JSONDecodeError:
-            continue  # torn by a kill mid-write
+    for st in read_jsonl_rows(job.run_dir / CODE_LOG):  # a line torn by a kill mid-write ends the rows
         if st not in states:
             states.append(st)
     return {"commit": states[0]["commit"] if states else code_commit(), "code": states}

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from capo.rundir import read_jsonl
 from capo.verify.extract import extract_boxed
 from capo.verify.verifier import Verdict, Verifier
 
@@ -33,7 +34,7 @@ def default_math500_path() -> Path | None:
 def run_selfcheck(path: Path, verifier: Verifier, limit: int | None = None) -> dict:
     if verifier.exact_match_shortcut:
         raise ValueError("run the self-check with Verifier(exact_match_shortcut=False): every pair must be parsed")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(path)
     if limit:
         rows = rows[:limit]
     boxed = [extract_boxed(r["solution"]) for r in rows]
