@@ -32,16 +32,15 @@ def row(final: dict) -> dict:
             "lpm_ece": final["ece"], "lpm_auroc": final["auroc"]}
 
 
-def curve(folder: Path) -> list[str]:
+def curve(records: list[dict]) -> list[str]:
     """The periodic held-out evaluation along training, per step: the mean over the RLCR seeds (and their range) of
     accuracy, format rate, mean stated confidence, verbal AUROC and pooled AUROC of lpm (a seed enters a column at a
-    step where it has a value)."""
+    step where it has a value). ``records``: the folder's records, as :func:`load` reads them."""
     cols = {"accuracy": lambda e: e["eval/accuracy"], "format rate": lambda e: 1 - e["eval/verbal_missing"] / e["eval/n"],
             "mean stated confidence": lambda e: e.get("eval/verbal_mean_confidence"),
             "verbal AUROC": lambda e: e.get("eval/verbal_auroc"), "pooled AUROC of lpm": lambda e: e["eval/auroc"]}
     by_step: dict[int, dict[str, list[float]]] = {}
-    for f in sorted(folder.glob("*.json")):
-        rec = json.loads(f.read_text())
+    for rec in records:
         for e in [] if rec["method"] == "base" else rec["curves"]["eval"]:
             cells = by_step.setdefault(e["step"], {c: [] for c in cols})
             for c, get in cols.items():
@@ -55,11 +54,15 @@ def curve(folder: Path) -> list[str]:
     return lines
 
 
-def read(folder: Path) -> tuple[dict[int, dict], list[dict]]:
-    """(seed -> row of the RLCR records, rows of the base draws)."""
+def load(folder: Path) -> list[dict]:
+    """The folder's records, in file-name order."""
+    return [json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))]
+
+
+def read(folder: Path, records: list[dict] | None = None) -> tuple[dict[int, dict], list[dict]]:
+    """(seed -> row of the RLCR records, rows of the base draws), from ``records`` when given (already loaded)."""
     runs, bases = {}, []
-    for f in sorted(folder.glob("*.json")):
-        rec = json.loads(f.read_text())
+    for rec in load(folder) if records is None else records:
         (bases.append(row(rec["final"])) if rec["method"] == "base" else
          runs.__setitem__(rec["seed"], row(rec["final"])))
     return runs, bases
@@ -98,10 +101,11 @@ def table(runs: dict[int, dict], bases: list[dict]) -> list[str]:
 
 
 def main(folder: Path) -> int:
-    runs, bases = read(folder)
+    records = load(folder)
+    runs, bases = read(folder, records)
     print("\n".join(table(runs, bases)))
     print("\nalong training (the periodic held-out evaluation; mean over the seeds, range in brackets):\n")
-    print("\n".join(curve(folder)))
+    print("\n".join(curve(records)))
     missing = [s for s in SEEDS if s not in runs]
     if missing:
         print(f"\nseeds not in yet: {missing}: no verdict (the claims are read only over all six)")

@@ -194,7 +194,6 @@ def _forest_row(ax, i: int, d: dict, lim: float, color: str) -> None:
                     ha="right" if mu > 0 else "left", fontsize=6, color=color)
 
 
-
 def pooled_reliability(records: dict, bases: list[dict], reference: str, n_bins: int = 10) -> dict[str, dict]:
     """{panel name: reliability points} of exp(lpm) against correctness over every response of the final held-out
     evaluation of all of a method's seeds (and of all the base's draws, first), the reference next: a description of

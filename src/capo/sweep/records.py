@@ -27,8 +27,8 @@ def flat_config(config: dict, leave_out: tuple[str, ...] = (), sections: tuple[s
 
 # What a record (or a run folder's mark) written before a knob existed ran with, for each knob added after the first
 # records were kept: the behaviour capo had before the knob, which was the knob's default when it was added. A
-# missing key reads as this, not as today's default, so that flipping a default later (as `optim.fused` is meant to
-# be) never makes an old record read as a run it was not. `tests/test_sweep.py` holds every key a committed record
+# missing key reads as this, not as today's default, so that flipping a default later never makes an old record
+# read as a run it was not. `tests/test_sweep.py` holds every key a committed record
 # lacks to this table or to the bookkeeping knobs.
 PREDATING = {"data.response_prefix": "", "model.attention": "sdpa", "model.lora_alpha": 32.0,
              "model.lora_rank": 0, "model.lora_targets": "all-linear", "model.ref_dtype": None,
