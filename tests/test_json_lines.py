@@ -117,3 +117,21 @@ def test_read_jsonl_splits_at_newlines_only_and_refuses_a_bad_line(tmp_path):
     path.write_text(path.read_text(encoding="utf-8") + '{"text": "torn\n', encoding="utf-8")
     with pytest.raises(DataError, match=r"g\.jsonl, line 4: not a JSON line"):
         read_jsonl(path)
+
+
+def test_read_jsonl_rows_stops_at_a_torn_tail_and_repairs_it(tmp_path):
+    """An append-only file a kill tore: the rows before the torn line, whole even where a string holds U+2028; with
+    ``repair`` the file is cut back to its last complete row, so the next append starts a line of its own. A missing
+    file has no rows."""
+    from capo.rundir import read_jsonl_rows
+
+    rows = [{"text": "a\u2028b"}, {"n": 2}]
+    whole = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    path = tmp_path / "m.jsonl"
+    assert read_jsonl_rows(path) == [] and not path.exists()
+    for torn in ('{"n": 3', '{"n": 3\n{"n": 4}\n'):  # no newline at the end; a line that is not JSON
+        path.write_text(whole + torn, encoding="utf-8")
+        assert read_jsonl_rows(path) == rows
+        assert path.read_text(encoding="utf-8") == whole + torn  # read without repair: untouched
+        assert read_jsonl_rows(path, repair=True) == rows
+        assert path.read_text(encoding="utf-8") == whole

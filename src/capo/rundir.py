@@ -23,7 +23,7 @@ except ImportError:  # an environment that installed capo without its dependenci
 
 from capo.errors import ConfigError, DataError
 
-__all__ = ["Progress", "atomic_write_text", "json_line", "json_loads", "read_jsonl_rows", "run_lock"]
+__all__ = ["Progress", "atomic_write_text", "json_line", "json_loads", "read_jsonl", "read_jsonl_rows", "run_lock"]
 
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19  # 19 digits in a row, after _DIGITS_TO_ZERO

@@ -7,7 +7,7 @@ import pytest
 from eval_cli_helpers import eval_argv
 
 from capo.cli import main
-from capo.evaluation.run import read_rows
+from capo.rundir import read_jsonl_rows
 
 
 def test_eval_smoke_outputs(tiny_model_dir, tiny_dataset, tmp_path, capsys):
@@ -16,7 +16,7 @@ def test_eval_smoke_outputs(tiny_model_dir, tiny_dataset, tmp_path, capsys):
     for f in ("config.json", "generations.jsonl", "metrics.json", "report.html", "plots/reliability.png",
               "plots/precision_coverage.png", "plots/confidence_hist.png"):
         assert (out / f).exists(), f
-    rows = read_rows(out / "generations.jsonl")
+    rows = read_jsonl_rows(out / "generations.jsonl")
     assert len(rows) == 6
     assert [(r["prompt_id"], r["sample_idx"]) for r in rows] == [(f"q{i}", j) for i in range(3) for j in range(2)]
     for r in rows:
@@ -40,7 +40,7 @@ def test_eval_smoke_outputs(tiny_model_dir, tiny_dataset, tmp_path, capsys):
 def test_eval_resume_loses_and_duplicates_nothing(tiny_model_dir, tiny_dataset, tmp_path):
     full = tmp_path / "full"
     assert main(eval_argv(tiny_model_dir, tiny_dataset, full)) == 0
-    ref = read_rows(full / "generations.jsonl")
+    ref = read_jsonl_rows(full / "generations.jsonl")
     assert len(ref) == 10
     # simulate a crash: 5 complete rows (one batch and a half) + a torn line, no metrics.json
     part = tmp_path / "part"
@@ -49,7 +49,7 @@ def test_eval_resume_loses_and_duplicates_nothing(tiny_model_dir, tiny_dataset, 
     lines = (full / "generations.jsonl").read_text().splitlines(keepends=True)
     (part / "generations.jsonl").write_text("".join(lines[:5]) + lines[5][: len(lines[5]) // 2])
     assert main(eval_argv(tiny_model_dir, tiny_dataset, part)) == 0
-    got = read_rows(part / "generations.jsonl")
+    got = read_jsonl_rows(part / "generations.jsonl")
     key = lambda r: (r["prompt_id"], r["sample_idx"])  # noqa: E731
     assert sorted(map(key, got)) == sorted(map(key, ref))  # nothing lost, nothing duplicated
     strip = lambda r: {k: v for k, v in r.items()}  # noqa: E731
@@ -61,7 +61,7 @@ def test_eval_resume_loses_and_duplicates_nothing(tiny_model_dir, tiny_dataset, 
         assert m_full[k] == m_part[k]
     # resuming a complete run does not generate again
     assert main(eval_argv(tiny_model_dir, tiny_dataset, part)) == 0
-    assert len(read_rows(part / "generations.jsonl")) == 10
+    assert len(read_jsonl_rows(part / "generations.jsonl")) == 10
 
 
 def test_resume_with_different_settings_is_refused(tiny_model_dir, tiny_dataset, tmp_path, capsys):
@@ -119,7 +119,7 @@ def test_eval_on_facts_grades_short_answers_and_breaks_metrics_down_by_relation(
     out = tmp_path / "facts"
     assert main(["eval", "--model", str(tiny_model_dir), "--dataset", "facts", "--limit", "12", "-k", "2",
                  "--max-new-tokens", "4", "--n-boot", "0", "--no-progress", "--out", str(out)]) == 0
-    rows = read_rows(out / "generations.jsonl")
+    rows = read_jsonl_rows(out / "generations.jsonl")
     problems = {p.id: p for p in facts_problems("test", 12)}
     assert len(rows) == 24 and {r["prompt_id"] for r in rows} == set(problems)
     assert all(r["group"] == problems[r["prompt_id"]].meta["group"] for r in rows)

@@ -57,10 +57,9 @@ from capo.tasks.generated import GENERATED_TASKS
 from capo.tasks.prompts import check_response_prefix
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, Verifier
 
-__all__ = ["EvalSettings", "make_engine", "run_eval", "run_from_generations", "read_rows", "settings_as_trained",
+__all__ = ["EvalSettings", "make_engine", "run_eval", "run_from_generations", "settings_as_trained",
            "validate_settings"]
 
-read_rows = read_jsonl_rows  # a run's generations.jsonl rows (torn last line dropped)
 
 # settings that change what is generated: a resumed run must match them exactly
 GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "top_p", "max_new_tokens", "batch_size",
@@ -394,7 +393,7 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
     with run_lock(out_dir, "eval"):
         _check_config(out_dir, config)
         gen_path = out_dir / "generations.jsonl"
-        rows = read_rows(gen_path, repair=True)
+        rows = read_jsonl_rows(gen_path, repair=True)
         done = {(str(r["prompt_id"]), int(r["sample_idx"])) for r in rows}
         total = len(problems) * s.k
         timing = _load_timing(out_dir)
@@ -402,7 +401,7 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
             if len(done) < total:
                 _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, engine)
             with _gc_paused():
-                rows = read_rows(gen_path)
+                rows = read_jsonl_rows(gen_path)
                 keys = [(str(r["prompt_id"]), int(r["sample_idx"])) for r in rows]
                 if len(set(keys)) != len(keys) or len(keys) != total:
                     raise DataError(f"{gen_path}: expected {total} unique rows, found {len(keys)} ({len(set(keys))} "
