@@ -48,6 +48,12 @@ def test_no_difference_rules_the_loss_out_and_a_large_auc_loss_fails():
     assert ": does not hold (a loss larger than 0.02 told) --" in r["P2"]
 
 
+def test_a_small_loss_is_told_and_a_loss_of_002_ruled_out_at_once():
+    # an interval of about [-0.015, -0.005]: below 0 (a loss told) and above -0.02 (0.02 ruled out); both are said
+    r = _readings(_records(acc_diff=-0.01, auc_diff=0.0))
+    assert ": a loss told, and a loss of 0.02 ruled out (the loss is smaller) --" in r["P1"], r["P1"]
+
+
 def test_a_wide_interval_is_neither():
     # the same means with a spread ~12x wider: the interval straddles both 0 and -0.02
     r = _readings(_records(acc_diff=-0.01, auc_diff=-0.02, scale=12))

@@ -11,8 +11,10 @@ How each registered sentence is read (written down on 2026-11-28, before any rec
   p-values are Holm-adjusted together (a family of two).
 - P1 (accuracy), "A loss of 0.02 is 'told' when the interval lies below 0; 'ruled out' when its lower end is above
   -0.02": told when the interval's top < 0 and P1's Holm p < 0.05; ruled out when the interval's bottom > -0.02
-  (an equivalence-type reading: the interval alone); otherwise neither, reported as under-powered for 0.02. Whether
-  the mean lies in the predicted -0.05 to -0.02 is printed beside it.
+  (an equivalence-type reading: the interval alone); both when both hold (a loss told, smaller than 0.02; printed
+  as both since 2026-11-28, before any record of the two new folders, where it printed only "told"); otherwise
+  neither, reported as under-powered for 0.02. Whether the mean lies in the predicted -0.05 to -0.02 is printed
+  beside it.
 - P2 (AUC-mean), "no loss larger than 0.02": holds when the interval's bottom > -0.02; fails when the interval's top
   < -0.02 (a loss larger than 0.02 told); otherwise neither (under-powered). Whether the mean lies in the predicted
   [-0.01, +0.03] is printed beside it.
@@ -55,10 +57,14 @@ def _holm_two(p1: dict, p2: dict) -> None:
 
 
 def p1_reading(d: dict) -> str:
-    """'told', 'ruled out' or 'neither (under-powered)' for a loss of 0.02 in accuracy."""
-    if d["high"] < 0 and d["p_holm"] < 0.05:
+    """'told', 'ruled out', both (a loss told that is smaller than 0.02) or 'neither (under-powered)' for a loss of
+    0.02 in accuracy."""
+    told, ruled_out = d["high"] < 0 and d["p_holm"] < 0.05, d["low"] > -SIZE
+    if told and ruled_out:
+        return f"a loss told, and a loss of {SIZE} ruled out (the loss is smaller)"
+    if told:
         return "a loss told"
-    if d["low"] > -SIZE:
+    if ruled_out:
         return f"a loss of {SIZE} ruled out"
     return f"neither told nor ruled out (under-powered for {SIZE})"
 
