@@ -43,7 +43,8 @@ from bench_env import add_quick  # noqa: E402
 
 from capo.core import calibration as cal  # noqa: E402
 from capo.evaluation import estimators, metrics  # noqa: E402
-from capo.evaluation.run import EvalSettings, read_rows, run_eval  # noqa: E402
+from capo.evaluation.run import EvalSettings, run_eval  # noqa: E402
+from capo.rundir import read_jsonl_rows  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -145,7 +146,7 @@ def against(gen: Path, out: Path, other: Path, rows: int, n_boot: int) -> float:
               f"{times[-1][1]:.1f} s CPU, {rows / times[-1][0]:,.0f} rows/s")
     (new_wall, new_cpu), (old_wall, old_cpu) = times
     print(f"ratio ({other} / this checkout): {old_wall / new_wall:.2f}x wall, {old_cpu / new_cpu:.2f}x CPU")
-    same_rows = read_rows(out / "this" / "generations.jsonl") == read_rows(out / "against" / "generations.jsonl")
+    same_rows = read_jsonl_rows(out / "this" / "generations.jsonl") == read_jsonl_rows(out / "against" / "generations.jsonl")
     diff = max_difference(*payloads)
     print(f"metrics.json: max |difference| of every metric and curve {diff:.2e} (must be <= 1e-9); generations.jsonl "
           f"rows hold the same values: {same_rows}")
@@ -185,7 +186,7 @@ def main() -> None:
               f"{a.rows / wall:,.0f} rows/s (target: 100,000 rows in <= 60 s)")
         diff = 0.0
     if a.check_rows > 0:
-        rows = read_rows(out / ("this" if a.against is not None else "run") / "generations.jsonl")[: a.check_rows]
+        rows = read_jsonl_rows(out / ("this" if a.against is not None else "run") / "generations.jsonl")[: a.check_rows]
         d, t_new, t_ref = check(rows, a.check_boot)
         print(f"check on {len(rows)} rows, {a.check_boot} replicates: max |difference| of every metric and curve "
               f"{d:.2e} (must be <= 1e-9); compute_metrics {t_new:.2f} s vs {t_ref:.2f} s replicate by replicate "

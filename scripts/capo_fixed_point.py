@@ -96,31 +96,34 @@ def measured_k(path: Path) -> float:
 
 
 def trace_price(path: Path, g: int = 8) -> None:
+    """3.: the library's lengths check (:func:`capo.evaluation.lengths.length_check`, what `capo eval` stores in
+    curves.lengths) and, beside it, the spread of each score, the median sum gap, each score's AUC-mean and the mean
+    |A| of CAPO's two forms in mixed groups."""
     from capo.core import capo_advantage
     from capo.core.calibration import summarize
-
+    from capo.evaluation.lengths import length_check
     from capo.rundir import read_jsonl
 
     rows = sorted(read_jsonl(path), key=lambda r: (r["prompt_idx"], r["sample_idx"]))
+    check = length_check(rows)
     n = torch.tensor([r["n_tokens"] for r in rows], dtype=torch.float64)
     lpm = torch.tensor([r["mean_logprob"] for r in rows], dtype=torch.float64)
     c = torch.tensor([r["verdict"] == "correct" for r in rows])
     gid, sums = torch.arange(len(rows)) // g, lpm * n
-    sd = {k: float(v.view(-1, g).std(1).mean()) for k, v in (("length", n), ("lpm", lpm), ("sum", sums))}
+    sd = {k: float(v.view(-1, g).std(1).mean()) for k, v in (("lpm", lpm), ("sum", sums))}
     pair = c.view(-1, g)[:, :, None] & ~c.view(-1, g)[:, None, :]  # [B, G_i, G_j] correct i, incorrect j
     gap = (sums.view(-1, g)[:, :, None] - sums.view(-1, g)[:, None, :])[pair]
-    print(f"{len(rows)} traces, {n.mean():.1f} tokens; within-group sd: length {sd['length']:.1f}, lpm "
-          f"{sd['lpm']:.3f}, sum {sd['sum']:.2f}; (correct, incorrect) pairs {len(gap)}: median |sum gap| "
-          f"{gap.abs().median():.2f}, share > 3 nats {(gap.abs() > 3).double().mean():.2f}")
+    print(f"{len(rows)} traces, {check['mean_tokens']:.1f} tokens; within-group sd: length "
+          f"{check['len_sd_within']:.1f}, lpm {sd['lpm']:.3f}, sum {sd['sum']:.2f}; corr(sum, length) "
+          f"{check['sum_len_corr']:+.2f}; (correct, incorrect) pairs {check['capo_sum']['pairs']}: median |sum gap| "
+          f"{gap.abs().median():.2f}, share > 3 nats {check['capo_sum']['saturated']:.2f}")
     for name, x in (("lpm", lpm), ("sum", sums), ("-length", -n)):
         print(f"  AUC-mean of {name}: {summarize(x, c, gid)['auc_mean']:.3f}")
     mixed = (c.view(-1, g).any(1) & ~c.view(-1, g).all(1)).repeat_interleave(g)
-    centred = n - n.view(-1, g).mean(1).repeat_interleave(g)
     for name, kw in (("capo", {"tau": 0.6}), ("capo_sum", {"tau": 1.0, "score": "sum"})):
         a = capo_advantage(c.double(), g, scores=lpm, lengths=n, **kw)
-        per = float((a * centred)[mixed].sum()) / (int(mixed.sum()) // g)
-        print(f"  {name}: mean |A| in mixed groups {a[mixed].abs().mean():.3f}; sum_i A_i (|o_i| - mean |o|) per "
-              f"mixed group {per:+.2f} ({per / float(a[mixed].abs().mean() * g):+.2f} tokens per unit |A|)")
+        print(f"  {name}: mean |A| in mixed groups {a[mixed].abs().mean():.3f}; length push sum_i A_i (|o_i| - "
+              f"mean |o|) / sum_i |A_i| {check[name]['length_push']:+.2f} tokens per unit |A|")
 
 
 def main() -> None:

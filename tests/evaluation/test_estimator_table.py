@@ -14,7 +14,7 @@ from capo.core import voting
 from capo.core.registry import CONFIDENCES
 from capo.evaluation.estimators import ESTIMATORS, estimator_table
 from capo.evaluation.metrics import compute_metrics
-from capo.evaluation.run import read_rows
+from capo.rundir import read_jsonl_rows
 
 # 2 prompts x 3 responses: (verdict, answer_id, per-token log-probs, per-token entropy, verbal confidence)
 SPEC = [
@@ -103,7 +103,7 @@ def test_knobs_reach_the_estimators():
 def test_eval_writes_token_fields_and_the_table_round_trips(tiny_model_dir, tiny_dataset, tmp_path):
     out = tmp_path / "run"
     assert main(eval_argv(tiny_model_dir, tiny_dataset, out, "--limit", "3", "--conf-window", "2")) == 0
-    rows = read_rows(out / "generations.jsonl")
+    rows = read_jsonl_rows(out / "generations.jsonl")
     for r in rows:
         for f in ("token_logprobs", "token_entropy", "token_kl_uniform", "token_topk_conf"):
             assert len(r[f]) == r["n_tokens"], f
@@ -123,7 +123,7 @@ def test_eval_writes_token_fields_and_the_table_round_trips(tiny_model_dir, tiny
     # without token statistics only the log-prob and per-response estimators remain
     lean = tmp_path / "lean"
     assert main(eval_argv(tiny_model_dir, tiny_dataset, lean, "--limit", "3", "--no-token-stats")) == 0
-    assert "token_entropy" not in read_rows(lean / "generations.jsonl")[0]
+    assert "token_entropy" not in read_jsonl_rows(lean / "generations.jsonl")[0]
     assert "neg_entropy" not in json.loads((lean / "metrics.json").read_text())["curves"]["estimators"]
 
 

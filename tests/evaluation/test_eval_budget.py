@@ -7,7 +7,8 @@ import json
 from types import SimpleNamespace
 
 from capo.cli import main
-from capo.evaluation.run import DEFAULT_MAX_NEW_TOKENS, EvalSettings, read_rows, response_budget
+from capo.evaluation.run import DEFAULT_MAX_NEW_TOKENS, EvalSettings, response_budget
+from capo.rundir import read_jsonl_rows
 from capo.tasks.generated import GENERATED_TASKS
 
 
@@ -25,7 +26,7 @@ def test_the_default_model_evaluates_with_its_tasks_budget(tmp_path, capsys):
     assert main(["eval", "--model", "default", "--dataset", "default", "--limit", "2", "-k", "2", "--out", str(out),
                  "--no-progress", "--n-boot", "20", "--verify-workers", "1"]) == 0
     assert json.loads((out / "config.json").read_text())["max_new_tokens"] == GENERATED_TASKS["default"].max_new_tokens
-    rows = read_rows(out / "generations.jsonl")
+    rows = read_jsonl_rows(out / "generations.jsonl")
     assert len(rows) == 4 and all(1 <= r["n_tokens"] <= 64 for r in rows)
     assert "--max-new-tokens not given" not in capsys.readouterr().err  # a shipped model's budget needs no note
 

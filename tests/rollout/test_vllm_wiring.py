@@ -63,7 +63,8 @@ def test_eval_killed_mid_run_resumes_without_loss_or_duplicates(engine, model_di
     """Also: `capo eval --engine vllm` records the per-token DeepConf confidence by default (token_topk_conf, equal
     to the shared engine's with record_stats) and no entropy field, and metrics.json scores the DeepConf estimators
     and lists the entropy ones as not available."""
-    from capo.evaluation.run import EvalSettings, read_rows, run_eval
+    from capo.evaluation.run import EvalSettings, run_eval
+    from capo.rundir import read_jsonl_rows
 
     ref = tmp_path / "ref"  # uninterrupted, in this process, with the shared engine
     s = EvalSettings(model=str(model_dir), engine="vllm", dataset="default", limit=N_PROMPTS, k=K, max_new_tokens=48,
@@ -73,7 +74,7 @@ def test_eval_killed_mid_run_resumes_without_loss_or_duplicates(engine, model_di
         run_eval(s, ref, progress=False, engine=engine)
     finally:
         engine.record_stats = False
-    expected = read_rows(ref / "generations.jsonl")
+    expected = read_jsonl_rows(ref / "generations.jsonl")
     assert len(expected) == N_PROMPTS * K
 
     run = tmp_path / "killed"
@@ -91,7 +92,7 @@ def test_eval_killed_mid_run_resumes_without_loss_or_duplicates(engine, model_di
     p = subprocess.run([sys.executable, "-m", "capo.cli", *_eval_argv(model_dir, run)], env=ENV,
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    got = read_rows(gen)
+    got = read_jsonl_rows(gen)
     key = lambda r: (r["prompt_id"], r["sample_idx"])  # noqa: E731
     assert sorted(map(key, got)) == sorted(map(key, expected))  # nothing lost, nothing duplicated
     by_key = {key(r): r for r in expected}

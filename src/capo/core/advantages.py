@@ -156,8 +156,9 @@ def capo_advantage(
     - ``partners`` [N] bool: rows that exist (scored, with real tokens); others get A = 0 and join no pair.
     - ``score``: the ranking score in place of lpm: "mean" (lpm, the paper) or "sum" (|o_i| lpm_i = sum_t log
       pi_old, ``lengths`` [N] = |o_i|; capo's ``capo_sum`` at tau 1, whose fixed point on a stochastic outcome is
-      the rate, where lpm's is logit(pi) = L tau logit(p): docs/papers.md, "CAPO's fixed point on a stochastic
-      outcome, in general", with the price where lengths vary).
+      the rate, where lpm's is logit(pi) = L tau logit(p), both without a ``keep`` that removes correct and
+      incorrect responses at different rates (such a mask pulls either towards 1/2): docs/papers.md, "CAPO's fixed
+      point on a stochastic outcome, in general", with the price where lengths vary).
     Groups without both classes get A = 0. Cost O(N*G). Shapes: rewards, scores, keep, correct, partners [N] -> [N].
     """
     checks.positive("tau", tau)

@@ -15,6 +15,7 @@ from capo.core import calibration as cal
 from capo.core import voting
 from capo.evaluation.bootstrap import QuestionBootstrap
 from capo.evaluation.estimators import estimator_table, unavailable_estimators
+from capo.evaluation.lengths import length_check
 from capo.tasks.stochastic import stated_means_summary, stated_question_means
 from capo.verify.short import SHORT_FORMATS, normalize_short
 
@@ -263,8 +264,10 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
     scored as -inf: confidence 0), ``answer_id`` (equivalence class within its prompt, -1 = none), ``text``;
     optional ``confidence`` (verbal, None when absent) and per-token lists (``token_logprobs``, ``token_entropy``,
     ``token_kl_uniform``, ``token_topk_conf``) for the confidence-estimator table ``curves["estimators"]``
-    (:func:`capo.evaluation.estimators.estimator_table`; ``keep_fraction`` and ``conf_knobs`` go to it). Returns ``{"metrics": {...flat floats...}, "curves":
-    {...plot data...}}``; non-finite values are stored as None (JSON null).
+    (:func:`capo.evaluation.estimators.estimator_table`; ``keep_fraction`` and ``conf_knobs`` go to it), and
+    ``n_tokens`` for the lengths within each question and what CAPO's two scores make of them, ``curves["lengths"]``
+    (:func:`capo.evaluation.lengths.length_check`). Returns ``{"metrics": {...flat floats...}, "curves": {...plot
+    data...}}``; non-finite values are stored as None (JSON null).
     """
     if not rows:
         raise ValueError("no generation rows to compute metrics from")
@@ -285,6 +288,7 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
         knobs=conf_knobs, keep_fraction=keep_fraction, n_bins=n_bins, n_boot=n_boot, seed=seed)
     curves["estimators_unavailable"] = unavailable_estimators(rows, cols.has_verbal)
     curves["by_group"] = by_group(rows, cols, n_bins)
+    curves["lengths"] = length_check(rows)
     return {"metrics": {k: _finite(v) for k, v in m.items()}, "curves": curves}
 
 

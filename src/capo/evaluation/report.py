@@ -19,6 +19,7 @@ import torch
 
 from capo.errors import DataError
 from capo.evaluation import compare, plots
+from capo.evaluation.lengths import CAPO_SCORE_FORMS
 from capo.rundir import read_jsonl_rows
 from capo.tasks import stochastic as stochastic_task
 
@@ -343,6 +344,56 @@ def _estimators_section(evals: list[RunInfo]) -> str:
     return "".join(parts)
 
 
+# (key, label, format) of the lengths table; per form of CAPO's score (capo.evaluation.lengths) two more columns
+LENGTH_COLUMNS = [("questions", "questions", "{:d}"), ("mean_tokens", "tokens", "{:.1f}"),
+                  ("len_sd_within", "length sd within a question", "{:.2f}"),
+                  ("len_varies", "questions whose lengths vary", "{:.0%}"),
+                  ("sum_len_corr", "corr(sum log-prob, length)", "{:+.2f}")]
+
+
+def _lengths_section(evals: list[RunInfo]) -> str:
+    """Response lengths within a question and what CAPO's two scores make of them (one row per run), with the
+    reading of the first run: the check of which case of CAPO's fixed point the task is in."""
+    checks = [(r, r.curves.get("lengths") or {}) for r in evals]
+    checks = [(r, c) for r, c in checks if c]
+    if not checks:
+        return ""
+    forms = [f for f in CAPO_SCORE_FORMS if f in checks[0][1]]
+    head = "".join(f"<th>{lab}</th>" for _, lab, _ in LENGTH_COLUMNS) + "".join(
+        f"<th>{f}: saturated pairs</th><th>{f}: length push</th>" for f in forms)
+    body = "".join(
+        f"<tr><th class='l'>{html.escape(r.name)}</th>" + "".join(f"<td>{_fmt(c.get(k), fmt)}</td>"
+                                                                for k, _, fmt in LENGTH_COLUMNS)
+        + "".join(f"<td>{_fmt(c[f].get('saturated'), '{:.0%}')}</td><td>{_fmt(c[f].get('length_push'), '{:+.2f}')}</td>"
+                  for f in forms) + "</tr>" for r, c in checks)
+    return ("<h2>Response lengths and CAPO's score</h2><p class='muted'>Which case of CAPO's fixed point the task is "
+            "in (docs/papers.md, &lsquo;CAPO's fixed point on a stochastic outcome, in general&rsquo;; definitions: "
+            "docs/metrics.md, &lsquo;Response lengths and CAPO's score&rsquo;); best read on the model a run starts "
+            f"from.</p><p class='lengths-reading'>{html.escape(length_reading(checks[0][1]))}</p>"
+            f"<table class='metrics lengths'><thead><tr><th class='l'>run</th>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>")
+
+
+def length_reading(c: dict) -> str:
+    """One sentence on a :func:`capo.evaluation.lengths.length_check`: equal lengths (the variant's fixed point is
+    the rate) or varying ones (the mechanisms of its price, with their sizes)."""
+    if not c.get("len_varies"):
+        return ("Every question's responses have one length: the whole-sequence score (capo_sum) is lpm times a "
+                "constant per question, and its fixed point on a stochastic outcome is the outcome's rate (without a "
+                "mask that removes correct and incorrect responses at different rates).")
+    s, m, corr = c.get("capo_sum", {}), c.get("capo", {}), c.get("sum_len_corr")
+    push = s.get("length_push")
+    return (f"Lengths vary within {c['len_varies']:.0%} of the questions (sd {c['len_sd_within']:.1f} tokens): "
+            f"capo_sum's fixed point is not exactly the rate (docs/papers.md, item 3: sharpened by the spread of the "
+            f"rest of a response, shifted towards an answer whose responses run longer or vary more). "
+            + (f"Its sum score ranks long responses {'low' if corr < 0 else 'high'} (correlation {corr:+.2f}); "
+               if corr is not None else "")
+            + f"{_fmt(s.get('saturated'), '{:.0%}')} of its (correct, incorrect) pairs are saturated, against "
+            f"{_fmt(m.get('saturated'), '{:.0%}')} of CAPO's"
+            + (f", and its advantage pushes towards {'longer' if push > 0 else 'shorter'} responses "
+               f"({push:+.2f} tokens per unit |A|)" if push is not None and push != 0 else "") + ".")
+
+
 def _paired_table(cmp) -> str:
     """Each model minus the reference model, paired over the same prompts: value [95% interval]; bold where the
     interval excludes 0."""
@@ -567,6 +618,7 @@ def render_report(runs: list[RunInfo], title: str = "capo report", comparison=No
         parts.append(_eval_plots(evals, cmp))
         parts.append(_eval_tables(evals, cmp))
         parts.append(_estimators_section(evals))
+        parts.append(_lengths_section(evals))
     if trains:
         parts.append(_train_section(trains))
     parts.append("<h2>Runs</h2>" + _runs_table(runs))
