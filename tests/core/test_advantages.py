@@ -97,10 +97,12 @@ def test_capo_misranked_pair_gets_larger_weight():
 
 
 # ---------------------------------------------------------------- the whole-sequence variant (capo_sum)
-def _expected_push(pi: float, p: float, score: str, tau: float, length: int) -> float:
+def _expected_push(pi: float, p: float, score: str, tau: float, length: int, keep_rates=(1.0, 1.0)) -> float:
     """E[sum_i A_i d log pi(D_i) / d logit(pi)] for a two-response group on a question of rate p: responses `D`
     + (length - 1) tokens of log-prob -1 each whatever D is (the theory's "uninformative rest"). Only a mixed group
-    (D_1 != D_2, probability 2 pi (1 - pi)) has a pair; d log pi(D) / d logit(pi) = D - pi."""
+    (D_1 != D_2, probability 2 pi (1 - pi)) has a pair; d log pi(D) / d logit(pi) = D - pi. ``keep_rates`` (k_c,
+    k_i): a noise mask keeping a correct response with probability k_c and an incorrect one with k_i, each draw of
+    the two rows' keep passed to capo_advantage (masked rows stay partners, its default) and weighted exactly."""
     rest = -(length - 1.0)
     lp1, lp0 = math.log(pi) + rest, math.log(1 - pi) + rest  # log pi(y) of a response predicting 1 / 0
     scores = torch.tensor([lp1, lp0], **f64) / length  # lpm; row 0 predicts 1, row 1 predicts 0
@@ -108,9 +110,14 @@ def _expected_push(pi: float, p: float, score: str, tau: float, length: int) -> 
     push = 0.0
     for outcome, prob in ((1, p), (0, 1 - p)):
         correct = torch.tensor([outcome == 1, outcome == 0])
-        a = capo_advantage(correct.to(torch.float64), 2, scores=scores, correct=correct, tau=tau, score=score,
-                           lengths=lengths)
-        push += prob * 2 * pi * (1 - pi) * float(a[0] * (1 - pi) + a[1] * (0 - pi))
+        rate = [keep_rates[0] if bool(c) else keep_rates[1] for c in correct]
+        for k0, k1 in ((True, True), (True, False), (False, True), (False, False)):
+            p_keep = (rate[0] if k0 else 1 - rate[0]) * (rate[1] if k1 else 1 - rate[1])
+            if p_keep == 0:
+                continue
+            a = capo_advantage(correct.to(torch.float64), 2, scores=scores, correct=correct, tau=tau, score=score,
+                               lengths=lengths, keep=torch.tensor([k0, k1]))
+            push += prob * p_keep * 2 * pi * (1 - pi) * float(a[0] * (1 - pi) + a[1] * (0 - pi))
     return push
 
 
@@ -142,6 +149,32 @@ def test_capo_fixed_points_mean_sharpens_sum_at_tau_1_is_the_rate(p):
         assert _expected_push(at(k * 0.8), p, score, tau, 5) * (p - 0.5) > 0  # below the point: pushed outwards
         assert _expected_push(at(k * 1.25), p, score, tau, 5) * (p - 0.5) < 0  # beyond it: pushed back
     assert _expected_push(p, p, "mean", 0.6, 5) * (p - 0.5) > 0  # the rate is not CAPO-as-shipped's fixed point
+
+
+@pytest.mark.parametrize("score,tau,k0", [("sum", 1.0, 1.0), ("mean", 0.6, 3.0)])
+@pytest.mark.parametrize("rho", [0.2, 0.5])
+def test_an_asymmetric_mask_moves_the_fixed_point_as_derived(score, tau, k0, rho):
+    """docs/papers.md, item 4 of "CAPO's fixed point ... in general": with the mask keeping incorrect responses at
+    rho times the rate of correct ones, the push vanishes where logit(pi) / k0 + log((pi + rho (1 - pi)) / ((1 - pi)
+    + rho pi)) = logit(p) (k0 = L tau: 1 for the sum at tau 1, 3 for lpm over 5 tokens at tau 0.6), which lies
+    between 1/2 and the mask-free point: the mask pulls towards 1/2. The keep rates' scale does not matter."""
+    p = 0.8
+
+    def balance(logit_pi):  # the derivation's condition, solved by bisection (increasing in logit(pi))
+        q = 1 / (1 + math.exp(-logit_pi))
+        return logit_pi / k0 + math.log((q + rho * (1 - q)) / ((1 - q) + rho * q)) - math.log(p / (1 - p))
+
+    lo, hi = 0.0, 20.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if balance(mid) < 0 else (lo, mid)
+    pi = 1 / (1 + math.exp(-lo))
+    free = 1 / (1 + ((1 - p) / p) ** k0)  # the fixed point without the mask
+    assert 0.5 < pi < free
+    for k_c in (1.0, 0.6):
+        assert _expected_push(pi, p, score, tau, 5, (k_c, rho * k_c)) == pytest.approx(0, abs=1e-12)
+        assert _expected_push(free, p, score, tau, 5, (k_c, rho * k_c)) < 0  # at the mask-free point: pulled back
+        assert _expected_push(pi, p, score, tau, 5) > 0  # without the mask pi is short of the fixed point
 
 
 def test_capo_sum_mixed_lengths_by_hand():
