@@ -3,6 +3,7 @@
 
     python scripts/capo_fixed_point.py [--records sweeps/records/stochastic_binary] [--draws 100]
     python scripts/capo_fixed_point.py --traces RUN/generations.jsonl    # 3. only
+    python scripts/capo_fixed_point.py --mask RUN_OR_RECORD [...] [--records FOLDER]   # 4. only
 
 1. Prediction: a prompt names only the category, and a run trains on its own 256 questions every step, so the rate
    the policy meets is the training questions' outcome frequency q_c of category c (seed-specific; q_c != p_c by
@@ -18,6 +19,12 @@
    `capo eval --model word_problems --dataset word_problems --limit 24 -k 8`): the spread of lpm and of the sum
    within groups, the pairs whose sum gap saturates the logistic weight, each score's AUC-mean, and the mean |A| and
    the length-weighted advantage sum_i A_i (|o_i| - mean_g |o|) per mixed group for CAPO (tau 0.6) and capo_sum.
+4. The mask's keep-rate ratio (`--mask`: `capo train` run folders or sweep records of `stochastic_binary` with the
+   mask on, trained after `train/masked_frac_correct` was logged): rho =
+   (1 - masked_frac_incorrect) / (1 - masked_frac_correct) over the last TAIL steps of each run's metrics.jsonl, the
+   k whose fixed point best fits the balance of docs/papers.md item 4 at that rho over the run's q_c (k0 = L tau: 3
+   for CAPO, 1 for capo_sum, from the run's config), and beside it the k measured on the run's record in --records
+   (METHOD-seedS.json; a record given to --mask is its own) when there is one.
 """
 
 import argparse
@@ -39,6 +46,7 @@ from capo.tasks.stochastic import binary_problems
 K = {"grpo": math.inf, "capo_nomask": 5 * 0.6, "capo_sum_nomask": 1.0, "capo (rho 0.2)": 1.10,
      "capo_sum (rho 0.2)": 0.61}
 EVAL = {"problems": 500, "k": 16, "seed": 0}
+TAIL = 30  # the last steps of a run whose mask rates are averaged (its curves are flat from step ~80 of 150)
 N_TRAIN, N_CAT, SEEDS = 256, 20, range(1, 9)
 
 
@@ -95,6 +103,53 @@ def measured_k(path: Path) -> float:
     return float(grid[np.argmin([((f - fixed_point(q, k)) ** 2).sum() for k in grid])])
 
 
+def masked_pi(q: np.ndarray, k0: float, rho: float) -> np.ndarray:
+    """pi at the balance of docs/papers.md item 4: logit(pi) / k0 + log((pi + rho (1 - pi)) / ((1 - pi) + rho pi))
+    = logit(q) (increasing in logit(pi), solved by bisection); q in (0, 1)."""
+    q = np.clip(q, 1e-6, 1 - 1e-6)
+    target, lo, hi = np.log(q / (1 - q)), np.full(q.shape, -40.0), np.full(q.shape, 40.0)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        pi = 1 / (1 + np.exp(-mid))
+        below = mid / k0 + np.log((pi + rho * (1 - pi)) / ((1 - pi) + rho * pi)) < target
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return 1 / (1 + np.exp(-lo))
+
+
+def fit_k(pi: np.ndarray, q: np.ndarray) -> float:
+    """The k of logit(pi) = k logit(q) that fits ``pi`` best (least squares in probability, the grid of measured_k)."""
+    grid = np.linspace(0.1, 6, 591)
+    return float(grid[np.argmin([((pi - fixed_point(q, k)) ** 2).sum() for k in grid])])
+
+
+def _mask_inputs(path: Path) -> tuple[dict, list[dict]]:
+    """(resolved training config as a dict, training rows) of a `capo train` run folder or a sweep record."""
+    from capo.rundir import read_jsonl_rows
+
+    if path.is_dir():
+        import yaml
+
+        return yaml.safe_load((path / "config.yaml").read_text()), read_jsonl_rows(path / "metrics.jsonl")
+    rec = json.loads(path.read_text())
+    return rec["config"], rec["curves"]["train"]
+
+
+def mask_ratio(paths: list[Path], records: Path) -> None:
+    """4.: each run's measured rho, the k the balance predicts at it, and the k measured on its record."""
+    for path in paths:
+        cfg, rows = _mask_inputs(path)
+        kw, name, seed = cfg["algo"]["advantage_kwargs"], cfg["algo"]["name"], cfg["run"]["seed"]
+        k0 = float(kw.get("tau", 0.6)) * (1.0 if kw.get("score") == "sum" else 5.0)  # L = 5 tokens in lpm's mean
+        rows = [r for r in rows if "train/masked_frac_correct" in r][-TAIL:]
+        mc = np.nanmean([r["train/masked_frac_correct"] for r in rows])
+        mi = np.nanmean([r["train/masked_frac_incorrect"] for r in rows])
+        rho, q = (1 - mi) / (1 - mc), train_rates(seed)
+        rec = path if path.is_file() else records / f"{name}-seed{seed}.json"
+        measured = f"{measured_k(rec):.2f}" if rec.exists() else "no record"
+        print(f"{path}: masked correct {mc:.3f}, incorrect {mi:.3f} -> rho {rho:.2f}; predicted k "
+              f"{fit_k(masked_pi(q, k0, rho), q):.2f} (k0 {k0:g}); measured k {measured}")
+
+
 def trace_price(path: Path, g: int = 8) -> None:
     """3.: the library's lengths check (:func:`capo.evaluation.lengths.length_check`, what `capo eval` stores in
     curves.lengths) and, beside it, the spread of each score, the median sum gap, each score's AUC-mean and the mean
@@ -131,9 +186,12 @@ def main() -> None:
     ap.add_argument("--records", type=Path, default=Path("sweeps/records/stochastic_binary"))
     ap.add_argument("--draws", type=int, default=100)
     ap.add_argument("--traces", type=Path, help="a capo eval generations.jsonl: measure 3. only")
+    ap.add_argument("--mask", type=Path, nargs="+", help="capo train run folders or records: measure 4. only")
     args = ap.parse_args()
     if args.traces:
         return trace_price(args.traces)
+    if args.mask:
+        return mask_ratio(args.mask, args.records)
     rng = np.random.default_rng(0)
     keys = ["answer_rate_error", "answer_ece", "answer_auroc", "accuracy", "majority_vote"]
     print(f"predicted at the fixed point, mean over seeds {SEEDS.start}-{SEEDS.stop - 1} "
