@@ -102,5 +102,8 @@ def test_capo_eval_metrics_carry_the_check_and_the_report_draws_it():
     assert "ranks long responses low (correlation -0.50)" in page
     assert "100% of its (correct, incorrect) pairs are saturated, against 50% of CAPO&#x27;s" in page
     assert "towards shorter responses" in page
+    right = length_check([{**r, "verdict": "correct"} for r in ROWS])
+    assert right["capo"]["pairs"] == 0 and right["capo"]["saturated"] is None
+    assert "no question has both a correct and an incorrect response, so no pair to weigh." in length_reading(right)
     bare = render_report([RunInfo("base", Path("base"), "eval", {}, {**curves, "lengths": {}}, {}, [])])
     assert "Response lengths and CAPO" not in bare

@@ -388,8 +388,9 @@ def length_reading(c: dict) -> str:
             f"rest of a response, shifted towards an answer whose responses run longer or vary more). "
             + (f"Its sum score ranks long responses {'low' if corr < 0 else 'high'} (correlation {corr:+.2f}); "
                if corr is not None else "")
-            + f"{_fmt(s.get('saturated'), '{:.0%}')} of its (correct, incorrect) pairs are saturated, against "
-            f"{_fmt(m.get('saturated'), '{:.0%}')} of CAPO's"
+            + (f"{s['saturated']:.0%} of its (correct, incorrect) pairs are saturated, against "
+               f"{m['saturated']:.0%} of CAPO's" if s.get("pairs") else "no question has both a correct and an "
+               "incorrect response, so no pair to weigh")
             + (f", and its advantage pushes towards {'longer' if push > 0 else 'shorter'} responses "
                f"({push:+.2f} tokens per unit |A|)" if push is not None and push != 0 else "") + ".")
 
