@@ -160,17 +160,17 @@ def trace_price(path: Path, g: int = 8) -> None:
     from capo.rundir import read_jsonl
 
     rows = sorted(read_jsonl(path), key=lambda r: (r["prompt_idx"], r["sample_idx"]))
-    check = length_check(rows)
     n = torch.tensor([r["n_tokens"] for r in rows], dtype=torch.float64)
     lpm = torch.tensor([r["mean_logprob"] for r in rows], dtype=torch.float64)
     c = torch.tensor([r["verdict"] == "correct" for r in rows])
     gid, sums = torch.arange(len(rows)) // g, lpm * n
+    check = length_check(gid, c, lpm, n)
     sd = {k: float(v.view(-1, g).std(1).mean()) for k, v in (("lpm", lpm), ("sum", sums))}
     pair = c.view(-1, g)[:, :, None] & ~c.view(-1, g)[:, None, :]  # [B, G_i, G_j] correct i, incorrect j
     gap = (sums.view(-1, g)[:, :, None] - sums.view(-1, g)[:, None, :])[pair]
     print(f"{len(rows)} traces, {check['mean_tokens']:.1f} tokens; within-group sd: length "
           f"{check['len_sd_within']:.1f}, lpm {sd['lpm']:.3f}, sum {sd['sum']:.2f}; corr(sum, length) "
-          f"{check['sum_len_corr']:+.2f}; (correct, incorrect) pairs {check['capo_sum']['pairs']}: median |sum gap| "
+          f"{check['sum_len_corr'] or 0:+.2f}; (correct, incorrect) pairs {check['capo_sum']['pairs']}: median |sum gap| "
           f"{gap.abs().median():.2f}, share > 3 nats {check['capo_sum']['saturated']:.2f}")
     for name, x in (("lpm", lpm), ("sum", sums), ("-length", -n)):
         print(f"  AUC-mean of {name}: {summarize(x, c, gid)['auc_mean']:.3f}")
@@ -178,7 +178,7 @@ def trace_price(path: Path, g: int = 8) -> None:
     for name, kw in (("capo", {"tau": 0.6}), ("capo_sum", {"tau": 1.0, "score": "sum"})):
         a = capo_advantage(c.double(), g, scores=lpm, lengths=n, **kw)
         print(f"  {name}: mean |A| in mixed groups {a[mixed].abs().mean():.3f}; length push sum_i A_i (|o_i| - "
-              f"mean |o|) / sum_i |A_i| {check[name]['length_push']:+.2f} tokens per unit |A|")
+              f"mean |o|) / sum_i |A_i| {check[name]['length_push'] or 0:+.2f} tokens per unit |A|")
 
 
 def main() -> None:

@@ -203,6 +203,10 @@ def test_generations_file_end_to_end(tmp_path):
         ({"prompt_id": "p", "text": "x", "gold": "1"}, r"g.jsonl line 2: missing log-probs"),
         ({"prompt_id": "p", "text": "x", "gold": "1", "mean_logprob": 0.5}, r"line 2: 'mean_logprob' must be a number <= 0"),
         ({"prompt_id": "p", "text": "x", "gold": "1", "token_logprobs": [-1, "a"]}, r"line 2: 'token_logprobs' must be"),
+        ({"prompt_id": "p", "text": "x", "gold": "1", "mean_logprob": -1, "n_tokens": -1},
+         r"line 2: 'n_tokens' must be a whole number >= 0, got -1"),
+        ({"prompt_id": "p", "text": "x", "gold": "1", "mean_logprob": -1, "n_tokens": 2.5},
+         r"line 2: 'n_tokens' must be a whole number >= 0, got 2.5"),
         ({"prompt_id": "p", "text": "x", "mean_logprob": -1}, r"line 2: missing field 'gold'"),
         ({"text": "x", "gold": "1", "mean_logprob": -1}, r"line 2: missing field 'prompt_id'"),
         ({"prompt_id": "p", "text": "x", "gold": "1", "mean_logprob": -1, "confidence": 2}, r"line 2: 'confidence' must be"),
@@ -428,3 +432,16 @@ def test_short_answers_are_classed_by_their_normal_form_without_the_verifier():
     rows += [{"prompt_id": "q", "answer": "Lyon"}]
     assign_answer_ids(rows, NoVerifier(), "short")
     assert [r["answer_id"] for r in rows] == [0, 0, 1, -1, 0, 0]
+
+
+def test_a_token_count_written_as_a_whole_float_reads_as_an_int(tmp_path):
+    rows = [{"prompt_id": "q", "text": "1", "gold": "1", "mean_logprob": -0.5, "n_tokens": 3.0},
+            {"prompt_id": "q", "text": "2", "gold": "1", "mean_logprob": -0.2, "n_tokens": 4}]
+    gen = write_gen(tmp_path / "g.jsonl", rows)
+    out = tmp_path / "run"
+    assert main(["eval", "--generations", str(gen), "--out", str(out), "--verify-workers", "1", "--n-boot", "0",
+                 "--no-progress"]) == 0
+    got = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
+    assert [r["n_tokens"] for r in got] == [3, 4] and isinstance(got[0]["n_tokens"], int)
+    assert json.loads((out / "metrics.json").read_text())["curves"]["lengths"]["len_sd_within"] == pytest.approx(
+        math.sqrt(0.5))

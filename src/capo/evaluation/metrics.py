@@ -288,7 +288,9 @@ def compute_metrics(rows: list[dict], *, n_bins: int = 10, n_boot: int = 1000, s
         knobs=conf_knobs, keep_fraction=keep_fraction, n_bins=n_bins, n_boot=n_boot, seed=seed)
     curves["estimators_unavailable"] = unavailable_estimators(rows, cols.has_verbal)
     curves["by_group"] = by_group(rows, cols, n_bins)
-    curves["lengths"] = length_check(rows)
+    n_tokens = torch.tensor([math.nan if r.get("n_tokens") is None else float(r["n_tokens"]) for r in rows],
+                            dtype=torch.float64)
+    curves["lengths"] = length_check(cols.g, cols.c, cols.lpm, n_tokens)
     return {"metrics": {k: _finite(v) for k, v in m.items()}, "curves": curves}
 
 

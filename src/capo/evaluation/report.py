@@ -19,7 +19,7 @@ import torch
 
 from capo.errors import DataError
 from capo.evaluation import compare, plots
-from capo.evaluation.lengths import CAPO_SCORE_FORMS
+from capo.evaluation.lengths import CAPO_SCORE_FORMS, length_reading
 from capo.rundir import read_jsonl_rows
 from capo.tasks import stochastic as stochastic_task
 
@@ -372,27 +372,6 @@ def _lengths_section(evals: list[RunInfo]) -> str:
             f"from.</p><p class='lengths-reading'>{html.escape(length_reading(checks[0][1]))}</p>"
             f"<table class='metrics lengths'><thead><tr><th class='l'>run</th>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table>")
-
-
-def length_reading(c: dict) -> str:
-    """One sentence on a :func:`capo.evaluation.lengths.length_check`: equal lengths (the variant's fixed point is
-    the rate) or varying ones (the mechanisms of its price, with their sizes)."""
-    if not c.get("len_varies"):
-        return ("Every question's responses have one length: the whole-sequence score (capo_sum) is lpm times a "
-                "constant per question, and its fixed point on a stochastic outcome is the outcome's rate (without a "
-                "mask that removes correct and incorrect responses at different rates).")
-    s, m, corr = c.get("capo_sum", {}), c.get("capo", {}), c.get("sum_len_corr")
-    push = s.get("length_push")
-    return (f"Lengths vary within {c['len_varies']:.0%} of the questions (sd {c['len_sd_within']:.1f} tokens): "
-            f"capo_sum's fixed point is not exactly the rate (docs/papers.md, item 3: sharpened by the spread of the "
-            f"rest of a response, shifted towards an answer whose responses run longer or vary more). "
-            + (f"Its sum score ranks long responses {'low' if corr < 0 else 'high'} (correlation {corr:+.2f}); "
-               if corr is not None else "")
-            + (f"{s['saturated']:.0%} of its (correct, incorrect) pairs are saturated, against "
-               f"{m['saturated']:.0%} of CAPO's" if s.get("pairs") else "no question has both a correct and an "
-               "incorrect response, so no pair to weigh")
-            + (f", and its advantage pushes towards {'longer' if push > 0 else 'shorter'} responses "
-               f"({push:+.2f} tokens per unit |A|)" if push is not None and push != 0 else "") + ".")
 
 
 def _paired_table(cmp) -> str:

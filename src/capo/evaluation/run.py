@@ -568,6 +568,10 @@ def _row_logprobs(r: dict, where: str, pid: str, checked: dict[str, bool]) -> tu
     """(sum_logprob, mean_logprob, n_tokens) of one --generations row, from whichever of the schema's log-prob
     fields it gives; DataError naming the line otherwise."""
     tl, n_tokens = r.get("token_logprobs"), r.get("n_tokens")
+    if isinstance(n_tokens, float) and n_tokens.is_integer():
+        n_tokens = int(n_tokens)  # 5.0: a count some writers give as a float
+    if n_tokens is not None and (isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0):
+        raise DataError(f"{where}: 'n_tokens' must be a whole number >= 0, got {n_tokens!r}")
     if tl is not None:
         _token_list(r, "token_logprobs", where, checked)
         return float(sum(tl)), (float(sum(tl)) / len(tl) if tl else None), len(tl)
@@ -575,7 +579,6 @@ def _row_logprobs(r: dict, where: str, pid: str, checked: dict[str, bool]) -> tu
         if not _num(r["mean_logprob"]):
             raise DataError(f"{where}: 'mean_logprob' must be a number <= 0, got {r['mean_logprob']!r}")
         mean_lp = float(r["mean_logprob"])
-        n_tokens = int(n_tokens) if isinstance(n_tokens, int) else None
         sum_lp = r.get("sum_logprob")
         if sum_lp is None and n_tokens is not None:
             sum_lp = mean_lp * n_tokens
