@@ -154,5 +154,12 @@ def test_capo_eval_metrics_carry_the_check_and_the_report_draws_it():
     assert "ranks long responses low (correlation -0.33)" in page
     assert "100% of its (correct, incorrect) pairs are saturated, against 50% of CAPO&#x27;s" in page
     assert "towards shorter responses" in page
+    equal = length_check(torch.tensor([0, 0]), torch.tensor([True, False]), torch.tensor([-0.1, -0.2],
+                                                                                          dtype=torch.float64),
+                         torch.tensor([3.0, 3.0], dtype=torch.float64))
+    two = render_report([RunInfo("base", Path("base"), "eval", {}, curves, {}, []),
+                         RunInfo("other", Path("other"), "eval", {}, {**curves, "lengths": equal}, {}, [])])
+    assert "<p class='lengths-reading'>base: Lengths vary within 50%" in two
+    assert "<p class='lengths-reading'>other: Responses to a question have one length" in two
     bare = render_report([RunInfo("base", Path("base"), "eval", {}, {**curves, "lengths": {}}, {}, [])])
     assert "Response lengths and CAPO" not in bare

@@ -352,8 +352,8 @@ LENGTH_COLUMNS = [("questions", "questions", "{:d}"), ("mean_tokens", "tokens", 
 
 
 def _lengths_section(evals: list[RunInfo]) -> str:
-    """Response lengths within a question and what CAPO's two scores make of them (one row per run), with the
-    reading of the first run: the check of which case of CAPO's fixed point the task is in."""
+    """Response lengths within a question and what CAPO's two scores make of them (one row per run), with each
+    run's reading: the check of which case of CAPO's fixed point the task is in."""
     checks = [(r, r.curves.get("lengths") or {}) for r in evals]
     checks = [(r, c) for r, c in checks if c]
     if not checks:
@@ -366,11 +366,12 @@ def _lengths_section(evals: list[RunInfo]) -> str:
                                                                 for k, _, fmt in LENGTH_COLUMNS)
         + "".join(f"<td>{_fmt(c[f].get('saturated'), '{:.0%}')}</td><td>{_fmt(c[f].get('length_push'), '{:+.2f}')}</td>"
                   for f in forms) + "</tr>" for r, c in checks)
+    readings = "".join(f"<p class='lengths-reading'>{html.escape(r.name) + ': ' if len(checks) > 1 else ''}"
+                       f"{html.escape(length_reading(c))}</p>" for r, c in checks)
     return ("<h2>Response lengths and CAPO's score</h2><p class='muted'>Which case of CAPO's fixed point the task is "
             "in (docs/papers.md, &lsquo;CAPO's fixed point on a stochastic outcome, in general&rsquo;; definitions: "
             "docs/metrics.md, &lsquo;Response lengths and CAPO's score&rsquo;); best read on the model a run starts "
-            f"from.</p><p class='lengths-reading'>{html.escape(length_reading(checks[0][1]))}</p>"
-            f"<table class='metrics lengths'><thead><tr><th class='l'>run</th>{head}</tr></thead>"
+            f"from.</p>{readings}<table class='metrics lengths'><thead><tr><th class='l'>run</th>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table>")
 
 
