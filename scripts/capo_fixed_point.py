@@ -24,7 +24,8 @@
    (1 - masked_frac_incorrect) / (1 - masked_frac_correct) over the last TAIL steps of each run's metrics.jsonl, the
    k whose fixed point best fits the balance of docs/papers.md item 4 at that rho over the run's q_c (k0 = L tau: 3
    for CAPO, 1 for capo_sum, from the run's config), and beside it the k measured on the run's record in --records
-   (METHOD-seedS.json; a record given to --mask is its own) when there is one.
+   (METHOD-seedS.json; a record given to --mask is its own) when there is one, and the prediction times item 3's
+   sharpening by the rest of the response (:func:`rest_factor`, read from that record's final responses).
 """
 
 import argparse
@@ -145,9 +146,26 @@ def mask_ratio(paths: list[Path], records: Path) -> None:
         mi = np.nanmean([r["train/masked_frac_incorrect"] for r in rows])
         rho, q = (1 - mi) / (1 - mc), train_rates(seed)
         rec = path if path.is_file() else records / f"{name}-seed{seed}.json"
-        measured = f"{measured_k(rec):.2f}" if rec.exists() else "no record"
-        print(f"{path}: masked correct {mc:.3f}, incorrect {mi:.3f} -> rho {rho:.2f}; predicted k "
-              f"{fit_k(masked_pi(q, k0, rho), q):.2f} (k0 {k0:g}); measured k {measured}")
+        k_rho = fit_k(masked_pi(q, k0, rho), q)
+        measured = (f"measured k {measured_k(rec):.2f}; with the rest's spread x{rest_factor(rec, kw):.3f}: "
+                    f"{k_rho * rest_factor(rec, kw):.3f}") if rec.exists() else "no record"
+        print(f"{path}: masked correct {mc:.3f}, incorrect {mi:.3f} -> rho {rho:.2f}; predicted k {k_rho:.2f} "
+              f"(k0 {k0:g}); {measured}")
+
+
+def rest_factor(record: Path, kw: dict) -> float:
+    """Item 3's sharpening of k by the rest of the response, sqrt(1 + pi v / 8) (probit approximation), v the
+    variance of a score gap / tau between two responses with the same answer: twice the within-(question, answer)
+    variance of the ranking score over the record's final responses (its lpm x 5 tokens for the sum)."""
+    from collections import defaultdict
+
+    by = defaultdict(list)
+    for pid, verdict, lpm in json.loads(record.read_text())["responses"]:
+        if lpm is not None and verdict in (0, 1):  # one answer per (question, verdict)
+            by[(pid, verdict)].append(lpm * (5 if kw.get("score") == "sum" else 1))
+    groups = [np.array(xs) for xs in by.values() if len(xs) >= 2]
+    var = sum(((x - x.mean()) ** 2).sum() for x in groups) / sum(len(x) - 1 for x in groups)
+    return math.sqrt(1 + math.pi * (2 * var / float(kw.get("tau", 0.6)) ** 2) / 8)
 
 
 def trace_price(path: Path, g: int = 8) -> None:
@@ -170,8 +188,8 @@ def trace_price(path: Path, g: int = 8) -> None:
     gap = (sums.view(-1, g)[:, :, None] - sums.view(-1, g)[:, None, :])[pair]
     print(f"{len(rows)} traces, {check['mean_tokens']:.1f} tokens; within-group sd: length "
           f"{check['len_sd_within']:.1f}, lpm {sd['lpm']:.3f}, sum {sd['sum']:.2f}; corr(sum, length) "
-          f"{check['sum_len_corr'] or 0:+.2f}; (correct, incorrect) pairs {check['capo_sum']['pairs']}: median |sum gap| "
-          f"{gap.abs().median():.2f}, share > 3 nats {check['capo_sum']['saturated']:.2f}")
+          f"{check['sum_len_corr'] or 0:+.2f}; (correct, incorrect) pairs {check['capo_sum']['pairs']}: median "
+          f"|sum gap| {gap.abs().median():.2f}, share > 3 nats {check['capo_sum']['saturated']:.2f}")
     for name, x in (("lpm", lpm), ("sum", sums), ("-length", -n)):
         print(f"  AUC-mean of {name}: {summarize(x, c, gid)['auc_mean']:.3f}")
     mixed = (c.view(-1, g).any(1) & ~c.view(-1, g).all(1)).repeat_interleave(g)
