@@ -75,9 +75,9 @@ def length_check(group_ids: torch.Tensor, correct: torch.Tensor, lpm: torch.Tens
 def _questions(group_ids, correct, lpm, n_tokens):
     """The scored responses of the questions with two or more, sorted by question: (question index 0..Q-1 [M],
     correct [M], lpm [M], length [M]), or four Nones."""
-    ok = torch.isfinite(lpm) & torch.isfinite(n_tokens) & (n_tokens >= 0)
-    _, g = torch.unique(group_ids[ok], return_inverse=True)
-    ok[ok.clone()] = torch.bincount(g)[g] >= 2 if g.numel() else g.bool()
+    ok = torch.isfinite(lpm) & torch.isfinite(n_tokens) & (n_tokens >= 0)  # [N] scored, with a known length
+    _, q = torch.unique(group_ids, return_inverse=True)  # [N] question index of every row
+    ok &= torch.bincount(q, weights=ok.to(F64))[q] >= 2  # in a question with two or more such responses
     if not bool(ok.any()):
         return None, None, None, None
     _, g = torch.unique(group_ids[ok], return_inverse=True)
