@@ -147,8 +147,10 @@ def mask_ratio(paths: list[Path], records: Path) -> None:
         rho, q = (1 - mi) / (1 - mc), train_rates(seed)
         rec = path if path.is_file() else records / f"{name}-seed{seed}.json"
         k_rho = fit_k(masked_pi(q, k0, rho), q)
-        measured = (f"measured k {measured_k(rec):.2f}; with the rest's spread x{rest_factor(rec, kw):.3f}: "
-                    f"{k_rho * rest_factor(rec, kw):.3f}") if rec.exists() else "no record"
+        measured = "no record"
+        if rec.exists():
+            rest = rest_factor(rec, kw)
+            measured = f"measured k {measured_k(rec):.2f}; with the rest's spread x{rest:.3f}: {k_rho * rest:.3f}"
         print(f"{path}: masked correct {mc:.3f}, incorrect {mi:.3f} -> rho {rho:.2f}; predicted k {k_rho:.2f} "
               f"(k0 {k0:g}); {measured}")
 
