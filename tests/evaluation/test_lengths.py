@@ -1,7 +1,7 @@
 """The lengths check (capo.evaluation.lengths.length_check): hand-computed values on two questions, what is left out
 (unscored responses, unknown lengths, questions of one response), questions of different sizes (padded as the
-trainer pads a group), the pair-cell chunking, invariance to the order of the rows, and the reading drawn by
-`capo report`."""
+trainer pads a group), the pair-cell chunking, invariance to the order of the rows, a loop over questions and pairs written from the
+definitions against the vectorised check (hypothesis), and the reading drawn by `capo report`."""
 
 import math
 import random
@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from capo.core.presets import ALGORITHMS
 from capo.evaluation import lengths
 from capo.evaluation.lengths import FEW_VARY, SATURATED_GAP, length_check, length_reading
 from capo.evaluation.metrics import compute_metrics
@@ -163,3 +166,78 @@ def test_capo_eval_metrics_carry_the_check_and_the_report_draws_it():
     assert "<p class='lengths-reading'>other: Responses to a question have one length" in two
     bare = render_report([RunInfo("base", Path("base"), "eval", {}, {**curves, "lengths": {}}, {}, [])])
     assert "Response lengths and CAPO" not in bare
+
+
+def _loop_check(rows):
+    """length_check written from its definitions (docs/metrics.md) as a loop over questions and pairs: the
+    reference for the vectorised one. CAPO's weight w_ij = sigma((s_j - s_i) / tau) / tau over a group padded to the
+    largest question's size G (A_i = +sum_j w_ij / G for a correct i, -sum_i w_ij / G for an incorrect j)."""
+    used = {}
+    for r in rows:
+        lpm, n = r["mean_logprob"], r["n_tokens"]
+        if lpm is not None and math.isfinite(lpm) and n is not None and math.isfinite(n) and n >= 0:
+            used.setdefault(r["prompt_id"], []).append((r["verdict"] == "correct", lpm, float(n)))
+    qs = [q for q in used.values() if len(q) >= 2]
+    if not qs:
+        return {}
+    g_max = max(len(q) for q in qs)
+    out = {"questions": len(qs), "mean_tokens": sum(n for q in qs for _, _, n in q) / sum(map(len, qs))}
+    sds, dn, ds = [], [], []
+    for q in qs:
+        mn, mt = sum(n for _, _, n in q) / len(q), sum(s * n for _, s, n in q) / len(q)
+        sds.append(math.sqrt(sum((n - mn) ** 2 for _, _, n in q) / (len(q) - 1)))
+        dn += [n - mn for _, _, n in q]
+        ds += [s * n - mt for _, s, n in q]
+    den = math.sqrt(sum(x * x for x in dn)) * math.sqrt(sum(x * x for x in ds))
+    out |= {"len_sd_within": sum(sds) / len(sds), "len_varies": sum(sd > 0 for sd in sds) / len(sds),
+            "sum_len_corr": sum(a * b for a, b in zip(dn, ds)) / den if den > 0 else None}
+    for form in lengths.CAPO_SCORE_FORMS:
+        kw = ALGORITHMS[form].get("advantage_kwargs", {})
+        tau, total = kw["tau"], kw.get("score") == "sum"
+        pairs = sat = num = absum = 0.0
+        for q in qs:
+            s = [lpm * n if total else lpm for _, lpm, n in q]
+            mn = sum(n for _, _, n in q) / len(q)
+            a = [0.0] * len(q)
+            for i, (ci, _, _) in enumerate(q):
+                for j, (cj, _, _) in enumerate(q):
+                    if ci and not cj:
+                        pairs += 1
+                        sat += abs(s[i] - s[j]) / tau > SATURATED_GAP
+                        w = _sigmoid((s[j] - s[i]) / tau) / tau / g_max
+                        a[i] += w
+                        a[j] -= w
+            num += sum(ai * (n - mn) for ai, (_, _, n) in zip(a, q))
+            absum += sum(abs(ai) for ai in a)
+        out[form] = {"tau": float(tau), "score": kw.get("score", "mean"), "pairs": int(pairs),
+                     "saturated": sat / pairs if pairs else None, "length_push": num / absum if absum > 0 else None}
+    return out
+
+
+def _close(got, want):
+    if want is None or got is None:
+        return got is want
+    return got == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+# (question, correct, length, lpm); one value in ten of a length or an lpm is missing (None: left out)
+_ROW = st.tuples(st.integers(0, 4), st.booleans(),
+                 st.tuples(st.integers(0, 9), st.integers(0, 30)).map(lambda t: t[1] if t[0] else None),
+                 st.tuples(st.integers(0, 9), st.floats(-6.0, 0.0)).map(lambda t: t[1] if t[0] else None))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_ROW, min_size=0, max_size=24))
+def test_a_loop_over_questions_and_pairs_gives_the_vectorised_values(drawn):
+    rows = [_row(f"q{q}", "correct" if ok else "incorrect", n, lpm, i) for i, (q, ok, n, lpm) in enumerate(drawn)]
+    got, want = _check(rows), _loop_check(rows)
+    assert got.keys() == want.keys()
+    for key in ("questions", "mean_tokens", "len_sd_within", "len_varies", "sum_len_corr"):
+        if key in want:
+            assert _close(got[key], want[key]), key
+    for form in lengths.CAPO_SCORE_FORMS:
+        if form in want:
+            assert got[form]["tau"] == want[form]["tau"] and got[form]["score"] == want[form]["score"]
+            assert got[form]["pairs"] == want[form]["pairs"]
+            assert _close(got[form]["saturated"], want[form]["saturated"]), form
+            assert _close(got[form]["length_push"], want[form]["length_push"]), form
