@@ -89,7 +89,19 @@ def test_changed_settings_are_stale_not_mixed(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"seeds": ["a"]}, "'seeds' must be a list of integers"),
+    ({"seeds": ["a"]}, "'seeds' must be a non-empty list of integers, got ['a']"),
+    ({"seeds": 0}, "'seeds' must be a non-empty list of integers, got 0"),
+    ({"seeds": []}, "'seeds' must be a non-empty list of integers, got []"),
+    ({"seeds": None}, "'seeds' is required"),
+    ({"name": ""}, "'name' is required"),
+    ({"methods": {}}, "'methods' maps each method name to a dict of config overrides (one or more)"),
+    ({"methods": ["grpo"]}, "'methods' maps each method name"),
+    ({"methods": 5}, "'methods' maps each method name"),
+    ({"name": "../elsewhere"}, "the sweep's name '../elsewhere' cannot name a run folder"),
+    ({"name": "a/b"}, "the sweep's name 'a/b' cannot name a run folder"),
+    ({"methods": {"a/b": {}}}, "method name 'a/b' cannot name a run folder"),
+    ({"methods": {".hidden": {}}}, "method name '.hidden' cannot name a run folder"),
+    ({"methods": {7: {}}}, "method name 7 cannot name a run folder"),
     ({"methods": {"base": {"algo.name": "grpo"}}}, "'base' is the initial model's evaluation"),
     ({"base": "yes"}, "'base' must be true, false or a number of draws >= 1"),
     ({"base": 0}, "'base' must be true, false or a number of draws >= 1"),

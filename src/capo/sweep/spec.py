@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,8 @@ EVAL_DEFAULTS = {"problems": 100, "k": 8, "batch_size": 64, "seed": 0}
 BASE = "base"  # the job that evaluates the preset's initial model (spec `base: true`); no training, no seed
 SPEC_KEYS = ("name", "preset", "steps", "overrides", "methods", "seeds", "eval", "save_every", "description", "base")
 REQUIRED_KEYS = ("name", "preset", "methods", "seeds")
+# a sweep's and a method's name is a folder's and a file's name: runs/sweeps/NAME/METHOD-seedS, records/NAME/...
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Knobs that change neither the method nor the sampling distribution, so no result: where a run writes, how often it
 # saves, threads, the KV-cache layout and decoding loop, gradient-accumulation micro-batches, the extra step-0
 # evaluation (which leaves the training untouched: tests/trainer). A record or run folder whose settings differ from a
@@ -80,18 +83,23 @@ def _check_spec(path: Path, spec: dict) -> None:
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(SPEC_KEYS)}")
     for key in REQUIRED_KEYS:
-        if not spec.get(key):
+        if spec.get(key) in (None, ""):
             raise ConfigError(f"{path}: '{key}' is required")
-    if BASE in (spec.get("methods") or {}):
+    methods = spec["methods"]
+    if not isinstance(methods, dict) or not methods or not all(isinstance(v, dict) for v in methods.values()):
+        raise ConfigError(f"{path}: 'methods' maps each method name to a dict of config overrides (one or more)")
+    if BASE in methods:
         raise ConfigError(f"{path}: '{BASE}' is the initial model's evaluation (`base: true`), not a method name")
+    for what, name in (("the sweep's name", spec["name"]), *(("method name", m) for m in methods)):
+        if not (isinstance(name, str) and NAME_PATTERN.fullmatch(name)):
+            raise ConfigError(f"{path}: {what} {name!r} cannot name a run folder: use letters, digits, '_', '.' and "
+                              "'-', starting with a letter or digit")
     b = spec.get("base", False)
     if not (isinstance(b, bool) or (isinstance(b, int) and b >= 1)):
         raise ConfigError(f"{path}: 'base' must be true, false or a number of draws >= 1, got {b!r}")
-    if not isinstance(spec["methods"], dict) or not all(isinstance(v, dict) for v in spec["methods"].values()):
-        raise ConfigError(f"{path}: 'methods' maps each method name to a dict of config overrides")
-    if not isinstance(spec["seeds"], list) or not all(isinstance(s, int) and not isinstance(s, bool)
-                                                      for s in spec["seeds"]):
-        raise ConfigError(f"{path}: 'seeds' must be a list of integers")
+    if not isinstance(spec["seeds"], list) or not spec["seeds"] or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in spec["seeds"]):
+        raise ConfigError(f"{path}: 'seeds' must be a non-empty list of integers, got {spec['seeds']!r}")
     if not isinstance(spec.get("eval") or {}, dict):
         raise ConfigError(f"{path}: 'eval' maps {', '.join(EVAL_DEFAULTS)} to values")
     bad_eval = set(spec.get("eval") or {}) - set(EVAL_DEFAULTS)
