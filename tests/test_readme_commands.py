@@ -126,3 +126,12 @@ def test_make_targets_scripts_and_extras_exist():
         elif argv[:2] == ["pip", "install"]:
             extra = re.fullmatch(r"capo\[(\w+)\]", argv[2]).group(1)
             assert extra in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def test_the_front_pages_count_the_algorithms_there_are():
+    """README.md and docs/index.md say how many algorithm presets capo has; the count is the registry's."""
+    from capo.core.presets import ALGORITHMS
+
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        counts = re.findall(r"(\d+) algorithms in all", page.read_text())
+        assert counts and all(int(c) == len(ALGORITHMS) for c in counts), (page.name, counts, len(ALGORITHMS))
