@@ -133,5 +133,5 @@ def test_the_front_pages_count_the_algorithms_there_are():
     from capo.core.presets import ALGORITHMS
 
     for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
-        counts = re.findall(r"(\d+) algorithms in all", page.read_text())
+        counts = re.findall(r"(\d+)\s+algorithms\s+in\s+all", page.read_text())
         assert counts and all(int(c) == len(ALGORITHMS) for c in counts), (page.name, counts, len(ALGORITHMS))
