@@ -76,9 +76,13 @@ def test_status_elsewhere_reads_that_directorys_records_and_says_it_has_none(tmp
 
 def test_status_names_the_jobs_a_live_process_runs_and_what_is_left(tmp_path, monkeypatch, capsys):
     """A job without its record whose lock a live process holds is "running" (with that process); a dead process's
-    lock is not; the jobs left are costed at the median wall time of the done training jobs' records."""
+    lock is not; a job not done says how far its run folder has come (training rows only: step 0's evaluation row is
+    not a step); the jobs left are costed at the median wall time of the done training jobs' records, less the share
+    of its steps each has trained."""
     import os
     import shutil
+
+    import yaml
 
     monkeypatch.chdir(tmp_path)
     records = tmp_path / "sweeps" / "records" / "word_grpo_capo"
@@ -92,13 +96,23 @@ def test_status_names_the_jobs_a_live_process_runs_and_what_is_left(tmp_path, mo
     (runs / "grpo-seed9" / "sweep.lock").write_text(f"{os.getpid()}@{socket.gethostname()}")  # live: this process
     (runs / "grpo-seed10").mkdir(parents=True)
     (runs / "grpo-seed10" / "sweep.lock").write_text(f"{2**22 + 12345}@{socket.gethostname()}")  # no such process
-    assert main(["sweep", "status", str(ROOT / "sweeps" / "word_grpo_capo.yaml")]) == 0
+    spec_path = ROOT / "sweeps" / "word_grpo_capo.yaml"
+    by_name = {j.name: j for j in spec.jobs(spec.load_spec(spec_path), tmp_path / "runs" / "sweeps", records.parent)}
+    for name, steps in (("grpo-seed9", 50), ("grpo-seed10", 200)):
+        cfg = runner.resolved_config(by_name[name])  # the config its `capo train` writes, which preflight accepts
+        assert cfg["run"]["steps"] == 200
+        (runs / name / "config.yaml").write_text(yaml.safe_dump(cfg))
+        rows = [{"step": 0, "eval/accuracy": 0.3}] + [{"step": s, "time/step": 1.0} for s in range(1, steps + 1)]
+        (runs / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5')
+    (runs / "grpo-seed10" / "eval").mkdir()  # trained, its final evaluation started
+    assert main(["sweep", "status", str(spec_path)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert f"running grpo-seed9  ({os.getpid()}@{socket.gethostname()})" in out
-    assert "todo    grpo-seed10" in out and "todo    capo-seed10" in out
+    assert f"running grpo-seed9  ({os.getpid()}@{socket.gethostname()}; step 50 of 200)" in out
+    assert "todo    grpo-seed10  (final evaluation)" in out and "todo    capo-seed10" in out
     med = statistics.median(walls.values())
+    left = (1 - 50 / 200) + 0 + 1  # grpo-seed9 a quarter trained, grpo-seed10 trained, capo-seed10 not started
     assert out[30] == (f"27 of 30 done, 1 running, 2 waiting; a training job's record took {med / 60:.0f} min (median "
-                       f"wall time of {len(walls)}): the 3 left are ~{3 * med / 3600:.1f} job-hours")
+                       f"wall time of {len(walls)}): the 3 left are ~{left * med / 3600:.1f} job-hours")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -133,22 +133,26 @@ def run(ns) -> int:
 
 
 def _status(spec: dict, all_jobs: list, args: SweepStatusSettings) -> int:
-    """One line per job (a job without its record that a live sweep process holds is "running", with the process),
-    what is left and roughly what it costs, a note when the records folder does not exist here, then what would stop
-    `run` (exit 2)."""
+    """One line per job (a job without its record that a live sweep process holds is "running", with the process;
+    one not done says how far its run folder has come), what is left and roughly what it costs, a note when the
+    records folder does not exist here, then what would stop `run` (exit 2)."""
     import os
 
     from capo.sweep import preflight
-    from capo.sweep.runner import holder
+    from capo.sweep.runner import holder, progress
     from capo.sweep.spec import state
 
-    states = {}
+    states, trained = {}, {}
     for j in all_jobs:
         st = state(j)
         who = holder(j) if st == "todo" else None
         states[j.name] = "running" if who else st
-        print(f"{states[j.name]:7} {j.name}" + (f"  ({who})" if who else ""))
-    print(_left(all_jobs, states))
+        got = progress(j) if st == "todo" else None
+        trained[j.name] = min(1.0, got[0] / got[1]) if got else 0.0
+        where = None if got is None else "final evaluation" if got[2] else f"step {got[0]} of {got[1]}"
+        notes = [x for x in (who, where) if x]
+        print(f"{states[j.name]:7} {j.name}" + (f"  ({'; '.join(notes)})" if notes else ""))
+    print(_left(all_jobs, states, trained))
     folder = Path(args.records_root) / spec["name"]
     if not folder.exists():
         print(f"note: no records folder {folder} in {os.getcwd()}: no job has a record here; run from the folder "
@@ -157,9 +161,10 @@ def _status(spec: dict, all_jobs: list, args: SweepStatusSettings) -> int:
     return 0
 
 
-def _left(all_jobs: list, states: dict[str, str]) -> str:
+def _left(all_jobs: list, states: dict[str, str], trained: dict[str, float]) -> str:
     """One line: jobs done, running and waiting, and the cost of those left at the median wall time of the done
-    training jobs' records (a rough guide: a resumed run's record counts its last process only)."""
+    training jobs' records, less the share of its steps each has trained (a rough guide: a resumed run's record
+    counts its last process only)."""
     import json
     import statistics
     from collections import Counter
@@ -175,8 +180,9 @@ def _left(all_jobs: list, states: dict[str, str]) -> str:
     left = n["running"] + n["todo"]
     if walls and left:
         med = statistics.median(walls)
+        share = sum(1 - trained[j.name] for j in all_jobs if states[j.name] in ("running", "todo"))
         line += (f"; a training job's record took {med / 60:.0f} min (median wall time of {len(walls)}): the {left} "
-                 f"left are ~{left * med / 3600:.1f} job-hours")
+                 f"left are ~{share * med / 3600:.1f} job-hours")
     return line
 
 

@@ -176,6 +176,20 @@ def resolved_config(job: Job) -> dict:
     return json.loads(json.dumps(load_config(job.preset, flags).to_dict()))
 
 
+def progress(job: Job) -> tuple[int, int, bool] | None:
+    """How far a training job without its record has come in its run folder: (steps trained, steps asked, whether
+    its final evaluation has started); None before its ``capo train`` wrote a config there, and for a base job."""
+    import yaml
+
+    cfg = job.run_dir / "config.yaml"
+    if job.method == BASE or not cfg.exists():
+        return None
+    total = int(yaml.safe_load(cfg.read_text())["run"]["steps"])
+    rows = read_jsonl_rows(job.run_dir / "metrics.jsonl")  # a line torn by the live trainer ends the rows
+    done = max((int(r["step"]) for r in rows if "time/step" in r), default=0)  # training rows, not step 0's eval
+    return done, total, done >= total and (job.run_dir / "eval").exists()
+
+
 def final_model(job: Job, cfg: dict) -> str:
     """The model the job's final evaluation reads: its last checkpoint, or a base job's initial model."""
     if job.method == BASE:
