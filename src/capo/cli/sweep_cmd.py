@@ -80,10 +80,12 @@ ACTIONS = {  # name -> (settings, help, description)
             "folders: any problem, all listed, exit 2 and nothing run. Exit 1 when a job failed."),
     "status": (SweepStatusSettings, "list each job of a sweep as done, todo, stale or corrupt",
                "One line per job of SPEC: done (its record has the job's settings; knobs that cannot change a result, "
-               "such as run.save_every or run.threads, may differ), todo (no record), stale (a record from other "
-               "settings: the spec was edited; delete it to rerun) or corrupt (a file that is no record: restore or "
-               "delete it); a note when the records folder does not exist here; then, exit 2, what would stop "
-               "`capo sweep run` (the checks it makes before any job starts)."),
+               "such as run.save_every or run.threads, may differ), running (no record yet, a live sweep process "
+               "holds it), todo (no record), stale (a record from other settings: the spec was edited; delete it to "
+               "rerun) or corrupt (a file that is no record: restore or delete it), with how far a job not done has "
+               "come (step S of T, or its final evaluation); the jobs left and roughly what they cost; a note when "
+               "the records folder does not exist here; then, exit 2, what would stop `capo sweep run` (the checks "
+               "it makes before any job starts)."),
     "prune": (SweepPruneSettings, "free the disk that finished jobs' checkpoints hold (--keep)",
               "For every job of SPEC whose record is done and that no live process holds, reduce its run folder's "
               "checkpoints to what --keep names (a job without its record, or running, is never touched): what "
