@@ -657,6 +657,32 @@ def test_the_final_evaluation_renders_prompts_as_training_did(tmp_path):
     assert "--no-chat-template" in args and args[args.index("--system-prompt") + 1] == "Be brief."
 
 
+def test_the_final_evaluations_arguments_carry_every_setting(tmp_path):
+    """`capo eval`'s parser reads back from the runner's arguments exactly the settings of eval_settings (a field
+    left out of the arguments would silently fall back to `capo eval`'s default)."""
+    import dataclasses
+
+    from capo.cli import build_parser, eval_cmd
+    from capo.evaluation.run import EvalSettings
+    from capo.settings import from_namespace
+    from capo.trainer.config import load_config
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"q": "{i}?", "a": "#### {i}"}}\n' for i in range(12)))
+    body = spec.load_spec(_write(tmp_path, {**SPEC, "overrides": {}}))
+    job = spec.jobs(body, tmp_path / "runs", tmp_path / "records")[0]
+    cfg = load_config("facts", {"data.dataset": str(data), "data.prompt_field": "q", "data.answer_field": "a",
+                                "data.gold_format": "gsm8k", "data.n_eval": 8, "rollout.top_p": 0.8,
+                                "data.system_prompt": "Be brief.", "data.response_prefix": "<a>"}).to_dict()
+    s = runner.eval_settings(job, cfg, "smollm2")
+    args = build_parser().parse_args(runner._eval_args(s, tmp_path / "e"))
+    eval_cmd._extraction_settings(args)
+    read = from_namespace(EvalSettings, args)  # what `capo eval` runs with, as its `run` builds it
+    for f in dataclasses.fields(EvalSettings):
+        assert getattr(read, f.name) == getattr(s, f.name), f.name
+    assert (s.top_p, s.prompt_field, s.dataset_answer_format, s.limit) == (0.8, "q", "gsm8k", 6)
+
+
 @pytest.mark.parametrize("n_measures,rows", [(3, 1), (4, 1), (11, 3)])
 def test_forest_plot_wraps_its_panels_into_rows(tmp_path, n_measures, rows):
     """Eleven measures drew 11 panels in one row (3201 x 327 px); they wrap, FOREST_PER_ROW to a row."""

@@ -124,3 +124,21 @@ def test_every_generated_task_refuses_an_unknown_split_with_one_message(name):
     with pytest.raises(ValueError, match=r"^split 'test' is not allowed; allowed values: train, eval$"):
         task.problems("test", 2)
     assert SPLITS == ("train", "eval") and all(len(task.problems(s, 2)) == 2 for s in SPLITS)
+
+
+def test_which_datasets_hold_out_their_first_problems_and_the_trainer_follows(tmp_path):
+    """One rule for the trainer's split and a trained run's evaluation (capo.evaluation.run.settings_as_trained):
+    a dataset of one split (MATH-500, a file) holds out its first data.n_eval problems and trains on the rest."""
+    from types import SimpleNamespace
+
+    from capo.tasks.datasets import held_out_by_position
+    from capo.trainer.data import load_problems as split_for_training
+
+    assert [held_out_by_position(d) for d in ("default", "coin_sum", "gsm8k", "facts", "math500", "x.jsonl")] == \
+        [False, False, False, False, True, True]
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(f'{{"prompt": "{i}?", "answer": "{i}"}}\n' for i in range(10)))
+    data = SimpleNamespace(dataset=str(p), prompt_field="prompt", answer_field="answer", gold_format="plain",
+                           n_eval=3, n_train=100, task_options={})
+    train, held = split_for_training(data, seed=0)
+    assert [q.answer for q in held] == ["0", "1", "2"] and [q.answer for q in train] == [str(i) for i in range(3, 10)]

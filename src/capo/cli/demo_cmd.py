@@ -160,14 +160,9 @@ def _configs(algos, seeds, extra, out: Path, steps, preset: str = "default") -> 
             if steps is not None:
                 ov["run.steps"] = steps
             cfgs[(algo, seed)] = load_config(preset, ov)
-    first = next(iter(cfgs.values())).data
-    if first.task_options:
-        from capo.tasks.generated import generated_task
+    from capo.evaluation.run import check_evaluable_as_trained
 
-        check_options = generated_task(first.dataset).check_options
-        if check_options(first.task_options) != check_options(None):
-            raise ConfigError("--set data.task_options: the final held-out evaluation uses the task's default "
-                              f"options {check_options(None)}; train with them, or compare settings with `capo sweep` (e.g. sweeps/collapse_settings.yaml)")
+    check_evaluable_as_trained(next(iter(cfgs.values())).to_dict(), None)  # before any training
     return cfgs
 
 

@@ -153,16 +153,46 @@ class EvalSettings:
 def settings_as_trained(cfg: dict, *, model: str, limit: int | None, k: int, batch_size: int, seed: int = 0,
                         n_boot: int = 0, token_stats: bool = False) -> EvalSettings:
     """A trained run's held-out evaluation: ``cfg`` is its resolved training config as a dict (``config.yaml``,
-    ``TrainConfig.to_dict()``); the responses are sampled as it trained (temperature, budget), in the precision it
-    trained in, with the prompts rendered as in training (chat template, system prompt, response prefix; a task
-    generated in code ignores them) and graded with its answer format. The one rule ``capo sweep`` and ``capo demo``
-    evaluate by."""
+    ``TrainConfig.to_dict()``); the responses are sampled as it trained (temperature, top-p, budget), in the
+    precision it trained in, on problems it never trained on, with the prompts rendered as in training (chat
+    template, system prompt, response prefix; a task generated in code ignores them), a file's fields and gold
+    format read as in training, and graded with its answer format. The one rule ``capo sweep`` and ``capo demo``
+    evaluate by; :class:`ConfigError` for a run that cannot be evaluated so (:func:`check_evaluable_as_trained`)."""
+    limit = check_evaluable_as_trained(cfg, limit)
     m, d, r = cfg["model"], cfg["data"], cfg["rollout"]
     return EvalSettings(model=model, dataset=d["dataset"], split="test", limit=limit, k=k,
-                        temperature=r["temperature"], max_new_tokens=r["max_new_tokens"], batch_size=batch_size,
-                        seed=seed, chat_template=m.get("chat_template", True), system_prompt=d.get("system_prompt"),
-                        response_prefix=d.get("response_prefix", ""), answer_format=d["answer_format"],
+                        temperature=r["temperature"], top_p=r.get("top_p", 1.0), max_new_tokens=r["max_new_tokens"],
+                        batch_size=batch_size, seed=seed, chat_template=m.get("chat_template", True),
+                        system_prompt=d.get("system_prompt"), response_prefix=d.get("response_prefix", ""),
+                        prompt_field=d.get("prompt_field", "prompt"), answer_field=d.get("answer_field", "answer"),
+                        dataset_answer_format=d.get("gold_format", "plain"), answer_format=d["answer_format"],
                         n_boot=n_boot, token_stats=token_stats, autocast="on" if m.get("autocast_bf16") else "off")
+
+
+def check_evaluable_as_trained(cfg: dict, limit: int | None) -> int | None:
+    """The number of held-out problems a trained run's evaluation may read (``limit``; for a dataset whose held-out
+    problems are its first ``data.n_eval``, at most those, and those when None); :class:`ConfigError` when its
+    evaluation would read problems it trained on, or when it trained on a task generated in code with options other
+    than the task's defaults (``capo eval`` draws a generated task's held-out problems with the defaults)."""
+    from capo.tasks.datasets import GENERATED_TASKS, held_out_by_position
+
+    d = cfg["data"]
+    if d.get("task_options") and d["dataset"] in GENERATED_TASKS:
+        from capo.tasks.generated import generated_task
+
+        check = generated_task(d["dataset"]).check_options
+        if check(d["task_options"]) != check(None):
+            raise ConfigError(f"data.task_options={d['task_options']}: the held-out evaluation of a trained run "
+                              f"draws {d['dataset']!r} with its default options {check(None)}, so this run cannot be "
+                              "evaluated as it trained; train with the defaults, or read the run's own periodic "
+                              "held-out evaluation (eval/* in its metrics.jsonl)")
+    if held_out_by_position(d["dataset"]):
+        n = d["n_eval"]
+        if limit is not None and limit > n:
+            raise ConfigError(f"an evaluation of {limit} problems of {d['dataset']!r}: training held out only its "
+                              f"first data.n_eval={n} and trained on the rest; evaluate at most {n}")
+        return n if limit is None else limit
+    return limit
 
 
 def validate_settings(s: EvalSettings) -> None:

