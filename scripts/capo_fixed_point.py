@@ -149,8 +149,10 @@ def mask_ratio(paths: list[Path], records: Path) -> None:
         k_rho = fit_k(masked_pi(q, k0, rho), q)
         measured = "no record"
         if rec.exists():
+            # item 3's spread divides the pair's gap term (k0 -> k0 x rest) and leaves the mask's factor as it is
             rest = rest_factor(rec, kw)
-            measured = f"measured k {measured_k(rec):.2f}; with the rest's spread x{rest:.3f}: {k_rho * rest:.3f}"
+            both = fit_k(masked_pi(q, k0 * rest, rho), q)
+            measured = f"measured k {measured_k(rec):.2f}; with the rest's spread x{rest:.3f}: {both:.3f}"
         print(f"{path}: masked correct {mc:.3f}, incorrect {mi:.3f} -> rho {rho:.2f}; predicted k {k_rho:.2f} "
               f"(k0 {k0:g}); {measured}")
 
