@@ -299,8 +299,9 @@ def test_change_from_several_base_draws_is_welchs_interval_hand_computed(tmp_pat
     # 0.82, 0.78, 0.80 (mean 0.80, variance 0.0008/3): change -0.10, standard error sqrt(0.0025/3 + 0.0008/12) = 0.03,
     # Welch-Satterthwaite df = 0.0009^2 / ((0.0025/3)^2 / 2 + (0.0008/12)^2 / 3) = 2.32289; t(0.975, 2.32289) =
     # 3.77740 -> half-width 0.113322; t = -3.3333 -> two-sided p = 0.064539
-    for s_, auc in ((1, 0.70), (2, 0.75), (3, 0.65)):
-        (tmp_path / f"grpo-seed{s_}.json").write_text(json.dumps(_record("grpo", s_, 0.5, auc)))
+    for s_, auc in ((1, 0.70), (2, 0.75), (3, 0.65)):  # evaluated as the base draws are (their seeds aside)
+        rec = {**_record("grpo", s_, 0.5, auc), "settings": {"eval": {"problems": 6, "seed": 0}}}
+        (tmp_path / f"grpo-seed{s_}.json").write_text(json.dumps(rec))
     for d, auc in enumerate((0.80, 0.82, 0.78, 0.80)):
         (tmp_path / ("base.json" if d == 0 else f"base-draw{d}.json")).write_text(json.dumps(_base_draw(d, 0.3, auc)))
     bases = records.load_base(tmp_path)
@@ -765,3 +766,37 @@ def test_a_setting_the_run_folders_mark_predates_reads_as_its_default(tmp_path):
     old["model"]["train_top_layers"] = 2
     mark.write_text(json.dumps({"config": old, "settings": {"eval": {"problems": 4}}}))
     assert "(model.train_top_layers: 2 -> 0)" in runner.run_dir_problem(job, cfg)
+
+
+def test_two_seeds_of_one_method_with_other_algorithm_settings_are_refused(tmp_path):
+    """`algo.*` is free between methods, not within one: a method whose spec was edited after some seeds ran (or a
+    name two sweeps gave to two algorithms) is never pooled."""
+    for s_, tau in ((1, 0.6), (2, 0.6), (3, 0.5)):
+        rec = {**_record("capo", s_, 0.5, 0.7), "config": {"algo": {"name": "capo", "advantage_kwargs": {"tau": tau}}}}
+        (tmp_path / f"capo-seed{s_}.json").write_text(json.dumps(rec))
+    with pytest.raises(CapoError, match=r"capo-seed3.json and .*capo-seed1.json: two seeds of 'capo' ran other "
+                                        r"algorithm settings \(algo.advantage_kwargs\)"):
+        records.load_records(tmp_path)
+    (tmp_path / "capo-seed3.json").unlink()
+    assert sorted(records.load_records(tmp_path)["capo"]) == [1, 2]
+
+
+def test_a_base_record_of_another_start_is_refused_by_the_report(tmp_path, capsys):
+    """The change from the start is measured against the comparison's own start: a base record of another preset,
+    evaluation, model or data stops the report before anything is written."""
+    cfg = {"model": {"path": "word_problems"}, "data": {"dataset": "word_problems"}}
+    settings = {"preset": "word_problems", "eval": {"problems": 100, "k": 8, "seed": 0}}
+    for s_, auc in ((1, 0.70), (2, 0.75)):
+        rec = {**_record("grpo", s_, 0.5, auc), "config": cfg, "settings": settings}
+        (tmp_path / f"grpo-seed{s_}.json").write_text(json.dumps(rec))
+    base = {**_record("base", None, 0.3, 0.8), "curves": {}, "config": cfg, "settings": settings}
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "ok")]) == 0
+    other = {**base, "config": {"model": {"path": "smollm2"}, "data": {"dataset": "facts"}},
+             "settings": {"preset": "facts", "eval": {"problems": 572, "k": 8, "seed": 0}}}
+    (tmp_path / "base.json").write_text(json.dumps(other))
+    capsys.readouterr()
+    assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err
+    assert "base.json is not the start of grpo-seed1: they differ in preset, eval, data.dataset, model.path" in err
+    assert not (tmp_path / "no").exists()

@@ -94,13 +94,34 @@ def load_records(*folders: Path) -> dict[str, dict[int, dict]]:
     if not out:
         raise DataError(f"{', '.join(map(str, folders))}: only base records, no method's")
     _check_same([(paths[m, s], out[m][s]) for m, s in paths], "training records")
+    for method, seeds in out.items():
+        _check_one_algorithm(method, [(paths[method, s], seeds[s]) for s in sorted(seeds)])
     return out
 
 
-def load_base(*folders: Path) -> list[dict]:
+def _check_one_algorithm(method: str, recs: list[tuple[Path, dict]]) -> None:
+    """Raise :class:`DataError` when two seeds of one method ran other algorithm settings (``algo.*``, free between
+    methods): a method edited in its spec after some seeds ran, or the same name given to two methods by two sweeps."""
+    def algo(rec: dict) -> dict:
+        return {**setting_defaults((), ("algo",)), **flat_config(rec.get("config") or {}, (), ("algo",))}
+
+    (p0, r0), *rest = recs
+    a0 = algo(r0)
+    for p, r in rest:
+        a = algo(r)
+        if a != a0:
+            diff = sorted(k for k in set(a) | set(a0) if a.get(k) != a0.get(k))
+            raise DataError(f"{p} and {p0}: two seeds of {method!r} ran other algorithm settings ({', '.join(diff)}); "
+                            "one method's seeds must run one algorithm: give the other settings another method name, "
+                            "or delete the record(s) the spec no longer asks for")
+
+
+def load_base(*folders: Path, trained: tuple[Path, dict] | None = None) -> list[dict]:
     """The base records (the preset's initial model under the same held-out evaluation: `base.json` and, with spec
     `base: N`, the further draws `base-drawD.json`) of the first folder that has any; [] when none has. Every draw
-    must agree in preset, evaluation (its seed aside), model and data with the others and with other folders'."""
+    must agree in preset, evaluation (its seed aside), model and data with the others and with other folders', and
+    with ``trained`` (a training record of the comparison and its path) in the start they share: preset, evaluation
+    (its seed aside), device, model path, chat template and data."""
     found = []
     for f in folders:
         found += [(p, read_record(p)) for p in sorted(Path(f).glob(f"{BASE}*.json"))
@@ -108,12 +129,30 @@ def load_base(*folders: Path) -> list[dict]:
     if not found:
         return []
     _check_same([(p, _without_eval_seed(r)) for p, r in found], "base records", sections=("model", "data"))
+    if trained is not None:
+        _check_start(found[0], trained)
     first = Path(found[0][0]).parent
     draws = [((r.get("settings") or {}).get("eval", {}).get("seed", 0), r) for p, r in found if Path(p).parent == first]
     seeds = [seed for seed, _ in draws]
     if len(set(seeds)) != len(seeds):
         raise DataError(f"{first}: two base records with the same evaluation seed ({seeds}); each draw needs its own")
     return [r for _, r in sorted(draws, key=lambda d: d[0])]
+
+
+def _check_start(base: tuple[Path, dict], trained: tuple[Path, dict]) -> None:
+    """Raise :class:`DataError` when a base record is not the start of a training record: another preset, final
+    evaluation (seed aside), device, initial model, prompt rendering or data."""
+    def start(rec: dict) -> dict:
+        c = comparable(_without_eval_seed(rec), sections=("model", "data"))
+        keep = ("model.path", "model.chat_template")
+        return {**c, "config": {k: v for k, v in c["config"].items() if k.startswith("data.") or k in keep}}
+
+    (pb, rb), (pt, rt) = base, trained
+    b, t = start(rb), start(rt)
+    if b != t:
+        diff = [k for k in ("preset", "eval", "device") if b[k] != t[k]] + sorted(
+            k for k in set(b["config"]) | set(t["config"]) if b["config"].get(k) != t["config"].get(k))
+        raise DataError(f"{pb} is not the start of {pt}: they differ in {', '.join(diff)}")
 
 
 def _without_eval_seed(rec: dict) -> dict:

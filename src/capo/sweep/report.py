@@ -50,9 +50,10 @@ def write_report(folders: list[Path], reference: str = "grpo", effect: float = 0
     records = load_records(*folders)
     if reference not in records:
         raise ConfigError(f"--reference {reference!r} has no records; methods: {', '.join(sorted(records))}")
+    seed = min(records[reference])
+    bases = load_base(*folders, trained=(Path(f"{reference}-seed{seed}"), records[reference][seed]))[:base_draws]
     out = Path(out) if out is not None else default_out(folders)
     out.mkdir(parents=True, exist_ok=True)
-    bases = load_base(*folders)[:base_draws]
     s = summary(records, reference, effect, bases)
     md = markdown(s)
     (out / "summary.md").write_text(md)
