@@ -44,7 +44,8 @@ from capo.tasks.stochastic import binary_problems
 # L tau = 3, capo_sum 1. With a mask keeping incorrect responses at rho = 0.2 times the rate of correct ones (what
 # CAPO's measured k ~1.05 implies if the mask alone holds it there; docs/papers.md) the fixed points move to the k
 # that fits them: CAPO 1.10, capo_sum 0.61.
-K = {"grpo": math.inf, "capo_nomask": 5 * 0.6, "capo_sum_nomask": 1.0, "capo (rho 0.2)": 1.10,
+L = 5  # tokens of a stochastic_binary answer (outcome, space, two confidence digits, end): lpm's mean is over them
+K = {"grpo": math.inf, "capo_nomask": L * 0.6, "capo_sum_nomask": 1.0, "capo (rho 0.2)": 1.10,
      "capo_sum (rho 0.2)": 0.61}
 EVAL = {"problems": 500, "k": 16, "seed": 0}
 TAIL = 30  # the last steps of a run whose mask rates are averaged (its curves are flat from step ~80 of 150)
@@ -140,7 +141,7 @@ def mask_ratio(paths: list[Path], records: Path) -> None:
     for path in paths:
         cfg, rows = _mask_inputs(path)
         kw, name, seed = cfg["algo"]["advantage_kwargs"], cfg["algo"]["name"], cfg["run"]["seed"]
-        k0 = float(kw.get("tau", 0.6)) * (1.0 if kw.get("score") == "sum" else 5.0)  # L = 5 tokens in lpm's mean
+        k0 = float(kw.get("tau", 0.6)) * (1.0 if kw.get("score") == "sum" else L)
         rows = [r for r in rows if "train/masked_frac_correct" in r][-TAIL:]
         mc = np.nanmean([r["train/masked_frac_correct"] for r in rows])
         mi = np.nanmean([r["train/masked_frac_incorrect"] for r in rows])
@@ -160,13 +161,13 @@ def mask_ratio(paths: list[Path], records: Path) -> None:
 def rest_factor(record: Path, kw: dict) -> float:
     """Item 3's sharpening of k by the rest of the response, sqrt(1 + pi v / 8) (probit approximation), v the
     variance of a score gap / tau between two responses with the same answer: twice the within-(question, answer)
-    variance of the ranking score over the record's final responses (its lpm x 5 tokens for the sum)."""
+    variance of the ranking score over the record's final responses (its lpm x L tokens for the sum)."""
     from collections import defaultdict
 
     by = defaultdict(list)
     for pid, verdict, lpm in json.loads(record.read_text())["responses"]:
         if lpm is not None and verdict in (0, 1):  # one answer per (question, verdict)
-            by[(pid, verdict)].append(lpm * (5 if kw.get("score") == "sum" else 1))
+            by[(pid, verdict)].append(lpm * (L if kw.get("score") == "sum" else 1))
     groups = [np.array(xs) for xs in by.values() if len(xs) >= 2]
     var = sum(((x - x.mean()) ** 2).sum() for x in groups) / sum(len(x) - 1 for x in groups)
     return math.sqrt(1 + math.pi * (2 * var / float(kw.get("tau", 0.6)) ** 2) / 8)

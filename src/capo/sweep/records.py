@@ -62,10 +62,18 @@ def _check_same(recs: list[tuple[Path, dict]], what: str, sections: tuple[str, .
     for p, r in rest:
         c = comparable(r, sections)
         if c != c0:
-            diff = [k for k in ("preset", "eval", "device") if c[k] != c0[k]] + sorted(
-                k for k in set(c["config"]) | set(c0["config"]) if c["config"].get(k) != c0["config"].get(k))
+            diff = _differing(c, c0)
             raise DataError(f"{p} and {p0}: {what} differ in {', '.join(diff)}; one comparison needs the same "
                             f"preset, evaluation and training settings except the method and {', '.join(FREE[1:])}")
+
+
+def _differing(c: dict, c0: dict) -> list[str]:
+    """The keys in which two :func:`comparable` values differ: preset, eval, device, then each config setting."""
+    return [k for k in ("preset", "eval", "device") if c[k] != c0[k]] + _differing_keys(c["config"], c0["config"])
+
+
+def _differing_keys(a: dict, b: dict) -> list[str]:
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 def load_records(*folders: Path) -> dict[str, dict[int, dict]]:
@@ -110,8 +118,8 @@ def _check_one_algorithm(method: str, recs: list[tuple[Path, dict]]) -> None:
     for p, r in rest:
         a = algo(r)
         if a != a0:
-            diff = sorted(k for k in set(a) | set(a0) if a.get(k) != a0.get(k))
-            raise DataError(f"{p} and {p0}: two seeds of {method!r} ran other algorithm settings ({', '.join(diff)}); "
+            raise DataError(f"{p} and {p0}: two seeds of {method!r} ran other algorithm settings "
+                            f"({', '.join(_differing_keys(a, a0))}); "
                             "one method's seeds must run one algorithm: give the other settings another method name, "
                             "or delete the record(s) the spec no longer asks for")
 
@@ -150,9 +158,7 @@ def _check_start(base: tuple[Path, dict], trained: tuple[Path, dict]) -> None:
     (pb, rb), (pt, rt) = base, trained
     b, t = start(rb), start(rt)
     if b != t:
-        diff = [k for k in ("preset", "eval", "device") if b[k] != t[k]] + sorted(
-            k for k in set(b["config"]) | set(t["config"]) if b["config"].get(k) != t["config"].get(k))
-        raise DataError(f"{pb} is not the start of {pt}: they differ in {', '.join(diff)}")
+        raise DataError(f"{pb} is not the start of {pt}: they differ in {', '.join(_differing(b, t))}")
 
 
 def _without_eval_seed(rec: dict) -> dict:
