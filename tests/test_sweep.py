@@ -620,6 +620,43 @@ def test_bookkeeping_knobs_do_not_make_a_record_stale(tmp_path):
         assert spec.state(spec.jobs(other, tmp_path / "runs", tmp_path / "records")[0]) == "stale", changed
 
 
+@pytest.mark.parametrize("loss, counts", [("ppo_clip", False), ("clip_cov", True), ("kl_cov", True)])
+def test_micro_batches_count_as_a_setting_only_for_a_batch_dependent_loss(tmp_path, loss, counts):
+    """Clip-Cov and KL-Cov select tokens within each micro-batch, so for them the micro-batch size is a setting, not
+    bookkeeping: a record, a run folder or a second seed of the method with another one is not the job's (stale,
+    refused, not pooled); for any other loss it stays free."""
+    from types import SimpleNamespace
+
+    from capo.trainer.config import TrainConfig
+
+    methods = {"m": {"algo.name": "grpo", "algo.loss": loss}}
+    j = spec.jobs({**SPEC, "methods": methods}, tmp_path / "runs", tmp_path / "records")[0]
+    cfg = TrainConfig.from_dict({"algo": {"name": "grpo", "loss": loss}}).resolved().to_dict()
+    j.record.parent.mkdir(parents=True)
+    j.record.write_text(json.dumps({"settings_hash": j.settings_hash, "config": cfg, "settings": j.settings}))
+    micro = {**SPEC, "methods": methods, "overrides": {**SPEC["overrides"], "optim.micro_batch_size": 4}}
+    other = spec.jobs(micro, tmp_path / "runs", tmp_path / "records")[0]
+    assert spec.state(other) == ("stale" if counts else "done")
+    # the run folder: marked with micro-batch 0, asked to train with 4
+    folder = SimpleNamespace(run_dir=tmp_path / "m-seed1", eval={"problems": 4})
+    folder.run_dir.mkdir()
+    (folder.run_dir / runner.RUN_SETTINGS).write_text(json.dumps({"config": cfg, "settings": {"eval": {"problems": 4}}}))
+    now = json.loads(json.dumps(cfg))
+    now["optim"]["micro_batch_size"] = 4
+    problem = runner.run_dir_problem(folder, now)
+    assert (problem is not None and "optim.micro_batch_size: 0 -> 4" in problem) == counts
+    # two seeds of the method with other micro-batches
+    recs = tmp_path / "recs"
+    recs.mkdir()
+    for s_, c in ((1, cfg), (2, now)):
+        (recs / f"m-seed{s_}.json").write_text(json.dumps({**_record("m", s_, 0.5, 0.7), "config": c}))
+    if counts:
+        with pytest.raises(CapoError, match=r"two seeds of 'm' ran other algorithm settings \(optim.micro_batch_size\)"):
+            records.load_records(recs)
+    else:
+        assert sorted(records.load_records(recs)["m"]) == [1, 2]
+
+
 def test_a_corrupt_record_is_reported_and_never_rewritten(tmp_path, capsys, monkeypatch):
     """A truncated record (a kill mid-copy, a merge's conflict markers) is 'corrupt' under status, and run refuses
     to start (exit 2) instead of training the job again and overwriting the file."""

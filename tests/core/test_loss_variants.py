@@ -246,3 +246,29 @@ def test_c2gspg_errors_and_dispatch():
         c2gspg_loss(logp, logp.detach(), adv, mask, rewards=torch.tensor([1]))
     loss, _ = policy_loss("c2gspg", logp, logp.detach(), adv, mask, rewards=torch.tensor([1.0], **f64))
     assert loss.shape == (1, 2)
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_a_loss_depends_on_the_rows_it_is_called_with_exactly_when_registered_batch_dependent(name):
+    """`batch_dependent` (what tells a sweep that micro-batches change a run's result) is checked against the
+    functions themselves: called on a batch's two halves, a loss gives each row the per-token loss it gives it on
+    the whole batch unless it is registered batch-dependent; a batch-dependent one gives another (Clip-Cov's and
+    KL-Cov's token selection takes at least one token per call, so two halves select at least two)."""
+    g = torch.Generator().manual_seed(3)
+    n, t = 8, 5
+    logp = -torch.rand(n, t, generator=g, **f64) * 3
+    old = logp + 0.3 * torch.randn(n, t, generator=g, **f64)
+    adv = torch.randn(n, generator=g, **f64)
+    mask = torch.ones(n, t, dtype=torch.long)
+    mask[1, 3:] = 0
+    mask[6, 4:] = 0
+    extra = {"rewards": (torch.rand(n, generator=g, **f64) > 0.5).to(torch.float64)} if name == "c2gspg" else {}
+    kw = {"cov_low": -1e3, "cov_high": 1e3} if name == "clip_cov" else {}  # every token in Clip-Cov's band
+    fn = POLICY_LOSSES.get(name)
+
+    def call(rows):
+        return fn(logp[rows], old[rows], adv[rows], mask[rows], **{k: v[rows] for k, v in extra.items()}, **kw)[0]
+
+    whole = call(slice(0, n))
+    halves = torch.cat([call(slice(0, n // 2)), call(slice(n // 2, n))])
+    assert torch.equal(whole, halves) != POLICY_LOSSES.batch_dependent(name)

@@ -2,7 +2,8 @@
 of :mod:`capo.core.losses` (``loss_fn(logp, old_logp, advantages, mask, **hparams) -> (per_token_loss, metrics)``).
 
 - ``clip_cov`` / ``kl_cov``: Cui et al., "The Entropy Mechanism of RL for Reasoning LMs" (arXiv 2505.22617).
-  Their token covariances are computed over the tokens of the tensors passed in (one micro-batch), as verl does.
+  Their token covariances are computed over the tokens of the tensors passed in (one micro-batch), as verl does, so
+  both are registered ``batch_dependent``: the micro-batch size changes their result.
 - ``c2gspg``: Liu, Wang & Xu, arXiv 2509.23129; needs the keyword ``rewards`` [N] in [0, 1].
 """
 
@@ -37,7 +38,7 @@ def logprob_advantage_covariance(logp: torch.Tensor, advantages: torch.Tensor, m
     return token_covariance(logp, advantages, m).sum() / m.sum().clamp(min=1)
 
 
-@POLICY_LOSSES.register("clip_cov")
+@POLICY_LOSSES.register("clip_cov", batch_dependent=True)
 def clip_cov_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -91,7 +92,7 @@ def clip_cov_loss(
     return loss, metrics
 
 
-@POLICY_LOSSES.register("kl_cov")
+@POLICY_LOSSES.register("kl_cov", batch_dependent=True)
 def kl_cov_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,

@@ -23,12 +23,17 @@ class Registry(Generic[F]):
         self.kind = kind
         self._fns: dict[str, F] = {}
         self._reads: dict[str, frozenset[str]] = {}
+        self._batch_dependent: set[str] = set()
 
-    def register(self, name: str, *, reads: tuple[str, ...] = ()) -> Callable[[F], F]:
+    def register(self, name: str, *, reads: tuple[str, ...] = (), batch_dependent: bool = False
+                 ) -> Callable[[F], F]:
         """Decorator. ``reads``: the per-response inputs the function uses beyond the uniform signature's required
         ones (e.g. ``("scores",)``; CAPO's ``correct``, ``partners``, ``lengths``; ACE's ``confidence_shift``), so the
         engines know what to compute and what to pass: the one place this is said (callers read :meth:`reads`, never
-        the signature). Each must be a keyword parameter of the function."""
+        the signature). Each must be a keyword parameter of the function. ``batch_dependent``: a row's result
+        depends on the other rows of the call beyond its group (Clip-Cov's and KL-Cov's token covariances and
+        selection), so how a batch is split into calls (micro-batches, processes) changes the result
+        (:meth:`batch_dependent`)."""
         def deco(fn: F) -> F:
             if name in self._fns:
                 raise ValueError(f"duplicate {self.kind} name {name!r}: already registered to {self._fns[name]!r}")
@@ -37,6 +42,8 @@ class Registry(Generic[F]):
                 raise ValueError(f"{self.kind} {name!r} declares reads={unknown} that are not parameters of {fn!r}")
             self._fns[name] = fn
             self._reads[name] = frozenset(reads)
+            if batch_dependent:
+                self._batch_dependent.add(name)
             return fn
 
         return deco
@@ -54,6 +61,12 @@ class Registry(Generic[F]):
         """The optional inputs ``name`` uses (declared at registration)."""
         self.get(name)
         return self._reads[name]
+
+    def batch_dependent(self, name: str) -> bool:
+        """Whether ``name``'s result for a row depends on the other rows it is called with (declared at
+        registration): splitting a batch into micro-batches or processes then changes the result."""
+        self.get(name)
+        return name in self._batch_dependent
 
     def names(self) -> list[str]:
         return sorted(self._fns)

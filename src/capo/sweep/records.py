@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 
 from capo.errors import DataError
-from capo.sweep.spec import BASE, BOOKKEEPING
+from capo.sweep.spec import BASE, BOOKKEEPING, MICRO_BATCH, bookkeeping
 
 # Settings that may differ between the records of one comparison: the method itself (every `algo.*` key), the seed,
 # and the knobs that change neither the method nor the sampling distribution (:data:`capo.sweep.spec.BOOKKEEPING`:
 # where a run writes, how often it saves, threads, the KV-cache layout and decoding loop, gradient-accumulation
-# micro-batches, the extra step-0 evaluation). Everything else must be equal.
+# micro-batches, the extra step-0 evaluation). Everything else must be equal. (Micro-batches change a batch-dependent
+# loss's result: one method's seeds must then share them, :func:`_check_one_algorithm`.)
 FREE = ("algo", "run.seed", *BOOKKEEPING)
 
 
@@ -109,9 +110,14 @@ def load_records(*folders: Path) -> dict[str, dict[int, dict]]:
 
 def _check_one_algorithm(method: str, recs: list[tuple[Path, dict]]) -> None:
     """Raise :class:`DataError` when two seeds of one method ran other algorithm settings (``algo.*``, free between
-    methods): a method edited in its spec after some seeds ran, or the same name given to two methods by two sweeps."""
+    methods): a method edited in its spec after some seeds ran, or the same name given to two methods by two sweeps.
+    For a batch-dependent loss the micro-batch size is one of them (:func:`capo.sweep.spec.bookkeeping`)."""
     def algo(rec: dict) -> dict:
-        return {**setting_defaults((), ("algo",)), **flat_config(rec.get("config") or {}, (), ("algo",))}
+        config = rec.get("config") or {}
+        out = {**setting_defaults((), ("algo",)), **flat_config(config, (), ("algo",))}
+        if MICRO_BATCH not in bookkeeping(config):
+            out[MICRO_BATCH] = flat_config(config, (), ("optim",)).get(MICRO_BATCH, 0)
+        return out
 
     (p0, r0), *rest = recs
     a0 = algo(r0)

@@ -37,7 +37,7 @@ from pathlib import Path
 from capo.errors import DataError
 from capo.rundir import read_jsonl, read_jsonl_rows
 from capo.sweep.records import flat_config, setting_defaults
-from capo.sweep.spec import BASE, BOOKKEEPING, Job, record_state, same_settings
+from capo.sweep.spec import BASE, Job, bookkeeping, record_state, same_settings
 
 TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "train/masked_frac",
                 "train/masked_frac_correct", "train/masked_frac_incorrect", "calib/auc_mean",
@@ -238,7 +238,7 @@ def _eval_args(s, out: Path) -> list[str]:
 
 def run_dir_problem(job: Job, cfg: dict) -> str | None:
     """Why the job must not train or evaluate in its run folder, or None (a new folder, or one started with this
-    job's settings up to :data:`BOOKKEEPING`): the folder's mark names another resolved training config or final
+    job's settings up to its bookkeeping knobs, :func:`capo.sweep.spec.bookkeeping`): the folder's mark names another resolved training config or final
     evaluation; a folder without a mark that holds training output is judged by its ``config.yaml``."""
     d = job.run_dir
     mark = d / RUN_SETTINGS
@@ -257,7 +257,8 @@ def run_dir_problem(job: Job, cfg: dict) -> str | None:
     else:
         return None
     # a setting the folder's mark predates ran with what is now its default (as records read them)
-    now, then = flat_config(cfg, BOOKKEEPING), {**setting_defaults(BOOKKEEPING), **flat_config(then, BOOKKEEPING)}
+    free = bookkeeping(cfg)  # micro-batches count for a batch-dependent loss
+    now, then = flat_config(cfg, free), {**setting_defaults(free), **flat_config(then, free)}
     diff = [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(then))
             if now.get(k) != then.get(k)]
     diff += [f"eval.{k}: {then_eval.get(k)!r} -> {v!r}" for k, v in job.eval.items() if then_eval.get(k) != v]

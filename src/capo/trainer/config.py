@@ -171,7 +171,17 @@ class OptimConfig:
     max_grad_norm: float = knob(1.0, "gradient-norm clip (0 = off)")
     ppo_epochs: int = knob(1, "passes over each rollout batch")
     mini_batches: int = knob(1, "optimizer steps per pass (the batch is split into this many mini-batches)")
-    micro_batch_size: int = knob(0, "responses per forward/backward (gradient accumulation); 0 = whole mini-batch")
+    micro_batch_size: int = knob(0, "responses per forward/backward (gradient accumulation; the same update except for "
+                                    "the losses that select tokens within each call: "
+                                    + ", ".join(n for n in POLICY_LOSSES.names() if POLICY_LOSSES.batch_dependent(n))
+                                    + "); 0 = whole mini-batch")
+
+
+def micro_batches_change_result(loss: str | None) -> bool:
+    """Whether ``optim.micro_batch_size`` changes what a run with policy loss ``loss`` (a resolved ``algo.loss``)
+    computes: only for a batch-dependent loss (:meth:`capo.core.registry.Registry.batch_dependent`); for every
+    other, micro-batches are gradient accumulation and leave the update as it is (tests/trainer)."""
+    return loss in POLICY_LOSSES and POLICY_LOSSES.batch_dependent(loss)
 
 
 @dataclass
