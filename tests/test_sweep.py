@@ -59,6 +59,7 @@ def test_sweep_resumes_and_records(tmp_path, capsys):
         assert len(resp) == 18 and len({r[0] for r in resp}) == 6
         assert rec["final"]["accuracy"] == pytest.approx(sum(r[1] for r in resp) / 18, abs=1e-12)
         assert [r["step"] for r in rec["curves"]["train"]] == [1, 2]
+        assert rec["train_s"] == round(sum(r["time/step"] for r in rec["curves"]["train"]), 1) > 0
         assert rec["curves"]["eval"][-1]["step"] == 2 and "eval/auc_mean" in rec["curves"]["eval"][-1]
         import torch
         import transformers
@@ -485,10 +486,12 @@ def test_a_record_is_built_from_responses_holding_a_line_separator(tmp_path):
             {"prompt_id": "p1", "verdict": "incorrect", "mean_logprob": None, "text": "b\u2029c"}]
     (ev / "generations.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
                                           encoding="utf-8")
-    (job.run_dir / "metrics.jsonl").write_text('{"step": 1, "train/accuracy": 0.5}\n')
+    (job.run_dir / "metrics.jsonl").write_text('{"step": 1, "train/accuracy": 0.5, "time/step": 2.25}\n'
+                                               '{"step": 2, "train/accuracy": 0.5, "time/step": 3.5}\n')
     rec = runner.build_record(job, {}, 1.0)
     assert rec["responses"] == [["p1", 1, -0.25], ["p1", 0, None]]
-    assert rec["curves"]["train"] == [{"step": 1, "train/accuracy": 0.5}]
+    assert [r["train/accuracy"] for r in rec["curves"]["train"]] == [0.5, 0.5]
+    assert (rec["wall_s"], rec["train_s"]) == (1.0, 5.8)  # every step's time, whichever process trained it
 
 
 def test_a_run_finished_under_another_records_folder_is_copied_not_evaluated_again(tmp_path, monkeypatch):
@@ -532,6 +535,11 @@ def test_a_finished_job_without_auc_mean_is_reported(capsys):
     fut.set_result({"wall_s": 60.0, "final": {"accuracy": 0.25, "auc_mean": 0.75}})
     assert _report_job(SimpleNamespace(name="capo-seed0"), fut, commit=False) == 0
     assert "done capo-seed0 in 1.0 min: accuracy 0.250 auc_mean 0.750" in capsys.readouterr().out
+    fut = Future()  # resumed: the last process trained a part of the run
+    fut.set_result({"wall_s": 60.0, "train_s": 3000.0, "final": {"accuracy": 0.25, "auc_mean": 0.75}})
+    assert _report_job(SimpleNamespace(name="capo-seed1"), fut, commit=False) == 0
+    assert ("done capo-seed1 in 1.0 min (trained 50.0 min over every process): accuracy 0.250 auc_mean 0.750"
+            in capsys.readouterr().out)
 
 
 @pytest.mark.slow

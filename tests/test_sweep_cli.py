@@ -77,8 +77,9 @@ def test_status_elsewhere_reads_that_directorys_records_and_says_it_has_none(tmp
 def test_status_names_the_jobs_a_live_process_runs_and_what_is_left(tmp_path, monkeypatch, capsys):
     """A job without its record whose lock a live process holds is "running" (with that process); a dead process's
     lock is not; a job not done says how far its run folder has come (training rows only: step 0's evaluation row is
-    not a step); the jobs left are costed at the median wall time of the done training jobs' records, less the share
-    of its steps each has trained."""
+    not a step); the jobs left are costed at the median training time of the done training jobs (every process
+    counted: their curves' time/step, where a resumed job's wall_s is its last process's), less the share of its
+    steps each has trained."""
     import os
     import shutil
 
@@ -87,7 +88,13 @@ def test_status_names_the_jobs_a_live_process_runs_and_what_is_left(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     records = tmp_path / "sweeps" / "records" / "word_grpo_capo"
     shutil.copytree(RECORDS / "word_grpo_capo", records)
-    walls = {p.stem: json.loads(p.read_text())["wall_s"] for p in records.glob("*-seed*.json")}
+    walls = {p.stem: sum(r.get("time/step", 0) for r in json.loads(p.read_text())["curves"]["train"])
+             for p in records.glob("*-seed*.json")}
+    resumed = json.loads((records / "capo-seed1.json").read_text())
+    assert walls["capo-seed1"] > resumed["wall_s"]  # a resumed job: its last process's wall time is not its cost
+    (records / "grpo-seed1.json").write_text(json.dumps({**json.loads((records / "grpo-seed1.json").read_text()),
+                                                         "train_s": 4321.0}))  # a record that says it
+    walls["grpo-seed1"] = 4321.0
     for name in ("grpo-seed9", "grpo-seed10", "capo-seed10"):  # three jobs to do again
         (records / f"{name}.json").unlink()
         del walls[name]
@@ -111,8 +118,9 @@ def test_status_names_the_jobs_a_live_process_runs_and_what_is_left(tmp_path, mo
     assert "todo    grpo-seed10  (final evaluation)" in out and "todo    capo-seed10" in out
     med = statistics.median(walls.values())
     left = (1 - 50 / 200) + 0 + 1  # grpo-seed9 a quarter trained, grpo-seed10 trained, capo-seed10 not started
-    assert out[30] == (f"27 of 30 done, 1 running, 2 waiting; a training job's record took {med / 60:.0f} min (median "
-                       f"wall time of {len(walls)}): the 3 left are ~{left * med / 3600:.1f} job-hours")
+    assert out[30] == (f"27 of 30 done, 1 running, 2 waiting; a training job trained for {med / 60:.0f} min (median "
+                       f"of {len(walls)}, every process counted): the 3 left are ~{left * med / 3600:.1f} job-hours of "
+                       "training")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -14,7 +14,7 @@ from pathlib import Path
 from capo.cli.flags import add_settings
 from capo.errors import ConfigError
 from capo.settings import from_namespace, opt
-from capo.sweep.runner import DEFAULT_KEEP, KEEP, KEEP_HELP
+from capo.sweep.runner import DEFAULT_KEEP, KEEP, KEEP_HELP, train_seconds
 
 SPEC_HELP = "the sweep spec (YAML): name, preset, methods, seeds, eval, ... (the repository's are sweeps/*.yaml)"
 
@@ -164,9 +164,9 @@ def _status(spec: dict, all_jobs: list, args: SweepStatusSettings) -> int:
 
 
 def _left(all_jobs: list, states: dict[str, str], trained: dict[str, float]) -> str:
-    """One line: jobs done, running and waiting, and the cost of those left at the median wall time of the done
-    training jobs' records, less the share of its steps each has trained (a rough guide: a resumed run's record
-    counts its last process only)."""
+    """One line: jobs done, running and waiting, and the cost of those left at the median training time of the done
+    training jobs (:func:`_trained_for`: every process that trained a resumed job), less the share of its steps each
+    has trained."""
     import json
     import statistics
     from collections import Counter
@@ -176,16 +176,24 @@ def _left(all_jobs: list, states: dict[str, str], trained: dict[str, float]) -> 
     n = Counter(states.values())
     line = f"{n['done']} of {len(all_jobs)} done, {n['running']} running, {n['todo']} waiting" + "".join(
         f", {n[k]} {k}" for k in ("stale", "corrupt") if n[k])
-    walls = [json.loads(j.record.read_text()).get("wall_s") for j in all_jobs
+    costs = [_trained_for(json.loads(j.record.read_text())) for j in all_jobs
              if states[j.name] == "done" and j.method != BASE]
-    walls = [w for w in walls if isinstance(w, (int, float)) and w > 0]
+    costs = [c for c in costs if c > 0]
     left = n["running"] + n["todo"]
-    if walls and left:
-        med = statistics.median(walls)
+    if costs and left:
+        med = statistics.median(costs)
         share = sum(1 - trained[j.name] for j in all_jobs if states[j.name] in ("running", "todo"))
-        line += (f"; a training job's record took {med / 60:.0f} min (median wall time of {len(walls)}): the {left} "
-                 f"left are ~{share * med / 3600:.1f} job-hours")
+        line += (f"; a training job trained for {med / 60:.0f} min (median of {len(costs)}, every process "
+                 f"counted): the {left} left are ~{share * med / 3600:.1f} job-hours of training")
     return line
+
+
+def _trained_for(rec: dict) -> float:
+    """A finished training job's training time over every process: its record's ``train_s``, or for a record from
+    before that field the sum of its curves' ``time/step`` (the same rows); 0 when neither says."""
+    if isinstance(rec.get("train_s"), (int, float)):
+        return float(rec["train_s"])
+    return train_seconds((rec.get("curves") or {}).get("train") or [])
 
 
 def _run(spec: dict, all_jobs: list, args: SweepRunSettings) -> int:

@@ -295,8 +295,16 @@ def _is_record_of(text: str, job: Job) -> bool:
     return isinstance(rec, dict) and same_settings(rec, job)
 
 
+def train_seconds(train_rows: list[dict]) -> float:
+    """Seconds a run spent in its training steps, summed over every process that trained it (a resumed run's too,
+    where the record's ``wall_s`` is its last process's alone): the ``time/step`` of its training rows, from its
+    ``metrics.jsonl`` or a record's ``curves.train``; 0 when none has one."""
+    return sum(float(r["time/step"]) for r in train_rows if isinstance(r.get("time/step"), (int, float)))
+
+
 def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
-    """The small, committed summary of a finished job (no checkpoints, no texts)."""
+    """The small, committed summary of a finished job (no checkpoints, no texts). ``wall_s``: this process's wall
+    time; ``train_s`` (a training job): its training steps' time over every process (:func:`train_seconds`)."""
     ev_dir = job.run_dir / "eval"
     metrics = json.loads((ev_dir / "metrics.json").read_text())["metrics"]
     rows = read_jsonl(ev_dir / "generations.jsonl")
@@ -312,7 +320,8 @@ def build_record(job: Job, cfg: dict, wall_s: float) -> dict:
     return {"sweep": job.sweep, "method": job.method, "seed": job.seed, **({"draw": job.draw} if job.draw else {}),
             "settings_hash": job.settings_hash,
             "settings": job.settings, "config": cfg,
-            **code_fields(job), "machine": machine(), "wall_s": round(wall_s, 1), "final": metrics,
+            **code_fields(job), "machine": machine(), "wall_s": round(wall_s, 1),
+            **({} if job.method == BASE else {"train_s": round(train_seconds(train_rows), 1)}), "final": metrics,
             "curves": curves,
             "responses": responses}
 
@@ -482,7 +491,10 @@ def _report_job(j: Job, fut, commit: bool) -> int:
     f = rec["final"]
     shown = (("answer_ece", "verbal_ece") if f.get("answer_ece") is not None else
              ("stochastic_ece", "stochastic_auroc") if f.get("stochastic_ece") is not None else ("accuracy", "auc_mean"))
-    print(f"  done {j.name} in {rec['wall_s'] / 60:.1f} min: "
+    took = f"in {rec['wall_s'] / 60:.1f} min"
+    if rec.get("train_s", 0) > rec["wall_s"]:  # resumed: this process did only part of the training
+        took += f" (trained {rec['train_s'] / 60:.1f} min over every process)"
+    print(f"  done {j.name} {took}: "
           + " ".join(f"{k} {'n/a' if f.get(k) is None else format(f[k], '.3f')}" for k in shown), flush=True)
     if commit:
         commit_record(j)
