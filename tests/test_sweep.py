@@ -494,17 +494,24 @@ def test_a_record_is_built_from_responses_holding_a_line_separator(tmp_path):
     assert (rec["wall_s"], rec["train_s"]) == (1.0, 5.8)  # every step's time, whichever process trained it
 
 
-def test_a_run_finished_under_another_records_folder_is_copied_not_evaluated_again(tmp_path, monkeypatch):
+def test_a_run_finished_under_another_records_folder_is_copied_not_evaluated_again(tmp_path, monkeypatch, capsys):
     """Two checkouts sharing --runs-root: the second finds the finished run's record in the run folder and copies it
-    byte for byte (same wall time, same commit) instead of evaluating the run again; a record kept from other
-    settings (the spec was edited) is not taken."""
+    byte for byte (same wall time, same commit) instead of evaluating the run again, saying so (status says it
+    before: deleting a record alone does not rerun its job); a record kept from other settings (the spec was
+    edited) is not taken."""
+    spec_path = _write(tmp_path, SPEC)
     job = spec.jobs(SPEC, tmp_path / "runs", tmp_path / "records")[0]
     job.run_dir.mkdir(parents=True)
     kept = '{"settings_hash":"%s","final":{"accuracy":0.5,"auc_mean":0.7},"wall_s":2331.1}\n' % job.settings_hash
     (job.run_dir / runner.RUN_RECORD).write_text(kept)
+    argv = [str(spec_path), "--runs-root", str(tmp_path / "runs"), "--records-root", str(tmp_path / "records")]
+    assert main(["sweep", "status", *argv]) == 0
+    assert "todo    grpo-seed3  (finished: run copies record.json from its run folder)" in capsys.readouterr().out
     monkeypatch.setattr(runner, "_capo", lambda *a: pytest.fail("a finished run was evaluated again"))
     assert runner.run_job(job)["wall_s"] == 2331.1
     assert job.record.read_text() == kept
+    assert (f"note: grpo-seed3: copied the record its run folder keeps ({job.run_dir / runner.RUN_RECORD}), without "
+            "training or evaluating; to run the job anew, delete that file too") in capsys.readouterr().out
     job.record.unlink()
     (job.run_dir / runner.RUN_RECORD).write_text(kept.replace(job.settings_hash, "0" * 16))
     monkeypatch.setattr(runner, "_capo", lambda *a: (_ for _ in ()).throw(RuntimeError("trains again")))

@@ -136,12 +136,12 @@ def run(ns) -> int:
 
 def _status(spec: dict, all_jobs: list, args: SweepStatusSettings) -> int:
     """One line per job (a job without its record that a live sweep process holds is "running", with the process;
-    one not done says how far its run folder has come), what is left and roughly what it costs, a note when the
+    one not done says how far its run folder has come, or that the folder keeps its record), what is left and roughly what it costs, a note when the
     records folder does not exist here, then what would stop `run` (exit 2)."""
     import os
 
     from capo.sweep import preflight
-    from capo.sweep.runner import holder, progress
+    from capo.sweep.runner import RUN_RECORD, holder, kept_record, progress
     from capo.sweep.spec import state
 
     states, trained = {}, {}
@@ -152,6 +152,8 @@ def _status(spec: dict, all_jobs: list, args: SweepStatusSettings) -> int:
         got = progress(j) if st == "todo" else None
         trained[j.name] = min(1.0, got[0] / got[1]) if got else 0.0
         where = None if got is None else "final evaluation" if got[2] else f"step {got[0]} of {got[1]}"
+        if st == "todo" and kept_record(j):
+            where = f"finished: run copies {RUN_RECORD} from its run folder"
         notes = [x for x in (who, where) if x]
         print(f"{states[j.name]:7} {j.name}" + (f"  ({'; '.join(notes)})" if notes else ""))
     print(_left(all_jobs, states, trained))

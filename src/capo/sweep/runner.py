@@ -137,11 +137,20 @@ def corrupt_record(job: Job, why: str) -> str:
             "to run the job again")
 
 
-def _train_eval_record(job: Job) -> dict:
+def kept_record(job: Job) -> str | None:
+    """The record the job's run folder keeps (``RUN_DIR/record.json``) when it is this job's: the run finished,
+    under this records folder or another checkout's; None when there is none (or a torn or other-settings one)."""
     kept = job.run_dir / RUN_RECORD
     text = kept.read_text() if kept.exists() else ""
-    if text and _is_record_of(text, job):  # finished by a process with another records folder
+    return text if text and _is_record_of(text, job) else None
+
+
+def _train_eval_record(job: Job) -> dict:
+    text = kept_record(job)
+    if text:  # finished by a process with another records folder, or its record was deleted here
         _write_record(job.record, text)
+        print(f"  note: {job.name}: copied the record its run folder keeps ({job.run_dir / RUN_RECORD}), without "
+              "training or evaluating; to run the job anew, delete that file too", flush=True)
         return json.loads(text)
     resolved = resolved_config(job)
     problem = run_dir_problem(job, resolved)
