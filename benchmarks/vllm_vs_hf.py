@@ -37,7 +37,6 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def smollm2_folder() -> Path:
     """The offline SmolLM2-135M-Instruct GGUF as a plain Hugging Face folder (fp32), converted once."""
-    import importlib.util
 
     import torch
 

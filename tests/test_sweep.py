@@ -2,6 +2,7 @@
 report's statistics are hand-computed here."""
 
 import json
+import os
 import pathlib
 import sys
 
@@ -204,7 +205,6 @@ def test_records_of_two_sweeps_form_one_comparison_only_with_the_same_settings(t
 
 
 def test_a_job_held_by_a_live_process_is_skipped_and_a_dead_ones_lock_is_taken_over(tmp_path, capsys, monkeypatch):
-    import os
     import socket
     import subprocess
 
@@ -231,6 +231,24 @@ def test_a_job_held_by_a_live_process_is_skipped_and_a_dead_ones_lock_is_taken_o
     assert runner.claim(jobs[1]) is None
     assert (jobs[1].run_dir / "sweep.lock").read_text() == f"{os.getpid()}@{host}"
     assert runner.claim(jobs[1]) == f"{os.getpid()}@{host}"
+    assert sorted(p.name for p in jobs[1].run_dir.iterdir()) == ["sweep.lock"]  # nothing else left behind
+
+
+def test_a_lock_is_never_seen_empty(tmp_path, monkeypatch):
+    """Another process reading a job's lock while it is being taken sees its holder, never an empty file (which
+    reads as free: two sweep processes then ran one job, and the second's `capo train` failed on the run folder)."""
+    import socket
+
+    job = spec.jobs(SPEC, tmp_path / "runs", tmp_path / "records")[0]
+    seen, real_link = [], os.link
+
+    def link_then_look(src, dst):  # what another process reads the moment the lock exists
+        real_link(src, dst)
+        seen.append(runner.holder(job))
+
+    monkeypatch.setattr(runner.os, "link", link_then_look)
+    assert runner.claim(job) is None
+    assert seen == [f"{os.getpid()}@{socket.gethostname()}"]
 
 
 def test_a_job_finished_by_another_process_after_listing_is_not_run_again(tmp_path, capsys, monkeypatch):

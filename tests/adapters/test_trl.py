@@ -8,7 +8,6 @@ too, and everything is compared on the CPU.
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 

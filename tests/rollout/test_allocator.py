@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from capo.rollout.models import tune_cpu_allocator
 
 CHILD = """
 import json, sys, torch

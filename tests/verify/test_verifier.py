@@ -1,7 +1,5 @@
 """The sandboxed math-verify verifier: verdicts, equivalence classes, hard timeouts, threads, no code execution."""
 
-import glob
-import os
 import threading
 import time
 

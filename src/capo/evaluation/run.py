@@ -35,7 +35,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from itertools import chain
 from pathlib import Path
-from typing import Any
 
 from capo.core import voting
 from capo.core.checks import did_you_mean

@@ -91,22 +91,27 @@ def holder(job: Job) -> str | None:
 
 
 def claim(job: Job) -> str | None:
-    """Take the job's lock; returns None when taken, else the live holder ("pid@host") and the job is left alone."""
+    """Take the job's lock; returns None when taken, else the live holder ("pid@host") and the job is left alone.
+    The lock appears with its holder already written (a hard link to a written file, which fails when the lock
+    exists), so another process never reads it empty and takes it as free."""
     job.run_dir.mkdir(parents=True, exist_ok=True)
     lock = job.run_dir / LOCK
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            holder = _holder(lock)
-            if holder is not None:
-                return holder
-            lock.unlink(missing_ok=True)  # stale: its process died
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()}@{socket.gethostname()}")
-        return None
-    return _holder(lock) or "another process (the lock changed hands twice)"
+    mine = job.run_dir / f".{LOCK}.{os.getpid()}"
+    mine.write_text(f"{os.getpid()}@{socket.gethostname()}")
+    try:
+        for _ in range(2):
+            try:
+                os.link(mine, lock)
+            except FileExistsError:
+                holder = _holder(lock)
+                if holder is not None:
+                    return holder
+                lock.unlink(missing_ok=True)  # stale: its process died
+                continue
+            return None
+        return _holder(lock) or "another process (the lock changed hands twice)"
+    finally:
+        mine.unlink(missing_ok=True)
 
 
 def run_job(job: Job, keep: str = DEFAULT_KEEP) -> dict | str:
@@ -166,7 +171,7 @@ def _train_eval_record(job: Job) -> dict:
     _capo(_eval_args(eval_settings(job, cfg, model), job.run_dir / "eval"), log)
     record = build_record(job, cfg, time.perf_counter() - t0)
     text = json.dumps(record, separators=(",", ":")) + "\n"
-    _write_record(kept, text)
+    _write_record(job.run_dir / RUN_RECORD, text)
     _write_record(job.record, text)
     return record
 

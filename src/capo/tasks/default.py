@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from capo.tasks import model_builder as mb
-from capo.tasks.model_builder import (ANSWER_CLOSE, ANSWER_OPEN, CONF_CLOSE, CONF_OPEN, CONFIDENCE_GRID, TAGS,
+from capo.tasks.model_builder import (ANSWER_CLOSE, ANSWER_OPEN, CONF_CLOSE, CONF_OPEN, CONFIDENCE_GRID,
                                       build_tokenizer)
 from capo.tasks.problem import SPLITS, Problem, check_split
 

@@ -19,7 +19,7 @@ import torch
 
 from capo.core import checks
 from capo.core.calibration import auroc, ece
-from capo.core.rewards import SCORING_RULES, scoring_rule
+from capo.core.rewards import scoring_rule
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ import torch
 
 from capo.core import compute_advantages
 from capo.core.calibration import auroc, ece
-from capo.tasks.stochastic import SCORING_RULES, StochasticData, score, stochastic_data
+from capo.core.rewards import SCORING_RULES
+from capo.tasks.stochastic import StochasticData, score, stochastic_data
 
 
 @dataclass(frozen=True)
