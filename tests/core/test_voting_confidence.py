@@ -139,3 +139,11 @@ def test_keep_everything_equals_majority_and_weighted_votes(rows):
         f1 = filtered_vote(a, c, g, s, frac)
         f2 = filtered_vote(a, c, g, torch.exp(3 * s) - 5, frac)
         assert f1.chosen_answer.tolist() == f2.chosen_answer.tolist()
+
+
+def test_a_filtered_vote_tie_goes_to_the_first_kept_response():
+    """Answers [0, 1, 0, 2], confidences [.1, .9, .8, .2], keep half: rows 1 and 2 are kept and tie 1-1; class 1's
+    kept response comes first, so class 1 (wrong) wins, though class 0's first response (row 0) is earlier."""
+    r = filtered_vote(t([0, 1, 0, 2]), t([True, False, True, False]), t([0, 0, 0, 0]), t([0.1, 0.9, 0.8, 0.2], F64),
+                      keep_fraction=0.5)
+    assert r.chosen_answer.tolist() == [1] and r.accuracy == 0.0

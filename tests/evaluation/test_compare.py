@@ -7,6 +7,7 @@ import math
 import pytest
 
 from capo.cli import main
+from capo.core import calibration as cal
 from capo.errors import ConfigError
 from capo.evaluation import compare as cmpmod
 from capo.evaluation.report import load_run
@@ -191,3 +192,25 @@ def test_the_demo_terminal_pairs_with_the_statistic_of_report_split_on(tmp_path,
     d = _paired_vs_base(by["base"].path, by["grpo-seed0"].path)
     assert d["n_prompts"] >= 2 and d["low"] < d["diff"] < d["high"]
     assert row.endswith(f"| {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] ({d['n_prompts']}) |")
+
+
+def test_two_runs_are_paired_by_prompt_id_on_the_prompts_both_hold(tmp_path):
+    """Run A holds p1 (AUC 0.5), p2 (1) and p3 (0); run B p2 (1) and p3 (0): paired on p2 and p3 the difference is
+    0. Indexing each run by its own sorted ids paired p1 with p2 and p2 with p3: (-0.5 + 1) / 2 = 0.25."""
+    from capo.cli.demo_cmd import _paired_vs_base
+
+    def write(name, prompts):
+        d = tmp_path / name
+        d.mkdir()
+        lpm = {"p1": (-0.5, -0.5), "p2": (-0.1, -0.9), "p3": (-0.9, -0.1)}  # (right, wrong)
+        rows = [{"prompt_id": p, "prompt": p, "verdict": v, "mean_logprob": lpm[p][i]}
+                for p in prompts for i, v in enumerate(("correct", "incorrect"))]
+        (d / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return d
+
+    a, b = write("a", ["p1", "p2", "p3"]), write("b", ["p2", "p3"])
+    xa, xb = cmpmod.paired_columns(a, b)
+    assert xa[2].tolist() == xb[2].tolist() == [0, 0, 1, 1]  # p2, p3 in both
+    pd = cal.paired_difference(*xa, *xb, n_boot=200, seed=0)
+    assert (pd.value, pd.n_groups_used) == (0.0, 2)
+    assert _paired_vs_base(b, a)["diff"] == 0.0

@@ -181,3 +181,23 @@ def test_rows_with_topk_conf_but_no_entropy_give_the_topk_estimators_only(tmp_pa
     assert set(curves["estimators_unavailable"]) == {"neg_entropy", "self_certainty"}
     html = (out / "report.html").read_text()
     assert "Not available for" in html and "token_kl_uniform" in html and "lowest_group" in html
+
+
+def test_an_empty_response_weighs_nothing_in_a_probabilitys_weighted_vote():
+    """min_token_prob is a probability, so its vote weights are the probabilities themselves; an empty response
+    (score -inf) weighs 0 and leaves every other question's weights alone. Question p: 0.9 for answer 0 (right)
+    against 0.3 + 0.3 for answer 1: answer 0 by the probabilities (0.9 > 0.6), answer 1 had one empty response
+    elsewhere switched the weights to exp(s - max) (1 < 2 e^-0.6 = 1.098). Question q: 0.5 (right) against an empty
+    response."""
+    spec = [("p", [("correct", 0, [math.log(0.9)]), ("incorrect", 1, [math.log(0.3)]),
+                   ("incorrect", 1, [math.log(0.3)])]),
+            ("q", [("correct", 0, [math.log(0.5)]), ("incorrect", 1, [])])]
+    rows = [{"prompt_id": pid, "sample_idx": j, "text": f"{pid}{j}", "answer": str(aid), "verdict": v,
+             "mean_logprob": sum(lp) / len(lp) if lp else None, "n_tokens": len(lp), "answer_id": aid,
+             "confidence": None, "finish_reason": "stop", "token_logprobs": lp, "token_entropy": [0.1] * len(lp),
+             "token_kl_uniform": [1.0] * len(lp), "token_topk_conf": [1.0] * len(lp)}
+            for pid, samples in spec for j, (v, aid, lp) in enumerate(samples)]
+    t = compute_metrics(rows, n_boot=0)["curves"]["estimators"]
+    assert t["min_token_prob"]["weighted_vote"] == 1.0
+    without_empty = compute_metrics(rows[:4], n_boot=0)["curves"]["estimators"]
+    assert without_empty["min_token_prob"]["weighted_vote"] == 1.0

@@ -8,7 +8,9 @@ must equal, to 1e-9, the values capo computed at commit 817fa95, before the spee
 
 The pinned values were written by that commit's code with
 ``PYTHONPATH=<a checkout of 817fa95>/src python tests/evaluation/test_generations_pinned.py --write``; rewrite them only
-for a deliberate change of a metric, and say so.
+for a deliberate change of a metric, and say so. Rewritten once: 2026-11-28, for `weighted_vote` of the probability
+estimators (an empty response had switched their weights to exp(s - max) in every question): the four
+`curves/estimators/*/weighted_vote` values of tail, bottom_group, lowest_group and self_certainty changed, nothing else.
 """
 
 from __future__ import annotations

@@ -349,6 +349,11 @@ def test_missing_verbal_confidence_votes_as_zero():
             enumerate([("correct", 0, 0.9), ("incorrect", 1, None), ("incorrect", 1, None)])]
     m = compute_metrics(rows, n_boot=0)["metrics"]
     assert m["confidence_weighted_vote"] == 1.0 and m["max_confidence_verbal"] == 1.0
+    # a missing confidence ranks below a stated 0, not level with it (a tie that the earlier row won)
+    rows = [{"prompt_id": "p", "text": f"t{i}", "answer": None, "verdict": v, "mean_logprob": -0.5, "n_tokens": 2,
+             "answer_id": aid, "confidence": q} for i, (v, aid, q) in
+            enumerate([("incorrect", 1, None), ("correct", 0, 0.0)])]
+    assert compute_metrics(rows, n_boot=0)["metrics"]["max_confidence_verbal"] == 1.0
 
 
 def test_non_finite_metrics_are_none_and_missing_lengths_are_skipped():

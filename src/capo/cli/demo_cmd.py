@@ -376,11 +376,12 @@ def _paired_line(d: dict) -> str:
 
 def _paired_vs_base(base_dir: Path, run_dir: Path) -> dict:
     """Paired per-prompt AUC-mean difference (run - base) on the same held-out prompts, with a bootstrap CI: the
-    statistic of ``capo report --split-on`` (:func:`capo.evaluation.compare.run_columns`)."""
+    statistic of ``capo report --split-on`` (:func:`capo.evaluation.compare.paired_columns`)."""
     from capo.core.calibration import paired_difference
-    from capo.evaluation.compare import run_columns
+    from capo.evaluation.compare import paired_columns
 
-    pd = paired_difference(*run_columns(run_dir), *run_columns(base_dir), n_boot=1000, seed=0)
+    run, base = paired_columns(run_dir, base_dir)
+    pd = paired_difference(*run, *base, n_boot=1000, seed=0)
     return {"diff": pd.value, "low": pd.low, "high": pd.high, "n_prompts": pd.n_groups_used}
 
 

@@ -354,7 +354,8 @@ def filtered_vote(answer_ids, correct, group_ids, confidence, keep_fraction: flo
 
     Args: confidence [N] any real score, higher = more confident (e.g. an estimator of
     :mod:`capo.core.confidence`); NaN = missing. keep_fraction in (0, 1] (DeepConf: 0.1 and 0.9). weighted: the kept
-    confidences must then be finite and >= 0. Other shapes as in the module docstring. Returns :class:`VoteResult`.
+    confidences must then be finite and >= 0. A tie goes to the class whose first kept response comes first. Other
+    shapes as in the module docstring. Returns :class:`VoteResult`.
     """
     s = checks.scores("confidence", confidence, allow_nan=True)
     a, c, g = _vote_inputs(answer_ids, correct, group_ids, confidence=s)

@@ -29,7 +29,7 @@ from capo.tasks import stochastic as stochastic_task
 from capo.tasks.stochastic import stochastic_summary
 
 __all__ = ["MEASURES", "MIN_PROMPTS", "Model", "Comparison", "compare", "headline", "model_name", "prompts_behind",
-           "run_columns", "too_few"]
+           "paired_columns", "run_columns", "too_few"]
 
 # (metrics key, readable name, +1 = higher is better / -1 = lower is better): the measures the headline covers
 MEASURES = [
@@ -321,10 +321,34 @@ def headline(cmp: Comparison) -> tuple[str, str]:
 def run_columns(run_dir: Path, text: str = "", subset: str = "all") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(lpm [N] float64, correct [N] bool, prompt index [N]) of an eval run's rows in ``subset``: "all", "with"
     (prompts that contain ``text``) or "without"; an empty response's lpm is -inf; prompts indexed in sorted id order.
-    The inputs of :func:`capo.core.calibration.paired_difference` (``capo report --split-on``, the demo's terminal)."""
+    One run's own columns; two runs to pair: :func:`paired_columns`."""
+    rows = _subset_rows(run_dir, text, subset)
+    return _columns(rows, {p: i for i, p in enumerate(sorted({str(r["prompt_id"]) for r in rows}))})
+
+
+def paired_columns(run_a: Path, run_b: Path, text: str = "", subset: str = "all") -> tuple[tuple, tuple]:
+    """:func:`run_columns` of two eval runs on the prompts both hold, indexed alike (index i is one prompt in both,
+    by its id): the inputs of :func:`capo.core.calibration.paired_difference` (``capo report --split-on``, the demo's
+    terminal). Indexing each run by its own sorted ids paired different prompts when the runs' prompt sets differ."""
+    rows_a, rows_b = _subset_rows(run_a, text, subset), _subset_rows(run_b, text, subset)
+    shared = sorted({str(r["prompt_id"]) for r in rows_a} & {str(r["prompt_id"]) for r in rows_b})
+    ids = {p: i for i, p in enumerate(shared)}
+    return _columns(rows_a, ids), _columns(rows_b, ids)
+
+
+def _paired(run_a: Path, run_b: Path, text: str, subset: str, n_boot: int, seed: int) -> cal.PairedDifference:
+    xa, xb = paired_columns(run_a, run_b, text, subset)
+    return cal.paired_difference(*xa, *xb, n_boot=n_boot, seed=seed)
+
+
+def _subset_rows(run_dir: Path, text: str, subset: str) -> list[dict]:
     rows = read_jsonl(Path(run_dir) / "generations.jsonl")
-    rows = [r for r in rows if subset == "all" or ((text in r["prompt"]) == (subset == "with"))]
-    ids = {p: i for i, p in enumerate(sorted({str(r["prompt_id"]) for r in rows}))}
+    return [r for r in rows if subset == "all" or ((text in r["prompt"]) == (subset == "with"))]
+
+
+def _columns(rows: list[dict], ids: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows of the prompts in ``ids`` as (lpm, correct, ids[prompt])."""
+    rows = [r for r in rows if str(r["prompt_id"]) in ids]
     lpm = [r["mean_logprob"] if r["mean_logprob"] is not None else float("-inf") for r in rows]
     return (torch.tensor(lpm, dtype=torch.float64),
             torch.tensor([r["verdict"] == "correct" for r in rows], dtype=torch.bool),
@@ -351,7 +375,7 @@ def split_table(runs: list, reference: str, text: str, n_boot: int = 1000, seed:
                               "contain and others do not")
         for r in sorted(runs, key=lambda r: (r is not ref[0], r.name)):
             x = run_columns(r.path, text, subset)
-            pd = cal.paired_difference(*x, *base, n_boot=n_boot, seed=seed) if r is not ref[0] else None
+            pd = None if r is ref[0] else _paired(r.path, ref[0].path, text, subset, n_boot, seed)
             diff = "-" if pd is None else f"{pd.value:+.3f} [{pd.low:+.3f}, {pd.high:+.3f}] ({pd.n_groups_used})"
             lines.append(f"| {r.name} | {label} | {float(x[1].double().mean()):.3f} | "
                          f"{cal.auc_mean(*x).value:.3f} | {diff} |")

@@ -101,10 +101,13 @@ def unavailable_estimators(rows: list[dict], has_verbal: bool) -> dict[str, str]
 
 
 def _vote_weights(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Non-negative weights that order like the scores within each question: the scores themselves when every one
-    is >= 0 (probabilities, DeepConf confidences), else exp(s - max of the question) (log-domain scores)."""
-    if bool((s >= 0).all()):
-        return s
+    """Non-negative weights that order like the scores within each question: the scores themselves when every finite
+    one is >= 0 (probabilities, DeepConf confidences), else exp(s - max of the question) (log-domain scores); an
+    empty response's -inf weighs 0 either way (it decides nothing: one empty response used to switch a
+    probability's weights to the exponential form in every question)."""
+    real = torch.isfinite(s)
+    if bool((s[real] >= 0).all()):
+        return torch.where(real, s, torch.zeros_like(s))
     _, gi = cal.group_index(g)
     top = torch.full((int(gi.max()) + 1,), -math.inf, dtype=F64).scatter_reduce(0, gi, s, "amax")
     return torch.where(torch.isinf(s), torch.zeros_like(s), torch.exp(s - top[gi]))

@@ -110,7 +110,7 @@ def _scaling_metrics(rows: list[dict], cols: _Columns, lpm_finite: torch.Tensor)
     if cols.has_verbal:
         vq = torch.nan_to_num(cols.verbal, nan=0.0)
         m["confidence_weighted_vote"] = voting.confidence_weighted_vote(aids, c, g, vq).accuracy
-        m["max_confidence_verbal"] = voting.max_confidence(aids, c, g, vq).accuracy
+        m["max_confidence_verbal"] = voting.max_confidence(aids, c, g, cols.verbal).accuracy  # NaN: below any q
     return m
 
 
