@@ -19,7 +19,7 @@ from capo.core.masks import (
     mask_knob_problem, noise_mask_problem, ppl_quantile_thresholds, resolve_noise_mask,
 )
 from capo.core.registry import ADVANTAGES, CONFIDENCES, POLICY_LOSSES, REWARDS, Registry, UnknownNameError
-from capo.core.rewards import ppo_c_reward, rlcr_components
+from capo.core.rewards import REWARD_COMPONENTS, ppo_c_reward, rlcr_components
 from capo.core.rollout_correction import logprob_mismatch, truncated_is_weights
 from capo.core.scores import sequence_logprob_mean, sequence_logprob_sum, sequence_perplexity
 from capo.core.step import (
@@ -38,6 +38,6 @@ __all__ = [
     "calibration_metrics", "estimate", "guard_batch", "hyperparameters", "needs_scores",
     "ace_advantage", "c2gspg_loss", "clip_cov_loss", "gdpo_advantage", "kl_cov_loss", "logprob_advantage_covariance",
     "ngrpo_advantage",
-    "ppo_c_reward", "rlcr_components", "seed_grpo_advantage", "semantic_entropy", "token_covariance",
+    "ppo_c_reward", "REWARD_COMPONENTS", "rlcr_components", "seed_grpo_advantage", "semantic_entropy", "token_covariance",
     "unlikeliness_advantage", "logprob_mismatch", "truncated_is_weights",
 ]

@@ -91,6 +91,11 @@ def rlcr_components(
     return torch.stack([c, brier], dim=1)
 
 
+# The rewards made of separate terms, name -> the function giving its [N, K] terms (what GDPO normalises apart): the
+# one list (``capo.rollout.method_inputs`` reads it). Any other reward is one term, or the engine's reward terms.
+REWARD_COMPONENTS = {"rlcr": rlcr_components}
+
+
 @REWARDS.register("ppo_c")
 def ppo_c_reward(
     correct: torch.Tensor,

@@ -10,8 +10,9 @@ signature, never a list of method names):
   tokens, 0 where non-finite (that row's group is dropped by the numerical guard anyway);
 - ``cluster_ids`` [N] int (advantage ``seed_grpo``): the extracted answers' equivalence classes within each prompt
   (:meth:`capo.verify.Verifier.equivalence_classes_batch`, the classes capo's voting uses; -1 = no answer);
-- ``components`` [N, K] (advantage ``gdpo``): RLCR's two terms (:func:`capo.core.rlcr_components`) when the reward
-  is ``rlcr``, else the engine's reward terms (``reward_terms``; default the reward itself as one column);
+- ``components`` [N, K] (advantage ``gdpo``): the reward's own terms when it has them
+  (:data:`capo.core.rewards.REWARD_COMPONENTS`: RLCR's two, :func:`capo.core.rlcr_components`), else the engine's
+  reward terms (``reward_terms``; default the reward itself as one column);
 - ``rewards`` [N] (policy loss ``c2gspg``, the calibration target): the rewards as given.
 
 Everything is engine independent (tensors, strings, a verifier); each engine only says how a missing input is
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from capo.core import ADVANTAGES, POLICY_LOSSES, RENAMED, checks, rlcr_components
+from capo.core import ADVANTAGES, POLICY_LOSSES, RENAMED, REWARD_COMPONENTS, checks
 from capo.errors import ConfigError
 
 __all__ = ["MethodInputs", "StepBatch", "StepSpec", "advantage_inputs", "method_inputs", "needed_data"]
@@ -64,7 +65,7 @@ def needed_data(advantage: str, loss: str | None = None, *, reward: str = "corre
     adv, los = _wants(advantage, loss)
     out: set[str] = set()
     for name in adv | los:
-        if name == "components" and reward != "rlcr":
+        if name == "components" and reward not in REWARD_COMPONENTS:
             continue
         out.update(_NEEDS[name])
     return out
@@ -79,7 +80,7 @@ class StepBatch:
     then 0 and there are no ``calib/*``); ref_token_logp [N, T] the frozen reference's, on the same tokens;
     valid [N] bool rows that exist as responses (None: all); answers: N extracted answers (None = no answer);
     confidence [N] verbalized confidences (NaN = none); format_ok [N] bool; reward_terms [N, K] GDPO's components
-    when the reward is not ``rlcr``; verifier: groups answers into SEED-GRPO's clusters;
+    when the reward has no terms of its own (``REWARD_COMPONENTS``); verifier: groups answers into SEED-GRPO's clusters;
     confidence_logp [N, T]: the log-probs whose lpm is the ``calib/*`` confidence, when not ``token_logp``
     (capo's trainer: the rollout-time ones, while its advantages read its own recomputed old log-probs).
     """
@@ -174,11 +175,12 @@ def _confidence_shift(spec: StepSpec, batch: StepBatch, what: str) -> torch.Tens
 
 
 def _components(spec: StepSpec, batch: StepBatch, rewards: torch.Tensor, what: str) -> torch.Tensor:
-    if spec.reward != "rlcr":
+    split = REWARD_COMPONENTS.get(spec.reward)
+    if split is None:
         return (rewards[:, None] if batch.reward_terms is None else batch.reward_terms).to(rewards.dtype)
     if batch.correct is None or batch.confidence is None:
-        raise _missing(spec, f"{what} with the rlcr reward", "the verdicts and verbal confidences (its components "
-                       "are RLCR's correctness and Brier terms)", "confidence")
+        raise _missing(spec, f"{what} with the {spec.reward} reward", "the verdicts and verbal confidences (its "
+                       "components are RLCR's correctness and Brier terms)", "confidence")
     fail = {k: v for k, v in spec.reward_kwargs.items() if k == "format_failure_reward"}
-    return rlcr_components(batch.correct, confidence=batch.confidence.float(), format_ok=batch.format_ok,
-                           **fail).to(rewards.dtype)
+    return split(batch.correct, confidence=batch.confidence.float(), format_ok=batch.format_ok,
+                 **fail).to(rewards.dtype)
