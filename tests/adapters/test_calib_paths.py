@@ -40,7 +40,7 @@ def _trainer_path(est, hp, correct, conf, fmt, rewards, mask, lp, ref):
     from capo.trainer.loop import Trainer
     from capo.verify import Verdict
 
-    algo = types.SimpleNamespace(advantage=est, advantage_kwargs=hp, noise_mask="fixed", group_filter=False,
+    algo = types.SimpleNamespace(advantage=est, advantage_kwargs=hp, noise_mask="fixed", group_filter=False, group_filter_by=None,
                                  reward="rlcr", reward_kwargs={}, loss="ppo_clip")
     cfg = types.SimpleNamespace(algo=algo, rollout=types.SimpleNamespace(group_size=G),
                                 run=types.SimpleNamespace(on_bad_sample="skip"))

@@ -59,7 +59,7 @@ def _trainer_path(est, hp, reward, b, verifier):
 
     from capo.trainer.loop import Trainer
 
-    algo = types.SimpleNamespace(advantage=est, advantage_kwargs=hp, noise_mask="off", group_filter=False,
+    algo = types.SimpleNamespace(advantage=est, advantage_kwargs=hp, noise_mask="off", group_filter=False, group_filter_by=None,
                                  reward=reward, reward_kwargs={}, loss="ppo_clip")
     cfg = types.SimpleNamespace(algo=algo, rollout=types.SimpleNamespace(group_size=G),
                                 run=types.SimpleNamespace(on_bad_sample="skip"))

@@ -88,13 +88,28 @@ def test_noise_mask_thresholds_resolve_the_default_and_check_the_value_once():
 
 
 def test_filtered_fraction_counts_rows_of_all_equal_groups():
-    out = step_advantages(batch(rewards=torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=f64)),
-                          StepSpec("grpo", group_filter=True))
-    assert out.metrics["train/filtered_frac"] == 0.5  # the first group's rewards are all equal
-    out = step_advantages(batch(rewards=torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=f64)),
-                          StepSpec("grpo", group_filter=True))
+    out = step_advantages(batch(rewards=torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=f64),
+                                correct=torch.tensor([True, True, True, False])), StepSpec("grpo", group_filter=True))
+    assert out.metrics["train/filtered_frac"] == 0.5  # the first group is all right
+    out = step_advantages(batch(rewards=torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=f64),
+                                correct=torch.tensor([True, True, False, False])), StepSpec("grpo", group_filter=True))
     assert out.metrics["train/filtered_frac"] == 1.0
     assert "train/filtered_frac" not in step_advantages(batch(), StepSpec("grpo")).metrics
+
+
+def test_the_group_filter_compares_the_verdicts_unless_told_the_rewards():
+    """DAPO eq. 11 keeps a group with 0 < #correct < G. An all-wrong group whose rewards differ only by an overlong
+    penalty (0 and -0.75) is dropped by the verdicts, kept by the rewards (where its advantages pushed the wrong
+    answer without the penalty up)."""
+    b = batch(rewards=torch.tensor([0.0, -0.75, 1.0, 0.0], dtype=f64),
+              correct=torch.tensor([False, False, True, False]))
+    by_verdict = step_advantages(b, StepSpec("grpo", group_filter=True))
+    assert by_verdict.metrics["train/filtered_frac"] == 0.5
+    assert by_verdict.result.advantages[:2].tolist() == [0.0, 0.0]
+    by_reward = step_advantages(b, StepSpec("grpo", group_filter=True, group_filter_by="reward"))
+    assert by_reward.metrics["train/filtered_frac"] == 0.0 and float(by_reward.result.advantages[0]) > 0
+    with pytest.raises(ConfigError, match="group filter by correctness needs the verdicts.*algo.group_filter_by=reward"):
+        step_advantages(batch(correct=None), StepSpec("grpo", group_filter=True, engine="t"))
 
 
 def calib_batch(**kw):

@@ -4,10 +4,13 @@ line or in a sweep's method overrides) does not carry them along; settings given
 The reproduction: ``capo train --config smollm2_gsm8k --algo.name grpo`` ran GRPO with CAPO's quantile noise mask
 (the preset's ``noise_mask: quantile``) and a reference pass, and nothing said so."""
 
+import re
+
 import pytest
 import yaml
 
 from capo.cli import main
+from capo.errors import ConfigError
 from capo.sweep import runner, spec
 from capo.trainer.config import load_config
 
@@ -88,3 +91,42 @@ def test_a_sweeps_method_overrides_behave_the_same(tmp_path):
         "capo": ("capo", "quantile"), "grpo": ("grpo", "off"), "mask_only": ("grpo", "quantile")}
     assert cfgs["capo"]["mask_calib_prompts"] == 8 and cfgs["mask_only"]["mask_calib_prompts"] == 64
 
+
+
+@pytest.mark.parametrize("overrides, component, want", [
+    ({"algo.name": "dapo"}, "loss_kwargs", {"eps_low": 0.2, "eps_high": 0.28}),  # the preset's own loss
+    ({"algo.name": "dapo", "algo.loss": "ppo_clip"}, "loss_kwargs", {"eps_low": 0.2, "eps_high": 0.28}),  # the same
+    ({"algo.name": "dapo", "algo.loss": "gspo"}, "loss_kwargs", {}),  # not 0.2 / 0.28: GSPO's clip range is 3e-4
+    ({"algo.name": "ngrpo", "algo.loss": "cispo"}, "loss_kwargs", {}),  # CISPO's own bound 5, not 1.24
+    ({"algo.name": "dapo", "algo.loss": "gspo", "algo.loss_kwargs": "{eps_high: 0.0005}"}, "loss_kwargs",
+     {"eps_high": 0.0005}),
+    ({"algo.name": "capo", "algo.advantage": "grpo"}, "advantage_kwargs", {}),  # CAPO's tau is no GRPO knob
+    ({"algo.name": "capo_sum", "algo.advantage_kwargs": "{tau: 0.5}"}, "advantage_kwargs",
+     {"tau": 0.5, "score": "sum"}),
+])
+def test_an_algorithms_hyperparameters_apply_to_its_own_components_only(overrides, component, want):
+    """A preset's loss/advantage hyperparameters belong to its loss/advantage: another one named with it keeps its own
+    defaults (DAPO's eps 0.2 / 0.28 reached GSPO, a clip range a thousand times GSPO's 3e-4 / 4e-4)."""
+    assert getattr(load_config(None, overrides).algo, component) == want
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ("{eps_hi: 0.1}", "algo.loss_kwargs: policy loss 'gspo' has no hyperparameter 'eps_hi'; allowed: eps_low, eps_high"),
+    ("{eps_high: 5e-4}", "algo.loss_kwargs.eps_high must be >= 0, got '5e-4'"),  # YAML 1.1 reads 5e-4 as a string
+    ("{eps_low: -0.1}", "algo.loss_kwargs.eps_low must be >= 0, got -0.1"),
+])
+def test_a_losss_hyperparameters_are_checked_before_any_model_loads(kwargs, message):
+    """A policy loss's hyperparameters are checked by the loss itself on a two-row batch when the config resolves,
+    as an estimator's are: a misspelt name or a value it refuses used to pass and fail at the first update."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, {"algo.name": "gspo", "algo.loss_kwargs": kwargs})
+
+
+def test_dapos_group_filter_compares_the_verdicts_by_default():
+    assert (load_config(None, {"algo.name": "dapo"}).algo.group_filter_by) == "correct"
+    assert load_config(None, {"algo.name": "dapo", "algo.group_filter_by": "reward"}).algo.group_filter_by == "reward"
+    assert load_config(None, {"algo.name": "grpo"}).algo.group_filter_by is None
+    with pytest.raises(ConfigError, match=r"algo.group_filter_by='reward' applies only with algo.group_filter=true"):
+        load_config(None, {"algo.name": "grpo", "algo.group_filter_by": "reward"})
+    with pytest.raises(ConfigError, match=r"algo.group_filter_by='acc' is not allowed; allowed values: correct, reward"):
+        load_config(None, {"algo.name": "dapo", "algo.group_filter_by": "acc"})

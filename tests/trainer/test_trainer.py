@@ -209,6 +209,27 @@ def test_two_processes_equal_one(tiny_model, tmp_path):
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(a.abs().max()))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("dropped", ["0", "0,1"])
+def test_two_processes_with_unequal_rows_equal_one(tiny_model, tmp_path, dropped):
+    """Groups a filter left out: process 0 keeps one group of its two while process 1 keeps both, or process 0
+    keeps none. The update is still the one-process update of the kept rows: the sequence count is summed over
+    the processes (it was this process's rows times two, which weighted process 0's rows 1/4 and process 1's 1/8
+    instead of 1/6), and a process without a row joins every all-reduce (it skipped them, and the other waited)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    subprocess.run([sys.executable, str(HERE / "update_once.py"), tiny_model, str(one), "0", dropped], check=True,
+                   env=env, timeout=300)
+    accel = Path(sys.executable).parent / "accelerate"
+    subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29534",
+                    str(HERE / "update_once.py"), tiny_model, str(two), "0", dropped], check=True, env=env,
+                   timeout=300)
+    a, b = torch.load(one), torch.load(two)
+    assert a.abs().max() > 1e-4
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(a.abs().max()))
+
+
 @pytest.mark.parametrize("override,message", [
     ({"rollout.group_size": 1}, "rollout.group_size must be >= 2"),
     ({"algo.name": "ppo"}, "algo.name='ppo' is not known (did you mean 'ppo_c'?); allowed: grpo"),

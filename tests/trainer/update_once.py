@@ -2,7 +2,9 @@
 
 Every process builds the same global rollout batch (same seed, same model), keeps its own share of the groups,
 computes advantages on it, and makes one optimizer step; rank 0 writes the updated parameters to OUT.
-Usage: python update_once.py MODEL_DIR OUT_FILE [micro_batch_size]
+Usage: python update_once.py MODEL_DIR OUT_FILE [micro_batch_size] [dropped groups, e.g. 0,1]
+Dropped groups (global indices 0-3) take no part in the update, as a group filter or the numerical guard leaves them:
+the processes then hold different numbers of rows, or one holds none.
 """
 
 import sys
@@ -17,6 +19,7 @@ def main():
 
     model_dir, out = sys.argv[1], sys.argv[2]
     micro = sys.argv[3] if len(sys.argv) > 3 else "0"
+    dropped = [int(x) for x in sys.argv[4].split(",")] if len(sys.argv) > 4 else []
     B, G = 4, 4
     cfg = load_config(None, {"model.path": model_dir, "rollout.prompts_per_step": B, "rollout.group_size": G,
                              "rollout.max_new_tokens": 12, "algo.name": "capo", "algo.noise_mask": "off",
@@ -39,6 +42,10 @@ def main():
     g.confidence, g.format_ok = g.confidence[rows], g.format_ok[rows]  # this process's share of every graded row
     g.answers = [g.answers[i] for i in rows.tolist()]
     batch, _ = tr.advantages(ro, g, rewards, None, None)
+    for group in dropped:  # a global group: inactive where this process holds it
+        local = group * G - tr.rank * per
+        if 0 <= local < per:
+            batch.active[local:local + G] = False
     seen, step = [], tr.opt.step
 
     def wrapped(*args, **kwargs):  # the gradient the optimizer receives (Adam would amplify float noise)

@@ -8,7 +8,7 @@ from capo.core.advantages import capo_advantage, compute_advantages, dr_grpo_adv
 from capo.core.advantage_variants import (
     ace_advantage, gdpo_advantage, ngrpo_advantage, seed_grpo_advantage, semantic_entropy, unlikeliness_advantage,
 )
-from capo.core.dapo import informative_groups, overlong_penalty
+from capo.core.dapo import GROUP_FILTER_BY, informative_groups, overlong_penalty
 from capo.core.loss_variants import (
     c2gspg_loss, clip_cov_loss, kl_cov_loss, logprob_advantage_covariance, token_covariance,
 )
@@ -24,7 +24,7 @@ from capo.core.rollout_correction import logprob_mismatch, truncated_is_weights
 from capo.core.scores import sequence_logprob_mean, sequence_logprob_sum, sequence_perplexity
 from capo.core.step import (
     RENAMED, STEP_INPUTS, StepResult, advantage_kwargs_problem, advantage_step, calibration_metrics, estimate,
-    guard_batch, hyperparameters, needs_scores,
+    guard_batch, hyperparameters, loss_kwargs_problem, needs_scores,
 )
 
 __all__ = [
@@ -32,10 +32,10 @@ __all__ = [
     "MASK_Q_LOW", "MASK_RULES", "NOISE_MASKS", "default_noise_mask", "mask_knob_problem", "noise_mask_problem",
     "resolve_noise_mask", "Registry", "UnknownNameError", "ConfidenceInputs", "TokenStatistics", "compute_confidence", "token_statistics",
     "aggregate", "capo_advantage", "capo_noise_mask", "compute_advantages", "dr_grpo_advantage",
-    "grpo_advantage", "informative_groups", "kl_penalty", "overlong_penalty", "policy_loss",
+    "grpo_advantage", "GROUP_FILTER_BY", "informative_groups", "kl_penalty", "overlong_penalty", "policy_loss",
     "ppl_quantile_thresholds", "rloo_advantage", "sequence_logprob_mean", "sequence_logprob_sum",
     "sequence_perplexity", "RENAMED", "STEP_INPUTS", "StepResult", "advantage_kwargs_problem", "advantage_step",
-    "calibration_metrics", "estimate", "guard_batch", "hyperparameters", "needs_scores",
+    "loss_kwargs_problem", "calibration_metrics", "estimate", "guard_batch", "hyperparameters", "needs_scores",
     "ace_advantage", "c2gspg_loss", "clip_cov_loss", "gdpo_advantage", "kl_cov_loss", "logprob_advantage_covariance",
     "ngrpo_advantage",
     "ppo_c_reward", "REWARD_COMPONENTS", "rlcr_components", "seed_grpo_advantage", "semantic_entropy", "token_covariance",

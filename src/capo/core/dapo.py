@@ -7,12 +7,18 @@ import torch
 from capo.core import checks
 
 
-def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Dynamic sampling (DAPO Sec. 3.2, eq. 11 constraint 0 < |{correct}| < G): keep groups whose rewards are not
-    all equal. Shapes: rewards [N] -> keep [B] bool. Use ``keep.repeat_interleave(G)`` for a per-response mask."""
-    checks.tensor("rewards", rewards, ndim=1, floating=True)
-    g = checks.group_size(rewards.shape[0], group_size, min_size=2)
-    r = rewards.view(-1, g)
+# What DAPO's group filter compares within a group (``algo.group_filter_by``): the verdicts, as the paper's eq. 11
+# (0 < |{correct}| < G), or the rewards after shaping (an overlong penalty alone then keeps an all-wrong group).
+GROUP_FILTER_BY = ("correct", "reward")
+
+
+def informative_groups(values: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dynamic sampling (DAPO Sec. 3.2, eq. 11): keep groups whose ``values`` are not all equal. With the verdicts
+    as 0/1 this is the paper's constraint 0 < |{correct}| < G; with the rewards, groups whose rewards differ.
+    Shapes: values [N] floating -> keep [B] bool. Use ``keep.repeat_interleave(G)`` for a per-response mask."""
+    checks.tensor("values", values, ndim=1, floating=True)
+    g = checks.group_size(values.shape[0], group_size, min_size=2)
+    r = values.view(-1, g)
     return (r != r[:, :1]).any(dim=1)
 
 

@@ -28,7 +28,7 @@ from capo.core.advantages import compute_advantages
 from capo.core.calibration import summarize
 from capo.core.dapo import informative_groups
 from capo.core.masks import capo_noise_mask
-from capo.core.registry import ADVANTAGES
+from capo.core.registry import ADVANTAGES, POLICY_LOSSES
 from capo.core.scores import sequence_logprob_mean
 
 
@@ -84,6 +84,30 @@ def advantage_kwargs_problem(advantage: str, advantage_kwargs: dict, *, key: str
     return None
 
 
+def loss_kwargs_problem(loss: str, loss_kwargs: dict, *, key: str = "loss_kwargs") -> str | None:
+    """What is wrong with policy loss ``loss``'s hyperparameters, or None: a name it does not take, or a value its
+    own checks refuse (it runs once on a two-row batch, so each rule lives only in the loss). The trainer calls this
+    before any model is loaded; ``key`` is how the setting is spelled there."""
+    fn = POLICY_LOSSES.get(loss)
+    params = inspect.signature(fn).parameters
+    allowed = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY
+               and p not in POLICY_LOSSES.reads(loss) and p != "generator"]
+    extra = sorted(set(loss_kwargs) - set(allowed))
+    if extra:
+        return (f"{key}: policy loss {loss!r} has no hyperparameter {', '.join(map(repr, extra))}; "
+                f"allowed: {', '.join(allowed) or '(none)'}")
+    x = torch.zeros(2, 2, dtype=torch.float64)
+    reads = {"rewards": torch.tensor([1.0, 0.0], dtype=torch.float64)}
+    try:
+        fn(x, x, torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 2),
+           **{k: v for k, v in reads.items() if k in POLICY_LOSSES.reads(loss)}, **loss_kwargs)
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        name = msg.split("=")[0].split(" ")[0]
+        return f"{key}.{msg}" if name in loss_kwargs else f"{key}: {msg}"
+    return None
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What :func:`guard_batch` and :func:`advantage_step` return; every tensor is [N].
@@ -99,7 +123,8 @@ class StepResult:
         groups the group filter drops).
     bad: rows with a non-finite reward, lpm or reference lpm (their group is inactive).
     valid: rows that exist as responses (the caller's ``valid`` and at least one real token).
-    informative: rows whose group's rewards are not all equal (DAPO's group filter), or None without the filter.
+    informative: rows whose group is neither all right nor all wrong (DAPO's group filter: its verdicts, or its
+        rewards, differ), or None without the filter.
     lengths: real tokens per response (|o_i|, what CAPO's ``score="sum"`` multiplies lpm by), or None.
     """
 
@@ -125,14 +150,16 @@ def guard_batch(
     active: torch.Tensor | None = None,
     valid: torch.Tensor | None = None,
     group_filter: bool = False,
+    filter_on: torch.Tensor | None = None,
 ) -> StepResult:
     """The numerical guard and the row bookkeeping of one batch, before any estimator (``advantages`` is None).
 
     Shapes: rewards [N] floating, token_logp / mask / ref_token_logp [N, T]. A row with a non-finite reward, lpm or
     reference lpm is ``bad`` and deactivates its whole group (its reward becomes 0). Rows with no real token are
     never valid (an empty row's lpm would be 0, the highest possible confidence). ``group_filter``: DAPO's dynamic
-    sampling (:func:`capo.core.informative_groups` on the guarded rewards) also deactivates groups whose rewards
-    are all equal. Each lpm is computed here once; :func:`estimate` reuses them.
+    sampling (:func:`capo.core.informative_groups`) also deactivates groups whose ``filter_on`` [N] values are all
+    equal: the verdicts as 0/1 for the paper's 0 < |{correct}| < G; None: the guarded rewards. Each lpm is computed
+    here once; :func:`estimate` reuses them.
     """
     checks.tensor("rewards", rewards, ndim=1)
     g = checks.group_size(rewards.shape[0], group_size, min_size=2)
@@ -146,7 +173,7 @@ def guard_batch(
     rewards = torch.where(bad, torch.zeros((), dtype=rewards.dtype), rewards)
     informative = None
     if group_filter:
-        informative = informative_groups(rewards, g).repeat_interleave(g)  # [N]
+        informative = informative_groups(rewards if filter_on is None else filter_on, g).repeat_interleave(g)  # [N]
         active = active & informative
     lengths = mask.bool().sum(dim=-1)  # [N]
     valid = lengths > 0 if valid is None else valid & (lengths > 0)

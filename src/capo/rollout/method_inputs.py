@@ -110,7 +110,8 @@ class StepSpec:
     to build (None: none); reward / reward_kwargs: the core reward that produced the rewards (its
     ``format_failure_reward`` enters RLCR's components; any other name means "not a core reward");
     mask: CAPO's noise-mask thresholds (a :class:`capo.rollout.step.MaskThresholds`; None: the mask is off);
-    group_filter: DAPO's dynamic sampling; calibration: compute ``calib/*``; engine / hints: how errors name the
+    group_filter: DAPO's dynamic sampling, comparing ``group_filter_by`` (:data:`capo.core.dapo.GROUP_FILTER_BY`:
+    the verdicts or the rewards) within each group; calibration: compute ``calib/*``; engine / hints: how errors name the
     engine and the setting that enables a missing input; gather: collects every process's rows of a [N] tensor for
     the batch metrics (None: the batch is already whole).
     """
@@ -122,6 +123,7 @@ class StepSpec:
     reward_kwargs: dict = field(default_factory=dict)
     mask: Any = None
     group_filter: bool = False
+    group_filter_by: str = "correct"
     calibration: bool = True
     engine: str = "capo"
     hints: dict[str, str] = field(default_factory=dict)

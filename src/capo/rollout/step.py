@@ -98,12 +98,23 @@ class StepOutput:
     metrics: dict[str, float]
 
 
+def _filter_on(spec: StepSpec, batch: StepBatch) -> torch.Tensor | None:
+    """What DAPO's group filter compares within a group: the verdicts as 0/1 (``group_filter_by="correct"``, the
+    paper's 0 < |{correct}| < G) or None for the rewards."""
+    if not spec.group_filter or spec.group_filter_by == "reward":
+        return None
+    if batch.correct is None:
+        raise ConfigError(f"{spec.engine}: DAPO's group filter by correctness needs the verdicts, and this batch has "
+                          "none; set algo.group_filter_by=reward to filter on the rewards")
+    return batch.correct.to(torch.float64)
+
+
 def step_advantages(batch: StepBatch, spec: StepSpec) -> StepOutput:
     """Advantages, the loss's extra inputs and the batch metrics of one graded batch (see the module docstring)."""
     g = batch.group_size
     lp = batch.token_logp if batch.token_logp is not None else torch.zeros(batch.mask.shape, dtype=torch.float64)
     guarded = guard_batch(batch.rewards, g, token_logp=lp, mask=batch.mask, ref_token_logp=batch.ref_token_logp,
-                          valid=batch.valid, group_filter=spec.group_filter)
+                          valid=batch.valid, group_filter=spec.group_filter, filter_on=_filter_on(spec, batch))
     thresholds = None
     if spec.mask is not None:
         if guarded.ref_ppl is None:

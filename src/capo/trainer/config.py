@@ -21,8 +21,9 @@ from typing import Any
 import yaml
 
 from capo.core import (
-    ADVANTAGES, AGGREGATIONS, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, NOISE_MASKS, POLICY_LOSSES, REWARDS,
-    advantage_kwargs_problem, mask_knob_problem, noise_mask_problem,
+    ADVANTAGES, AGGREGATIONS, GROUP_FILTER_BY, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, NOISE_MASKS,
+    POLICY_LOSSES, REWARDS,
+    advantage_kwargs_problem, loss_kwargs_problem, mask_knob_problem, noise_mask_problem,
 )
 from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
@@ -147,8 +148,12 @@ class AlgorithmConfig:
     reward_kwargs: dict = knob({}, "reward hyperparameters, e.g. {format_failure_reward: -1.0}")
     kl_coef: float = knob(0.0, "beta of the per-token KL penalty to the reference model (0 = off, no ref pass)")
     kl_estimator: str = knob("k3", "KL estimator: k1, k2, k3")
-    group_filter: bool | None = knob(None, "DAPO dynamic sampling: drop groups whose rewards are all equal "
-                                     "(logged as train/filtered_frac; no resampling)")
+    group_filter: bool | None = knob(None, "DAPO dynamic sampling: drop groups that are all right or all wrong "
+                                     "(group_filter_by; logged as train/filtered_frac; no resampling)")
+    group_filter_by: str | None = knob(None, "what the group filter compares within a group: correct (the verdicts, "
+                                       "DAPO eq. 11: keep 0 < #correct < G) or reward (the rewards after shaping: an "
+                                       "overlong penalty alone keeps an all-wrong group); unset: correct with the "
+                                       "filter on, none with it off")
     overlong_cache: int | None = knob(None, "DAPO overlong shaping cache length L_cache in tokens (None = off)")
     noise_mask: str | None = knob(None, "CAPO reference-perplexity noise mask, applied to any estimator's "
                                   f"advantages: {', '.join(NOISE_MASKS)} (fixed: mask_low/high; quantile: measured "
@@ -238,7 +243,10 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def resolved(self) -> TrainConfig:
-        """A copy with the algorithm preset's choices filled into every unset component, then validated."""
+        """A copy with the algorithm preset's choices filled into every unset component, then validated. A preset's
+        hyperparameters of a component (``loss_kwargs``, ``advantage_kwargs``, ``reward_kwargs``) apply only to the
+        preset's own component: with ``algo.name=dapo algo.loss=gspo`` GSPO keeps its own clip range, not DAPO's
+        (they are another loss's numbers)."""
         c = TrainConfig.from_dict(self.to_dict())
         preset = ALGORITHMS.get(c.algo.name)
         if preset is None:
@@ -246,11 +254,15 @@ class TrainConfig:
         for key, val in preset.items():
             cur = getattr(c.algo, key)
             if key.endswith("_kwargs"):
-                setattr(c.algo, key, {**val, **cur})
+                component = key.removesuffix("_kwargs")
+                if getattr(c.algo, component) in (None, preset.get(component)):
+                    setattr(c.algo, key, {**val, **cur})
             elif cur is None:
                 setattr(c.algo, key, val)
         if c.algo.group_filter is None:
             c.algo.group_filter = False
+        if c.algo.group_filter and c.algo.group_filter_by is None:
+            c.algo.group_filter_by = "correct"
         if c.algo.noise_mask is None:
             c.algo.noise_mask = "off"
         c.validate()
@@ -323,6 +335,11 @@ class TrainConfig:
         _choice("algo.reward_errors", a.reward_errors, ("fail", "zero"))
         _choice("algo.kl_estimator", a.kl_estimator, ("k1", "k2", "k3"))
         _problem(noise_mask_problem(a.noise_mask, key="algo.noise_mask"))
+        if a.group_filter_by is not None:
+            _choice("algo.group_filter_by", a.group_filter_by, GROUP_FILTER_BY)
+            if not a.group_filter:
+                raise ConfigError(f"algo.group_filter_by={a.group_filter_by!r} applies only with "
+                                  "algo.group_filter=true")
         if a.kl_coef < 0:
             raise ConfigError(f"algo.kl_coef must be >= 0, got {a.kl_coef}")
         if a.overlong_cache is not None and not 0 < a.overlong_cache <= r.max_new_tokens:
@@ -330,6 +347,8 @@ class TrainConfig:
                               f"got {a.overlong_cache}")
         _problem(mask_knob_problem(a.mask_low, a.mask_high, a.mask_q_low, a.mask_q_high, prefix="algo."))
         _problem(advantage_kwargs_problem(a.advantage, a.advantage_kwargs, key="algo.advantage_kwargs"))
+        if a.loss is not None:
+            _problem(loss_kwargs_problem(a.loss, a.loss_kwargs, key="algo.loss_kwargs"))
 
     def _validate_optim_run(self) -> None:
         r, o, run = self.rollout, self.optim, self.run

@@ -282,7 +282,8 @@ class Trainer:
             mask = MaskThresholds("fixed", *self.mask_thresholds, engine="capo train")
         return StepSpec(a.advantage, advantage_kwargs=a.advantage_kwargs, loss=a.loss,
                         reward=a.reward if ":" not in a.reward else "user", reward_kwargs=a.reward_kwargs, mask=mask,
-                        group_filter=a.group_filter, engine="capo train",
+                        group_filter=a.group_filter, group_filter_by=a.group_filter_by or "correct",
+                        engine="capo train",
                         gather=lambda x: self.acc.gather(x.to(self.acc.device)))
 
     def _check_bad(self, ro: Rollout, rewards, res: StepResult) -> float:
@@ -306,12 +307,15 @@ class Trainer:
         sums: dict[str, float] = {}
         n_updates = skipped = 0
         for _ in range(c.optim.ppo_epochs):
-            for mb in rows.chunk(c.optim.mini_batches) if len(rows) else []:
+            for mb in self._mini_batches(rows):
                 n_tok = self.acc.reduce(ro.response_mask[mb].sum().float(), "sum").item()
-                n_seq = len(mb) * self.world
-                micros = self._micro_batches(mb)
+                n_seq = self.acc.reduce(torch.tensor(float(len(mb)), device=self.acc.device), "sum").item()
+                micros = self._micro_batches(mb) or [None]  # None: no row here, a zero-weight step for the all-reduce
                 for k, idx in enumerate(micros):
                     sync = k == len(micros) - 1
+                    if idx is None:
+                        self._zero_step(batch)
+                        continue
                     with contextlib.nullcontext() if sync else self.acc.no_sync(self.model):
                         loss, m, old = self._micro_step(batch, idx, n_seq, n_tok)
                     if batch.old_logp is None:
@@ -328,8 +332,8 @@ class Trainer:
                     skipped += 1
                 self.sched.step()
                 self.opt.zero_grad(set_to_none=True)
-        if "policy/loss" in sums:
-            sums["policy/loss"] = self.acc.reduce(torch.tensor(sums["policy/loss"], device=self.acc.device),
+        if "policy/loss" in sums or self.world > 1:  # every process reduces, those without a row too
+            sums["policy/loss"] = self.acc.reduce(torch.tensor(sums.get("policy/loss", 0.0), device=self.acc.device),
                                                   "sum").item()
         out = {k: v / max(n_updates, 1) for k, v in sums.items()}
         out["policy/lr"] = self.sched.get_last_lr()[0]
@@ -373,6 +377,18 @@ class Trainer:
         if kl is not None:
             out["policy/kl"] = float((kl.detach() * mf).sum() / mf.sum().clamp(min=1))
         return float(loss.detach()), out, old
+
+    def _zero_step(self, batch: UpdateBatch) -> None:
+        """This process has no row in a mini-batch that another process has rows in: a forward of one row and the
+        backward of 0 times its real tokens' log-probs (the loss's inputs left out: a dropped row's may be NaN) join
+        the gradients' all-reduce, adding nothing, so every process makes the same collective calls."""
+        c, ro, one = self.cfg, batch.ro, torch.arange(1)
+        self.model.train()
+        mask = ro.response_mask[one]
+        logp = token_logprobs(self.model, ro.prompt_ids[one], ro.prompt_mask[one], ro.response_ids[one], mask,
+                              autocast_bf16=c.model.autocast_bf16, share_prefix=c.rollout.share_prefix,
+                              attention_impl=c.model.attention)
+        self.acc.backward(torch.where(mask.bool(), logp, torch.zeros((), dtype=logp.dtype)).sum() * 0.0)
 
     # ------------------------------------------------------------------------------------------- measurement
     def rollout_metrics(self, ro: Rollout, g, rewards) -> dict:
@@ -490,6 +506,15 @@ class Trainer:
         torch.manual_seed(seed + self.rank)
 
     # ---------------------------------------------------------------------------------------------- helpers
+    def _mini_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """This process's ``optim.mini_batches`` shares of its active ``rows``, as many on every process (the most
+        any process has; the others' extra shares are empty): each is one optimizer step that every process takes,
+        whatever rows a group filter or the numerical guard left it."""
+        chunks = list(rows.chunk(self.cfg.optim.mini_batches)) if len(rows) else []
+        n = int(self.acc.gather(torch.tensor([len(chunks)], device=self.acc.device)).max()) if self.world > 1 else \
+            len(chunks)
+        return chunks + [rows[:0]] * (n - len(chunks))
+
     def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
         size = self.cfg.optim.micro_batch_size or len(rows)
         return list(rows.split(size)) if len(rows) else []
