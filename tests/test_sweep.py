@@ -110,11 +110,32 @@ def test_changed_settings_are_stale_not_mixed(tmp_path, capsys):
     ({"methods": {"grpo": "grpo"}}, "'methods' maps each method name"),
     ({"eval": {"problem": 3}}, "unknown eval key(s) ['problem']"),
     ({"step": 3}, "unknown key(s) ['step']"),
+    ({"preset": ["default"]}, "'preset' is a preset's name or a YAML file's path, got ['default']"),
+    ({"preset": 5}, "'preset' is a preset's name or a YAML file's path, got 5"),
+    ({"overrides": [1, 2]}, "'overrides' maps config keys (section.key) to values, got [1, 2]"),
+    ({"overrides": 5}, "'overrides' maps config keys"),
+    ({"eval": {"seed": "x"}, "base": 2}, "eval.seed must be an integer, got 'x'"),
+    ({"eval": {"k": 2.5}}, "eval.k must be an integer, got 2.5"),
+    ({"eval": {"problems": True}}, "eval.problems must be an integer (or null: the held-out part), got True"),
+    ({"description": ["a"]}, "'description' is text"),
+    # what the runner sets from the spec is refused in overrides, never silently replaced
+    ({"methods": {"grpo": {"run.seed": 3}}}, "method 'grpo' sets run.seed, which each job takes from the spec's "
+                                            "'seeds'; set it there"),
+    ({"overrides": {"run.save_every": 5}}, "overrides sets run.save_every, which each job takes from the spec's "
+                                          "'save_every'"),
+    ({"methods": {"grpo": {"run.steps": 5}}}, "method 'grpo' sets run.steps, which each job takes from the spec's "
+                                             "'steps'"),
 ])
 def test_bad_spec_names_the_key(tmp_path, bad, message):
     with pytest.raises(CapoError) as e:
         spec.load_spec(_write(tmp_path, {**SPEC, **bad}))
     assert message in str(e.value)
+
+
+def test_a_methods_own_steps_apply_when_the_spec_sets_none(tmp_path):
+    body = {k: v for k, v in SPEC.items() if k != "steps"}
+    loaded = spec.load_spec(_write(tmp_path, {**body, "methods": {"grpo": {"run.steps": 5}}}))
+    assert spec.jobs(loaded, tmp_path / "runs", tmp_path / "records")[0].overrides["run.steps"] == 5
 
 
 def _record(method, seed, acc, auc):
@@ -195,6 +216,18 @@ def test_records_of_two_sweeps_form_one_comparison_only_with_the_same_settings(t
     with pytest.raises(CapoError, match="grpo seed 1 twice"):
         records.load_records(a, b)
     capsys.readouterr()
+    # --effect must be a difference > 0 (0 crashed in statsmodels; nan, inf and negatives printed nonsense)
+    for effect in ("0", "nan", "inf", "-0.1"):
+        assert main(["sweep", "report", str(a), "--out", str(tmp_path / "o"), "--effect", effect]) == 2
+        assert f"--effect must be a difference > 0 (e.g. 0.03), got {float(effect)}" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    # a record whose seed is no integer or whose method no name: refused, naming the file
+    (a / "grpo-seed9.json").write_text(json.dumps({**rec("grpo", 9, 0.7), "seed": "x"}))
+    assert main(["sweep", "report", str(a), "--out", str(tmp_path / "o")]) == 2
+    assert "grpo-seed9.json: not a sweep record (method 'grpo' is not a name or seed 'x' not an integer)" in \
+        capsys.readouterr().err
+    (a / "grpo-seed9.json").unlink()
+    assert not (tmp_path / "o").exists()
     # a mistyped folder is no silent empty sweep: a clear error naming it, exit 2, nothing written
     assert main(["sweep", "report", str(a), str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
     assert f"capo sweep: error: {tmp_path / 'none'}: no such records folder" in capsys.readouterr().err

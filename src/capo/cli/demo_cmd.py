@@ -97,6 +97,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+# what the demo sets for each run, from its own flags: a --set of one would give every run the same value
+PER_RUN = {"algo.name": "--algos", "run.seed": "--seeds", "run.out_dir": "--out", "run.steps": "--steps"}
+
+
 def _parse(args: DemoSettings):
     from capo.core.checks import did_you_mean
     from capo.core.presets import ALGORITHMS
@@ -114,6 +118,10 @@ def _parse(args: DemoSettings):
         raise ConfigError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
     if not algos or not seeds:
         raise ConfigError("--algos and --seeds must each name at least one value")
+    for flag, vals in (("--algos", algos), ("--seeds", seeds)):
+        if len(set(vals)) < len(vals):
+            raise ConfigError(f"{flag} names a value twice ({', '.join(map(str, vals))}): each run is one algorithm "
+                              "and seed")
     ref = args.reference
     if ref != "base" and ref not in algos:
         raise ConfigError(f"--reference: {ref!r} is neither 'base' nor one of --algos{did_you_mean(ref, algos)}")
@@ -129,6 +137,8 @@ def _parse(args: DemoSettings):
         if "=" not in kv:
             raise ConfigError(f"--set expects KEY=VALUE, got {kv!r}")
         k, v = kv.split("=", 1)
+        if k.strip() in PER_RUN:
+            raise ConfigError(f"--set {k.strip()}: the demo sets it for each run; use {PER_RUN[k.strip()]}")
         extra[k.strip()] = v
     return algos, seeds, extra
 

@@ -214,8 +214,12 @@ def _run(spec: dict, all_jobs: list, args: SweepRunSettings) -> int:
 
 
 def _report(args: SweepReportSettings) -> int:
+    import math
+
     from capo.sweep.report import compare_summary_report, write_report
 
+    if not (math.isfinite(args.effect) and args.effect > 0):
+        raise ConfigError(f"--effect must be a difference > 0 (e.g. 0.03), got {args.effect}")
     if args.compare_summary:
         if len(args.records) != 1:
             raise ConfigError(f"--compare-summary reads one summary JSON, got {len(args.records)} paths")

@@ -181,6 +181,10 @@ def read_record(path: Path) -> dict:
         raise DataError(f"{path}: not a sweep record (invalid JSON: {e})") from None
     if not isinstance(rec, dict) or "method" not in rec or "seed" not in rec:
         raise DataError(f"{path}: not a sweep record (no 'method' and 'seed')")
+    seed = rec["seed"]
+    if not isinstance(rec["method"], str) or not (seed is None or (isinstance(seed, int) and not isinstance(seed, bool))):
+        raise DataError(f"{path}: not a sweep record (method {rec['method']!r} is not a name or seed {seed!r} not an "
+                        "integer)")
     return rec
 
 

@@ -119,6 +119,41 @@ def _check_spec(path: Path, spec: dict) -> None:
     bad_eval = set(spec.get("eval") or {}) - set(EVAL_DEFAULTS)
     if bad_eval:
         raise ConfigError(f"{path}: unknown eval key(s) {sorted(bad_eval)}; allowed: {sorted(EVAL_DEFAULTS)}")
+    _check_types(path, spec)
+    _check_set_by_spec(path, spec)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_types(path: Path, spec: dict) -> None:
+    """The spec's scalar keys and mappings have the types the runner reads them as."""
+    if not isinstance(spec["preset"], str):
+        raise ConfigError(f"{path}: 'preset' is a preset's name or a YAML file's path, got {spec['preset']!r}")
+    if not isinstance(spec.get("overrides") or {}, dict):
+        raise ConfigError(f"{path}: 'overrides' maps config keys (section.key) to values, got {spec['overrides']!r}")
+    for key, v in (spec.get("eval") or {}).items():  # their ranges: capo eval's own check (preflight)
+        if not (_is_int(v) or (key == "problems" and v is None)):
+            raise ConfigError(f"{path}: eval.{key} must be an integer"
+                              f"{' (or null: the held-out part)' if key == 'problems' else ''}, got {v!r}")
+    if not isinstance(spec.get("description") or "", str):
+        raise ConfigError(f"{path}: 'description' is text")
+
+
+# run settings each job gets from the spec: its seed, and the spec's `steps` / `save_every` where given
+SET_BY_SPEC = {"run.seed": "seeds", "run.steps": "steps", "run.save_every": "save_every"}
+
+
+def _check_set_by_spec(path: Path, spec: dict) -> None:
+    """An override the runner replaces (a job's seed, the spec's steps and save cadence) is refused, never dropped:
+    a method's `run.seed: 3` trained every seed's job with the seed of the list."""
+    for where, ov in (("overrides", spec.get("overrides") or {}),
+                      *((f"method {m!r}", o) for m, o in spec["methods"].items())):
+        for key, spec_key in SET_BY_SPEC.items():
+            if key in ov and (spec_key != "steps" or spec.get("steps") is not None):
+                raise ConfigError(f"{path}: {where} sets {key}, which each job takes from the spec's '{spec_key}'; "
+                                  f"set it there")
 
 
 def jobs(spec: dict, runs_root: Path, records_root: Path) -> list[Job]:

@@ -453,9 +453,9 @@ def coerce(key: str, val: Any, typ: Any) -> Any:
             if isinstance(val, bool):
                 raise ValueError
             out = float(val)
-            if math.isnan(out):
-                raise ValueError
-            return out
+            if math.isfinite(out):  # nan and inf never: no knob means "unbounded" by inf (0 or null says "off")
+                return out
+            raise ValueError
         if typ is str:
             if not isinstance(val, (str, int, float)) or isinstance(val, bool):
                 raise ValueError
@@ -470,7 +470,7 @@ def coerce(key: str, val: Any, typ: Any) -> Any:
         pass
     else:
         raise ConfigError(f"{key}: unsupported field type {typ}")
-    tname = getattr(typ, "__name__", str(typ))
+    tname = "float (a finite number)" if typ is float else getattr(typ, "__name__", str(typ))
     raise ConfigError(f"{key} must be of type {tname}, got {val!r}")
 
 
