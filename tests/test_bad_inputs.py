@@ -17,6 +17,8 @@ CASES = [json.loads(ln) for ln in (Path(__file__).parent / "data" / "bad_inputs.
 def _prepare(case, tmp_path):
     for rel, content in case.get("files", {}).items():
         (tmp_path / rel).write_text(content)
+    for rel, content in case.get("latin1_files", {}).items():  # bytes that are no UTF-8 (e.g. 0xe9 for "é")
+        (tmp_path / rel).write_text(content, encoding="latin-1")
     for rel in case.get("dirs", []):
         (tmp_path / rel).mkdir()
     return [a.replace("{tmp}", str(tmp_path)) for a in case["argv"]]

@@ -68,9 +68,25 @@ def test_resume_with_different_settings_is_refused(tiny_model_dir, tiny_dataset,
     out = tmp_path / "r"
     out.mkdir()
     (out / "config.json").write_text(json.dumps({"model": "other", "k": 2}))
+    row = '{"prompt_id": "p0", "sample_idx": 0, "text": "x"}\n'  # a generated row of those settings
+    (out / "generations.jsonl").write_text(row)
     assert main(eval_argv(tiny_model_dir, tiny_dataset, out)) == 2
     err = capsys.readouterr().err
     assert "different settings" in err and "model" in err and not (out / "metrics.json").exists()
+    assert (out / "generations.jsonl").read_text() == row  # nothing lost
+
+
+def test_a_folder_refused_before_its_first_row_takes_the_corrected_command(tiny_model_dir, tiny_dataset, tmp_path):
+    """A run refused after it wrote its settings but before any row (e.g. a response budget beyond the model's
+    context) holds nothing to resume: the corrected command runs there instead of being refused as "different
+    settings"."""
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"model": "other", "k": 2, "max_new_tokens": 100000}))
+    (out / "generations.jsonl").write_text("")
+    assert main(eval_argv(tiny_model_dir, tiny_dataset, out)) == 0
+    assert json.loads((out / "config.json").read_text())["max_new_tokens"] == 6
+    assert (out / "metrics.json").exists()
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"capo {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except UnicodeDecodeError as e:  # a config, dataset, spec or record that is not UTF-8 text
+        if args.debug:
+            raise
+        print(f"capo {args.command}: error: an input file is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} "
+              f"at position {e.start}: {e.reason}); save it as UTF-8. Nothing was marked complete", file=sys.stderr)
+        return 2
     except OSError as e:  # full disk, read-only or missing output folder, ...: the OS's reason and the path
         if args.debug:
             raise

@@ -63,6 +63,7 @@ def run(ns) -> int:
         raise ConfigError(f"--n-boot must be >= 0, got {args.n_boot}")
     if args.examples < 0:
         raise ConfigError(f"--examples must be >= 0, got {args.examples}")
+    _check_outputs(args)
     runs = []
     seen = set()
     for i, d in enumerate(args.runs):
@@ -83,6 +84,19 @@ def run(ns) -> int:
     _comparison_outputs(cmp, runs, args)
     print(f"capo report: {len(runs)} run(s) -> {out}")
     return 0
+
+
+def _check_outputs(args: ReportSettings) -> None:
+    """Refuse an output path that cannot be written before anything is (an existing report was replaced, then the
+    figures' folder refused)."""
+    out = Path(args.out)
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; give the report's file path, e.g. {out / 'report.html'}")
+    if args.figures is not None:
+        fig = Path(args.figures)
+        block = next((p for p in (fig, *fig.parents) if p.exists() and not p.is_dir()), None)
+        if block is not None:
+            raise ConfigError(f"--figures {fig}: {block} is a file, not a folder; nothing was written")
 
 
 def _comparison_outputs(cmp, runs: list, args: ReportSettings) -> None:

@@ -384,8 +384,12 @@ def _load_timing(out_dir: Path) -> dict:
 
 
 def _check_config(out_dir: Path, config: dict) -> None:
+    """Write the run's settings, after checking that the folder's own (if any) generated with the same ones. A
+    folder without a generated row (a run refused or stopped before its first batch) holds nothing to resume: its
+    settings are replaced, so that the corrected command runs there."""
     p = out_dir / "config.json"
-    if p.exists():
+    gen = out_dir / "generations.jsonl"
+    if p.exists() and gen.exists() and gen.stat().st_size > 0:
         try:
             old = json.loads(p.read_text())
         except json.JSONDecodeError:
