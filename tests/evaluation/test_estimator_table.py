@@ -201,3 +201,42 @@ def test_an_empty_response_weighs_nothing_in_a_probabilitys_weighted_vote():
     assert t["min_token_prob"]["weighted_vote"] == 1.0
     without_empty = compute_metrics(rows[:4], n_boot=0)["curves"]["estimators"]
     assert without_empty["min_token_prob"]["weighted_vote"] == 1.0
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("sample_idx", "a", "'sample_idx' must be an integer >= 0, got 'a'"),
+    ("sample_idx", -1, "'sample_idx' must be an integer >= 0, got -1"),
+    ("sample_idx", 0.5, "'sample_idx' must be an integer >= 0, got 0.5"),
+    ("rate", 2, "'rate' must be a number in [0, 1] or null, got 2"),
+    ("rate", "x", "'rate' must be a number in [0, 1] or null, got 'x'"),
+    ("confidence", True, "'confidence' must be a number in [0, 1] or null, got True"),
+    ("group", 5, "'group' must be a string, got 5"),
+    ("gold", [1], "field 'gold' must be a string or a number, got [1]"),
+    ("prompt_id", ["q"], "field 'prompt_id' must be a string or a number, got ['q']"),
+])
+def test_bad_row_fields_are_refused_naming_them(tmp_path, capsys, field, value, match):
+    row = {"prompt_id": "q", "text": "x", "gold": "1", "mean_logprob": -1, field: value}
+    gen = tmp_path / "g.jsonl"
+    gen.write_text(json.dumps(row) + "\n")
+    assert main(["eval", "--generations", str(gen), "--out", str(tmp_path / "r"), "--verify-workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{gen} line 1: {match}" in err and "Traceback" not in err
+    assert not (tmp_path / "r" / "metrics.json").exists()
+
+
+def test_rate_and_group_of_a_generations_file_reach_the_metrics(tmp_path):
+    """docs/generations-schema.md: rows with `rate` get the stochastic_* metrics, rows with `group` a per-group
+    summary. Rescoring a file dropped both (no stochastic_* metric, an empty by_group)."""
+    rows = [{"prompt_id": f"q{p}", "sample_idx": j, "text": f"<answer>{a}</answer>", "gold": "1", "mean_logprob": lp,
+             "confidence": 0.7, "rate": rate, "group": grp}
+            for p, (rate, grp) in enumerate(((0.9, "a"), (0.2, "b"), (0.6, "a")))
+            for j, (a, lp) in enumerate(((1, -0.1), (0, -0.9), (1, -0.3), (1, -0.2)))]
+    gen = tmp_path / "g.jsonl"
+    gen.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "r"
+    assert main(["eval", "--generations", str(gen), "--out", str(out), "--verify-workers", "1", "--n-boot", "0"]) == 0
+    got = json.loads((out / "metrics.json").read_text())
+    assert got["metrics"].get("stochastic_ece") is not None
+    assert sorted(got["curves"]["by_group"]) == ["a", "b"]
+    written = [json.loads(ln) for ln in (out / "generations.jsonl").read_text().splitlines()]
+    assert [(r["rate"], r["group"]) for r in written[::4]] == [(0.9, "a"), (0.2, "b"), (0.6, "a")]

@@ -640,6 +640,29 @@ def _row_token_stats(r: dict, where: str, n_tokens: int | None, checked: dict[st
     return out
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_row_types(r: dict, where: str) -> None:
+    """A --generations row's scalar fields have the schema's types (docs/generations-schema.md); DataError naming
+    the line and the field."""
+    if not isinstance(r["text"], str):
+        raise DataError(f"{where}: field 'text' must be a string")
+    for fld in ("prompt_id", "gold"):
+        if not (isinstance(r[fld], str) or _is_number(r[fld])):
+            raise DataError(f"{where}: field {fld!r} must be a string or a number, got {r[fld]!r}")
+    idx = r.get("sample_idx")
+    if idx is not None and not (isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0):
+        raise DataError(f"{where}: 'sample_idx' must be an integer >= 0, got {idx!r}")
+    for fld in ("confidence", "rate"):
+        v = r.get(fld)
+        if v is not None and not (_is_number(v) and 0 <= v <= 1):
+            raise DataError(f"{where}: {fld!r} must be a number in [0, 1] or null, got {v!r}")
+    if r.get("group") is not None and not isinstance(r["group"], str):
+        raise DataError(f"{where}: 'group' must be a string, got {r['group']!r}")
+
+
 def _read_generations(path: Path) -> list[dict]:
     """Validated rows of a --generations file (schema: docs/generations-schema.md); DataError naming the line."""
     from capo.tasks.datasets import iter_jsonl
@@ -659,8 +682,7 @@ def _read_generations(path: Path) -> list[dict]:
         for fld in ("prompt_id", "text", "gold"):
             if fld not in r or r[fld] is None:
                 raise DataError(f"{where}: missing field {fld!r} (required: prompt_id, text, gold, and log-probs)")
-        if not isinstance(r["text"], str):
-            raise DataError(f"{where}: field 'text' must be a string")
+        _check_row_types(r, where)
         pid = str(r["prompt_id"])
         sum_lp, mean_lp, n_tokens = _row_logprobs(r, where, pid, checked)
         idx = r.get("sample_idx")
@@ -670,11 +692,9 @@ def _read_generations(path: Path) -> list[dict]:
         if (pid, int(idx)) in keys:
             raise DataError(f"{where}: duplicate (prompt_id, sample_idx) = ({pid!r}, {idx})")
         keys.add((pid, int(idx)))
-        conf = r.get("confidence")
-        if conf is not None and not (isinstance(conf, (int, float)) and 0 <= conf <= 1):
-            raise DataError(f"{where}: 'confidence' must be a number in [0, 1] or null, got {conf!r}")
         norm.append({"lineno": lineno, "pid": pid, "idx": int(idx), "r": r, "sum": sum_lp, "mean": mean_lp,
-                     "n": n_tokens, "conf": conf, "tokens": _row_token_stats(r, where, n_tokens, checked)})
+                     "n": n_tokens, "conf": r.get("confidence"),
+                     "tokens": _row_token_stats(r, where, n_tokens, checked)})
     if not norm:
         raise DataError(f"generations file {path} has no rows")
     return norm
@@ -706,7 +726,8 @@ def _run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
                 row = make_row(prompt_id=x["pid"], prompt_idx=order[x["pid"]], sample_idx=x["idx"],
                                prompt=r.get("prompt", ""), gold=str(r["gold"]), text=r["text"], graded=g, i=i,
                                n_tokens=x["n"], sum_logprob=x["sum"], mean_logprob=x["mean"],
-                               finish_reason=r.get("finish_reason"), token_fields=x["tokens"])
+                               finish_reason=r.get("finish_reason"), token_fields=x["tokens"],
+                               rate=None if r.get("rate") is None else float(r["rate"]), group=r.get("group"))
                 if x["conf"] is not None:
                     row["confidence"] = float(x["conf"])
                 rows.append(row)
