@@ -182,3 +182,56 @@ def test_verl_run_state_belongs_to_the_trainer_object():
     assert CapoRun.of(a).mask(opts, engine="e") is m and CapoRun.of(b).mask(opts, engine="e") is not m
     assert m.resolve(torch.tensor([1.0, 2.0, 3.0, 4.0])) == (1.75, 3.25) and m.value == (1.75, 3.25)
     assert m.resolve(torch.tensor([9.0, 9.5])) == (1.75, 3.25)  # frozen on the run's first batch
+
+
+def test_trl_quantile_thresholds_freeze_on_the_first_training_batch_not_an_eval_one():
+    """`eval_on_start` runs an eval batch through the same step before any training batch: it reads its own
+    quantiles without freezing them; the first training batch sets the run's, which later eval batches use."""
+    pytest.importorskip("trl")
+    from accelerate import Accelerator
+
+    from capo.adapters import trl
+    from capo.rollout.step import StepBatch, step_advantages
+
+    cfg = trl.CapoAdvantageConfig(advantage="capo", noise_mask="quantile", mask_q_low=0.25, mask_q_high=0.75)
+    self = types.SimpleNamespace(capo=cfg, reward_funcs=[], reward_weights=torch.ones(1),
+                                 accelerator=Accelerator(cpu=True), _capo_thresholds=trl.mask_thresholds(cfg))
+    correct = torch.tensor([True, False] * (G // 2) * 2)
+    n = correct.numel()
+    mask = torch.ones(n, 3, dtype=torch.bool)
+    lp = torch.full((n, 3), -0.5, dtype=torch.float64)
+
+    def step(ref_ppl, mode):
+        ref = (-torch.log(torch.tensor(ref_ppl, dtype=torch.float64)))[:, None].expand(n, 3).clone()
+        batch = StepBatch(rewards=correct.double(), group_size=G, mask=mask, correct=correct, token_logp=lp,
+                          ref_token_logp=ref, valid=torch.ones(n, dtype=torch.bool))
+        return step_advantages(*trl.CapoGRPOTrainer._capo_step_inputs(self, correct.double()[:, None], batch, mode))
+
+    step([10.0 + i for i in range(n)], "eval")
+    assert self._capo_thresholds.value is None  # the eval batch froze nothing
+    step([1.0 + i / n for i in range(n)], "train")
+    frozen = self._capo_thresholds.value
+    assert frozen is not None and frozen[1] < 2.0  # the training batch's perplexities, not the eval batch's
+    step([10.0 + i for i in range(n)], "eval")
+    assert self._capo_thresholds.value == frozen
+
+
+def test_trls_scale_rewards_reaches_the_estimators_scale_or_is_refused():
+    """TRL's scale_rewards was ignored (capo computes the advantages): it is now the scale of the estimators that
+    take one, refused where it disagrees with advantage_kwargs or the estimator has none."""
+    pytest.importorskip("trl")
+    from capo.adapters import trl
+    from capo.errors import ConfigError
+
+    grpo = trl.CapoAdvantageConfig(advantage="grpo", noise_mask="off")
+    assert trl._with_trl_scale(grpo, "none").advantage_kwargs == {"scale": "none"}
+    assert trl._with_trl_scale(grpo, False).advantage_kwargs == {"scale": "none"}
+    assert trl._with_trl_scale(grpo, "group").advantage_kwargs == {"scale": "group"}
+    given = trl.CapoAdvantageConfig(advantage="grpo", advantage_kwargs={"scale": "batch"}, noise_mask="off")
+    assert trl._with_trl_scale(given, "batch").advantage_kwargs == {"scale": "batch"}
+    with pytest.raises(ConfigError, match="scale_rewards='none' and advantage_kwargs scale='batch' disagree"):
+        trl._with_trl_scale(given, "none")
+    capo = trl.CapoAdvantageConfig()
+    assert trl._with_trl_scale(capo, "group") is capo
+    with pytest.raises(ConfigError, match="scale_rewards='batch' is TRL's GRPO normalisation; capo's 'capo'"):
+        trl._with_trl_scale(capo, "batch")

@@ -43,6 +43,7 @@ the weighted sum of the reward functions, as TRL's default).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -263,6 +264,28 @@ def capo_preset(name: str, *, answer_key: str = "answer", verifier=None) -> tupl
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _with_trl_scale(cfg: CapoAdvantageConfig, scale_rewards) -> CapoAdvantageConfig:
+    """TRL's ``scale_rewards`` (its GRPO std normalisation: "group", "batch", "none"; True/False the old spellings)
+    is the ``scale`` of capo's estimators that take one (grpo, ace, seed_grpo, unlikeliness): passed on unless
+    ``advantage_kwargs`` gives another, which is refused; for another estimator anything but the default is
+    refused. It was ignored, so a TRL run with ``scale_rewards="none"`` trained with group-std scaling unseen."""
+    from dataclasses import replace
+
+    from capo.core import hyperparameters
+
+    sr = {True: "group", False: "none"}.get(scale_rewards, scale_rewards)
+    if "scale" in hyperparameters(cfg.advantage):
+        given = cfg.advantage_kwargs.get("scale")
+        if given is not None and given != sr:
+            raise ConfigError(f"CapoGRPOTrainer: GRPOConfig.scale_rewards={sr!r} and advantage_kwargs scale={given!r} "
+                              "disagree; give one")
+        return replace(cfg, advantage_kwargs={**cfg.advantage_kwargs, "scale": sr})
+    if sr != "group":
+        raise ConfigError(f"CapoGRPOTrainer: GRPOConfig.scale_rewards={sr!r} is TRL's GRPO normalisation; capo's "
+                          f"{cfg.advantage!r} computes the advantages and has no scale to pass it to")
+    return cfg
+
+
 class CapoGRPOTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` with capo's advantages (see the module docstring). Extra arguments:
 
@@ -286,6 +309,7 @@ class CapoGRPOTrainer(GRPOTrainer):
                               f"{', '.join(LOGPROB_MODES)}")
         self._capo_thresholds = mask_thresholds(self.capo)
         super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        self.capo = _with_trl_scale(self.capo, getattr(self.args, "scale_rewards", "group"))
         if self.multi_objective_aggregation != "sum_then_normalize":
             raise ConfigError(
                 "CapoGRPOTrainer: multi_objective_aggregation must be 'sum_then_normalize' (capo's estimators take "
@@ -423,7 +447,7 @@ class CapoGRPOTrainer(GRPOTrainer):
         lp, full_mask, ref = (self._capo_gather_rows(x) for x in (lp, mask, ref))
         batch = StepBatch(rewards=rewards, group_size=g, mask=full_mask, correct=correct, token_logp=lp,
                           ref_token_logp=ref, valid=scored, confidence=conf)
-        step = step_advantages(*self._capo_step_inputs(rpf, batch))
+        step = step_advantages(*self._capo_step_inputs(rpf, batch, mode))
         res = step.result
         trl_local = out["advantages"]
         out["advantages"] = res.advantages[sl].to(device=trl_local.device, dtype=trl_local.dtype)
@@ -438,11 +462,14 @@ class CapoGRPOTrainer(GRPOTrainer):
                 self._metrics[mode][k].append(v)
         return out
 
-    def _capo_step_inputs(self, rpf: torch.Tensor, batch: StepBatch) -> tuple[StepBatch, StepSpec]:
+    def _capo_step_inputs(self, rpf: torch.Tensor, batch: StepBatch, mode: str = "train"
+                          ) -> tuple[StepBatch, StepSpec]:
         """``batch`` (the gathered verdicts, rewards and log-probs) with what the estimator's extra inputs are built
         from, and the step's spec. Answers and format flags come from capo's reward function; GDPO's components are
         RLCR's two terms with RLCRReward alone, else one per reward function (``rpf`` [N, F]; unscored = 0), weighted
-        by TRL's ``reward_weights`` unless ``weights`` is given."""
+        by TRL's ``reward_weights`` unless ``weights`` is given. An eval batch (``mode``) before the first training
+        batch never freezes the quantile mask's thresholds: it reads its own, and the first training batch sets the
+        run's (``eval_on_start`` had frozen them on the eval prompts)."""
         cfg = self.capo
         hp = dict(cfg.advantage_kwargs)
         funcs = [f for f in self.reward_funcs if isinstance(f, _TextReward) and f.last is not None]
@@ -460,10 +487,13 @@ class CapoGRPOTrainer(GRPOTrainer):
         batch.reward_terms = torch.nan_to_num(rpf.double().cpu())
         if "components" in advantage_inputs(cfg.advantage) and not rlcr:
             hp.setdefault("weights", [float(w) for w in self.reward_weights])
+        mask = self._capo_thresholds
+        if mode == "eval" and mask is not None and mask.value is None:  # not yet set: read, never frozen, here
+            mask = copy.copy(mask)
         spec = StepSpec(cfg.advantage, advantage_kwargs=hp, reward="rlcr" if rlcr else "terms",
                         reward_kwargs={"format_failure_reward": f.format_failure_reward}
                         if rlcr and f.format_failure_reward is not None else {},
-                        mask=self._capo_thresholds, calibration=cfg.calibration_metrics, engine="CapoGRPOTrainer",
+                        mask=mask, calibration=cfg.calibration_metrics, engine="CapoGRPOTrainer",
                         hints=_HINTS)
         return batch, spec
 
