@@ -111,6 +111,16 @@ def test_report_errors(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "r.html")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
+    # JSON of the wrong shape: named, exit 2 (an AttributeError traceback before)
+    (tmp_path / "evalrun").mkdir()
+    (tmp_path / "evalrun" / "metrics.json").write_text("[1, 2]")
+    assert main(["report", str(tmp_path / "evalrun"), "--out", str(tmp_path / "r.html")]) == 2
+    assert "metrics.json: not a capo eval result" in capsys.readouterr().err
+    (tmp_path / "trainrun").mkdir()
+    (tmp_path / "trainrun" / "metrics.jsonl").write_text('{"step": 1, "train/accuracy": 0.5}\n[1]\n')
+    assert main(["report", str(tmp_path / "trainrun"), "--out", str(tmp_path / "r.html")]) == 2
+    assert "metrics.jsonl line 2: not a metrics row" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")

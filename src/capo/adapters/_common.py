@@ -17,14 +17,12 @@ from typing import Any
 from capo.core import ADVANTAGES, REWARDS, advantage_kwargs_problem
 from capo.errors import ConfigError
 from capo.rollout.grading import grade
-from capo.verify import DEFAULT_ANSWER_FORMAT
+from capo.verify import DEFAULT_ANSWER_FORMAT, STATED_FORMATS
 
 # The core rewards the adapters compute from text (TRL reward functions, verl compute_score_*); the ones after
 # "correctness" read a stated confidence: RLCR's <answer>/<confidence> tags, or the answer formats that state one
 # themselves (STATED_FORMATS; the stochastic tasks').
 TEXT_REWARDS = ("correctness", "rlcr", "ppo_c", "log_score", "brier_score")
-# answer formats whose response is itself a stated probability (percent) or carries one (outcome: "D NN")
-STATED_FORMATS = ("percent", "outcome")
 # Which log-probs feed lpm and PPL_ref: "raw" = temperature-1 log-probs (the paper's, capo's trainer),
 # "sampling" = the engine's temperature-scaled ones (identical at temperature 1).
 LOGPROB_MODES = ("raw", "sampling")

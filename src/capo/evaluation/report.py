@@ -144,6 +144,10 @@ def load_run(run_dir: Path, name: str | None = None, n_examples: int = 0) -> Run
     mj = run_dir / "metrics.json"
     if mj.exists():
         data = _read_json(mj)
+        if not (isinstance(data, dict) and all(isinstance(data.get(k, {}), dict) for k in ("config", "metrics",
+                                                                                           "curves"))):
+            raise DataError(f"{mj}: not a capo eval result (a JSON object whose config, metrics and curves are "
+                            "objects)")
         cfg = data.get("config", {})
         examples = []
         gen = run_dir / "generations.jsonl"
@@ -162,6 +166,9 @@ def load_run(run_dir: Path, name: str | None = None, n_examples: int = 0) -> Run
         rows = read_jsonl_rows(tj)  # up to a torn last line of a crashed run
         if not rows:
             raise DataError(f"{tj} has no rows")
+        bad = next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict)), None)
+        if bad is not None:
+            raise DataError(f"{tj} line {bad}: not a metrics row (a JSON object)")
         last = rows[-1]
         metrics = {k: v for k, v in last.items() if isinstance(v, (int, float))}
         series: dict[str, tuple[list, list]] = {}

@@ -46,7 +46,7 @@ import torch
 
 from capo.evaluation.report import RunInfo, draw_safely, render_report
 from capo.rollout.engine import DECODERS, DEVICES, ENGINES, check_engine, resolve_device
-from capo.rollout.grading import Graded, grade
+from capo.rollout.grading import Graded, gold_problem, grade
 from capo.rollout.models import AUTOCAST_MODES
 from capo.rollout.types import Sample
 from capo.rundir import Progress, atomic_write_text, json_line, read_jsonl_rows, run_lock
@@ -418,6 +418,9 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
 
     problems = load_problems(s.dataset, split=s.split, prompt_field=s.prompt_field, answer_field=s.answer_field,
                              answer_format=s.dataset_answer_format, limit=s.limit)
+    problem = gold_problem([p.answer for p in problems], s.answer_format)
+    if problem:
+        raise DataError(f"{s.dataset}: {problem}")
     s = replace(s, max_new_tokens=response_budget(s, problems, engine))
     out_dir = Path(out_dir)
     config = {k: v for k, v in asdict(s).items() if k != "extra"}
@@ -708,6 +711,9 @@ def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
 
 def _run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
     norm = _read_generations(path)
+    problem = gold_problem([x["r"]["gold"] for x in norm], s.answer_format)
+    if problem:
+        raise DataError(f"{path}: {problem}")
     config = {"generations": str(path), "answer_format": s.answer_format,
               "fallback_last_number": s.fallback_last_number, "n_bins": s.n_bins, "n_boot": s.n_boot,
               "seed": s.seed, "logprob_definition": "as provided in the generations file",

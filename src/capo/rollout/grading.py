@@ -39,11 +39,11 @@ from dataclasses import dataclass
 
 import torch
 
-from capo.verify import (DEFAULT_ANSWER_FORMAT, RlcrParse, Verdict, Verifier, extract_answer, extract_outcome,
-                         extract_percent, extract_rlcr)
+from capo.verify import (DEFAULT_ANSWER_FORMAT, STATED_FORMATS, RlcrParse, Verdict, Verifier, extract_answer,
+                         extract_outcome, extract_percent, extract_rlcr)
 from capo.verify.short import SHORT_FORMATS, judge_short
 
-__all__ = ["Graded", "grade"]
+__all__ = ["Graded", "gold_problem", "grade"]
 
 
 @dataclass
@@ -87,11 +87,21 @@ def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, ans
     return Graded(answers, verdicts, parses, correct, conf, fmt)
 
 
-def _outcomes(golds: Sequence[str], fmt: str) -> list[bool]:
+def gold_problem(golds: Sequence, answer_format: str) -> str | None:
+    """Why ``golds`` cannot be graded with ``answer_format``, or None: a stated-probability format
+    (:data:`capo.verify.STATED_FORMATS`) grades against a fixed outcome, so each gold must be "1" or "0". Callers
+    check before anything is written; :func:`grade` refuses them too."""
+    if answer_format not in STATED_FORMATS:
+        return None
     bad = next((g for g in golds if str(g) not in ("0", "1")), None)
-    if bad is not None:
-        raise ValueError(f"answer_format {fmt!r} grades against a fixed outcome, so every gold answer must be '1' or "
-                         f"'0'; got {bad!r}")
+    return None if bad is None else (f"answer_format {answer_format!r} grades against a fixed outcome, so every gold "
+                                     f"answer must be '1' or '0'; got {bad!r}")
+
+
+def _outcomes(golds: Sequence[str], fmt: str) -> list[bool]:
+    problem = gold_problem(golds, fmt)
+    if problem:
+        raise ValueError(problem)
     return [str(g) == "1" for g in golds]
 
 

@@ -10,6 +10,7 @@
 from capo.verify.extract import (
     ANSWER_FORMATS,
     DEFAULT_ANSWER_FORMAT,
+    STATED_FORMATS,
     RlcrParse,
     extract_answer,
     extract_boxed,
@@ -25,6 +26,7 @@ from capo.verify.verifier import Verdict, Verifier, WorkerError, looks_like_code
 __all__ = [
     "ANSWER_FORMATS",
     "DEFAULT_ANSWER_FORMAT",
+    "STATED_FORMATS",
     "RlcrParse",
     "Verdict",
     "Verifier",

@@ -238,7 +238,10 @@ def extract_outcome(text: str | None) -> tuple[str, str] | None:
     return None if m is None else (m.group(1), m.group(2))
 
 
-ANSWER_FORMATS = ("auto", "boxed", "gsm8k", "rlcr", "last_number", "percent", "outcome", *SHORT_FORMATS)
+# answer formats whose response is itself a stated probability (percent) or carries one (outcome: "D NN"), graded
+# against a fixed outcome: their gold answers are "1" or "0" (the stochastic tasks')
+STATED_FORMATS = ("percent", "outcome")
+ANSWER_FORMATS = ("auto", "boxed", "gsm8k", "rlcr", "last_number", *STATED_FORMATS, *SHORT_FORMATS)
 # The default of every answer-format setting (trainer, capo eval, graders, TRL/verl reward functions).
 DEFAULT_ANSWER_FORMAT = "auto"
 
