@@ -140,7 +140,9 @@ def load_run(run_dir: Path, name: str | None = None, n_examples: int = 0) -> Run
     run_dir = Path(run_dir)
     name = name or run_dir.name
     if not run_dir.is_dir():
-        raise DataError(f"run directory {run_dir} does not exist")
+        raise DataError(f"run directory {run_dir} " + ("is a file: give the run's folder (the one holding "
+                                                       "metrics.json or metrics.jsonl)" if run_dir.is_file()
+                                                       else "does not exist"))
     mj = run_dir / "metrics.json"
     if mj.exists():
         data = _read_json(mj)

@@ -86,7 +86,9 @@ def load_records(*folders: Path) -> dict[str, dict[int, dict]]:
     paths: dict[tuple[str, int], Path] = {}
     for folder in folders:
         if not Path(folder).is_dir():
-            raise DataError(f"{folder}: no such records folder")
+            what = "is a file; give the records folder that holds it" if Path(folder).is_file() else \
+                "no such records folder"
+            raise DataError(f"{folder}: {what}")
         files = sorted(Path(folder).glob("*.json"))
         if not files:
             raise DataError(f"{folder}: no records (*.json) found")

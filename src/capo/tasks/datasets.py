@@ -125,7 +125,8 @@ def _rows_to_problems(rows, *, name: str, where_fn, prompt_field: str, answer_fi
             if f not in row:
                 raise DataError(
                     f"{where}: no field {f!r}; fields present: {', '.join(map(repr, row)) or 'none'} "
-                    f"(choose the fields with --prompt-field / --answer-field)"
+                    f"(choose the fields: capo eval --prompt-field / --answer-field, capo train "
+                    "--data.prompt_field / --data.answer_field)"
                 )
         prompt = row[prompt_field]
         if not isinstance(prompt, str):
@@ -154,7 +155,7 @@ def iter_jsonl(path: Path):
     try:
         f = path.open("r", encoding="utf-8")
     except OSError as e:
-        raise DataError(f"cannot read dataset file {path}: {e.strerror}") from None
+        raise DataError(f"cannot read {path}: {e.strerror} (a JSON-lines file)") from None
     with f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():

@@ -478,7 +478,8 @@ def load_yaml(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
         presets = preset_names()
-        raise ConfigError(f"config file {str(p)!r} does not exist (built-in presets: {', '.join(presets)})")
+        what = "is a folder, not a YAML file" if p.is_dir() else "does not exist"
+        raise ConfigError(f"config file {str(p)!r} {what} (built-in presets: {', '.join(presets)})")
     try:
         d = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
