@@ -125,7 +125,9 @@ def test_grpo_scale_follows_verls_norm_flag_unless_set():
     assert scale({}, SimpleNamespace()) == "group"  # a config object without .get: verl's default
     assert scale({"scale": "batch"}, {"norm_adv_by_std_in_grpo": False}) == "batch"  # the user's own choice wins
     assert scale({}, None) is None  # no config: the core default
-    assert scale({}, {"norm_adv_by_std_in_grpo": False}, name="rloo") is None
+    assert scale({}, {"norm_adv_by_std_in_grpo": False}, name="rloo") is None  # no scale to follow it
+    for name in ("ace", "seed_grpo", "unlikeliness"):  # every estimator with a scale follows it, as on TRL's path
+        assert scale({}, {"norm_adv_by_std_in_grpo": False}, name=name) == "none"
 
 
 # ----------------------------------------------------------------------------------------------- verl's batch

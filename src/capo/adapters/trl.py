@@ -266,19 +266,18 @@ def capo_preset(name: str, *, answer_key: str = "answer", verifier=None) -> tupl
 
 def _with_trl_scale(cfg: CapoAdvantageConfig, scale_rewards) -> CapoAdvantageConfig:
     """TRL's ``scale_rewards`` (its GRPO std normalisation: "group", "batch", "none"; True/False the old spellings)
-    is the ``scale`` of capo's estimators that take one (grpo, ace, seed_grpo, unlikeliness): passed on unless
-    ``advantage_kwargs`` gives another, which is refused; for another estimator anything but the default is
-    refused. It was ignored, so a TRL run with ``scale_rewards="none"`` trained with group-std scaling unseen."""
+    is the ``scale`` of capo's estimators that take one (grpo, ace, seed_grpo, unlikeliness) unless
+    ``advantage_kwargs`` gives one (capo's own setting wins, as on verl's path); for another estimator anything but
+    the default is refused. It was ignored, so a TRL run with ``scale_rewards="none"`` trained with group-std
+    scaling unseen."""
     from dataclasses import replace
 
     from capo.core import hyperparameters
 
     sr = {True: "group", False: "none"}.get(scale_rewards, scale_rewards)
     if "scale" in hyperparameters(cfg.advantage):
-        given = cfg.advantage_kwargs.get("scale")
-        if given is not None and given != sr:
-            raise ConfigError(f"CapoGRPOTrainer: GRPOConfig.scale_rewards={sr!r} and advantage_kwargs scale={given!r} "
-                              "disagree; give one")
+        if "scale" in cfg.advantage_kwargs:
+            return cfg
         return replace(cfg, advantage_kwargs={**cfg.advantage_kwargs, "scale": sr})
     if sr != "group":
         raise ConfigError(f"CapoGRPOTrainer: GRPOConfig.scale_rewards={sr!r} is TRL's GRPO normalisation; capo's "

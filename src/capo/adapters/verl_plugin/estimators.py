@@ -99,7 +99,7 @@ def _options(settings: dict, core_name: str, config,
     if opts["logprobs"] not in LOGPROB_MODES:
         raise ConfigError(f"algorithm.capo.logprobs={opts['logprobs']!r} is not allowed; allowed values: "
                           f"{', '.join(LOGPROB_MODES)}")
-    if core_name == "grpo" and "scale" not in hp and config is not None:
+    if "scale" in hyperparameters(core_name) and "scale" not in hp and config is not None:
         hp["scale"] = "group" if (config.get("norm_adv_by_std_in_grpo", True) if hasattr(config, "get")
                                   else True) else "none"
     return opts, hp
