@@ -136,8 +136,9 @@ def run(ns) -> int:
 
 def _status(spec: dict, all_jobs: list, args: SweepStatusSettings) -> int:
     """One line per job (a job without its record that a live sweep process holds is "running", with the process;
-    one not done says how far its run folder has come, or that the folder keeps its record), what is left and roughly what it costs, a note when the
-    records folder does not exist here, then what would stop `run` (exit 2)."""
+    one not done says how far its run folder has come, or that the folder keeps its record), what is left and
+    roughly what it costs, a note when the records folder does not exist here, then what would stop `run` (exit
+    2)."""
     import os
 
     from capo.sweep import preflight

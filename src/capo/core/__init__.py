@@ -38,6 +38,7 @@ __all__ = [
     "loss_kwargs_problem", "calibration_metrics", "estimate", "guard_batch", "hyperparameters", "needs_scores",
     "ace_advantage", "c2gspg_loss", "clip_cov_loss", "gdpo_advantage", "kl_cov_loss", "logprob_advantage_covariance",
     "ngrpo_advantage",
-    "ppo_c_reward", "REWARD_COMPONENTS", "rlcr_components", "seed_grpo_advantage", "semantic_entropy", "token_covariance",
+    "ppo_c_reward", "REWARD_COMPONENTS", "rlcr_components", "seed_grpo_advantage", "semantic_entropy",
+    "token_covariance",
     "unlikeliness_advantage", "logprob_mismatch", "truncated_is_weights",
 ]

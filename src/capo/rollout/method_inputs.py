@@ -111,9 +111,9 @@ class StepSpec:
     ``format_failure_reward`` enters RLCR's components; any other name means "not a core reward");
     mask: CAPO's noise-mask thresholds (a :class:`capo.rollout.step.MaskThresholds`; None: the mask is off);
     group_filter: DAPO's dynamic sampling, comparing ``group_filter_by`` (:data:`capo.core.dapo.GROUP_FILTER_BY`:
-    the verdicts or the rewards) within each group; calibration: compute ``calib/*``; engine / hints: how errors name the
-    engine and the setting that enables a missing input; gather: collects every process's rows of a [N] tensor for
-    the batch metrics (None: the batch is already whole).
+    the verdicts or the rewards) within each group; calibration: compute ``calib/*``; engine / hints: how errors
+    name the engine and the setting that enables a missing input; gather: collects every process's rows of a [N]
+    tensor for the batch metrics (None: the batch is already whole).
     """
 
     advantage: str

@@ -31,8 +31,8 @@ def flat_config(config: dict, leave_out: tuple[str, ...] = (), sections: tuple[s
 # missing key reads as this, not as today's default, so that flipping a default later never makes an old record
 # read as a run it was not. `tests/test_sweep.py` holds every key a committed record
 # lacks to this table or to the bookkeeping knobs.
-PREDATING = {"algo.group_filter_by": None, "data.response_prefix": "", "model.attention": "sdpa", "model.lora_alpha": 32.0,
-             "model.lora_rank": 0, "model.lora_targets": "all-linear", "model.ref_dtype": None,
+PREDATING = {"algo.group_filter_by": None, "data.response_prefix": "", "model.attention": "sdpa",
+             "model.lora_alpha": 32.0, "model.lora_rank": 0, "model.lora_targets": "all-linear", "model.ref_dtype": None,
              "model.train_top_layers": 0, "optim.fused": False}
 
 
@@ -184,7 +184,8 @@ def read_record(path: Path) -> dict:
     if not isinstance(rec, dict) or "method" not in rec or "seed" not in rec:
         raise DataError(f"{path}: not a sweep record (no 'method' and 'seed')")
     seed = rec["seed"]
-    if not isinstance(rec["method"], str) or not (seed is None or (isinstance(seed, int) and not isinstance(seed, bool))):
+    if not isinstance(rec["method"], str) or not (seed is None or (isinstance(seed, int)
+                                                                   and not isinstance(seed, bool))):
         raise DataError(f"{path}: not a sweep record (method {rec['method']!r} is not a name or seed {seed!r} not an "
                         "integer)")
     return rec

@@ -252,8 +252,9 @@ def _eval_args(s, out: Path) -> list[str]:
 
 def run_dir_problem(job: Job, cfg: dict) -> str | None:
     """Why the job must not train or evaluate in its run folder, or None (a new folder, or one started with this
-    job's settings up to its bookkeeping knobs, :func:`capo.sweep.spec.bookkeeping`): the folder's mark names another resolved training config or final
-    evaluation; a folder without a mark that holds training output is judged by its ``config.yaml``."""
+    job's settings up to its bookkeeping knobs, :func:`capo.sweep.spec.bookkeeping`): the folder's mark names
+    another resolved training config or final evaluation; a folder without a mark that holds training output is
+    judged by its ``config.yaml``."""
     d = job.run_dir
     mark = d / RUN_SETTINGS
     if mark.exists():
