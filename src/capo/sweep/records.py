@@ -32,7 +32,8 @@ def flat_config(config: dict, leave_out: tuple[str, ...] = (), sections: tuple[s
 # read as a run it was not. `tests/test_sweep.py` holds every key a committed record
 # lacks to this table or to the bookkeeping knobs.
 PREDATING = {"algo.group_filter_by": None, "data.response_prefix": "", "model.attention": "sdpa",
-             "model.lora_alpha": 32.0, "model.lora_rank": 0, "model.lora_targets": "all-linear", "model.ref_dtype": None,
+             "model.lora_alpha": 32.0, "model.lora_rank": 0, "model.lora_targets": "all-linear",
+             "model.ref_dtype": None,
              "model.train_top_layers": 0, "optim.fused": False}
 
 
