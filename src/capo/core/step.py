@@ -68,20 +68,11 @@ def advantage_kwargs_problem(advantage: str, advantage_kwargs: dict, *, key: str
     """What is wrong with estimator ``advantage``'s hyperparameters, or None: a name it does not take, or a value
     its own checks refuse (it runs once on a two-row batch, so each rule, e.g. CAPO's tau > 0, lives only in the
     estimator). Every path calls this before any model is loaded; ``key`` is how the setting is spelled there."""
-    allowed = hyperparameters(advantage)
-    extra = sorted(set(advantage_kwargs) - set(allowed))
-    if extra:
-        return (f"{key}: advantage estimator {advantage!r} has no hyperparameter {', '.join(map(repr, extra))}; "
-                f"allowed: {', '.join(allowed) or '(none)'}")
     rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
-    try:
-        compute_advantages(advantage, rewards, 2, scores=torch.zeros(2, dtype=torch.float64),
-                           **_probe_inputs(advantage, advantage_kwargs), **advantage_kwargs)
-    except (ValueError, TypeError) as e:
-        msg = str(e)
-        name = msg.split("=")[0].split(" ")[0]
-        return f"{key}.{msg}" if name in advantage_kwargs else f"{key}: {msg}"
-    return None
+    return _kwargs_problem(
+        f"advantage estimator {advantage!r}", hyperparameters(advantage), advantage_kwargs, key,
+        lambda: compute_advantages(advantage, rewards, 2, scores=torch.zeros(2, dtype=torch.float64),
+                                   **_probe_inputs(advantage, advantage_kwargs), **advantage_kwargs))
 
 
 def loss_kwargs_problem(loss: str, loss_kwargs: dict, *, key: str = "loss_kwargs") -> str | None:
@@ -89,22 +80,30 @@ def loss_kwargs_problem(loss: str, loss_kwargs: dict, *, key: str = "loss_kwargs
     own checks refuse (it runs once on a two-row batch, so each rule lives only in the loss). The trainer calls this
     before any model is loaded; ``key`` is how the setting is spelled there."""
     fn = POLICY_LOSSES.get(loss)
-    params = inspect.signature(fn).parameters
-    allowed = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY
-               and p not in POLICY_LOSSES.reads(loss) and p != "generator"]
-    extra = sorted(set(loss_kwargs) - set(allowed))
-    if extra:
-        return (f"{key}: policy loss {loss!r} has no hyperparameter {', '.join(map(repr, extra))}; "
-                f"allowed: {', '.join(allowed) or '(none)'}")
+    reads = POLICY_LOSSES.reads(loss)
+    allowed = [p for p, v in inspect.signature(fn).parameters.items() if v.kind is inspect.Parameter.KEYWORD_ONLY
+               and p not in reads and p != "generator"]
     x = torch.zeros(2, 2, dtype=torch.float64)
-    reads = {"rewards": torch.tensor([1.0, 0.0], dtype=torch.float64)}
+    extra = {"rewards": torch.tensor([1.0, 0.0], dtype=torch.float64)} if "rewards" in reads else {}
+    return _kwargs_problem(f"policy loss {loss!r}", allowed, loss_kwargs, key,
+                           lambda: fn(x, x, torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 2),
+                                      **extra, **loss_kwargs))
+
+
+def _kwargs_problem(what: str, allowed: list[str], kwargs: dict, key: str, probe) -> str | None:
+    """A name of ``kwargs`` not in ``allowed``, else what ``probe()`` (the function called on a two-row batch with
+    ``kwargs``) refuses, as one line naming ``key`` (``key.name`` when the refusal names one of them); None if
+    neither."""
+    extra = sorted(set(kwargs) - set(allowed))
+    if extra:
+        return (f"{key}: {what} has no hyperparameter {', '.join(map(repr, extra))}; "
+                f"allowed: {', '.join(allowed) or '(none)'}")
     try:
-        fn(x, x, torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 2),
-           **{k: v for k, v in reads.items() if k in POLICY_LOSSES.reads(loss)}, **loss_kwargs)
+        probe()
     except (ValueError, TypeError) as e:
         msg = str(e)
         name = msg.split("=")[0].split(" ")[0]
-        return f"{key}.{msg}" if name in loss_kwargs else f"{key}: {msg}"
+        return f"{key}.{msg}" if name in kwargs else f"{key}: {msg}"
     return None
 
 

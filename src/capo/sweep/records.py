@@ -71,10 +71,11 @@ def _check_same(recs: list[tuple[Path, dict]], what: str, sections: tuple[str, .
 
 def _differing(c: dict, c0: dict) -> list[str]:
     """The keys in which two :func:`comparable` values differ: preset, eval, device, then each config setting."""
-    return [k for k in ("preset", "eval", "device") if c[k] != c0[k]] + _differing_keys(c["config"], c0["config"])
+    return [k for k in ("preset", "eval", "device") if c[k] != c0[k]] + differing_keys(c["config"], c0["config"])
 
 
-def _differing_keys(a: dict, b: dict) -> list[str]:
+def differing_keys(a: dict, b: dict) -> list[str]:
+    """The keys, sorted, whose values differ between two flat settings dicts (a key one lacks reads None)."""
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
@@ -128,7 +129,7 @@ def _check_one_algorithm(method: str, recs: list[tuple[Path, dict]]) -> None:
         a = algo(r)
         if a != a0:
             raise DataError(f"{p} and {p0}: two seeds of {method!r} ran other algorithm settings "
-                            f"({', '.join(_differing_keys(a, a0))}); "
+                            f"({', '.join(differing_keys(a, a0))}); "
                             "one method's seeds must run one algorithm: give the other settings another method name, "
                             "or delete the record(s) the spec no longer asks for")
 

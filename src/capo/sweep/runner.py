@@ -36,7 +36,7 @@ from pathlib import Path
 
 from capo.errors import DataError
 from capo.rundir import read_jsonl, read_jsonl_rows
-from capo.sweep.records import flat_config, setting_defaults
+from capo.sweep.records import differing_keys, flat_config, setting_defaults
 from capo.sweep.spec import BASE, Job, bookkeeping, record_state, same_settings
 
 TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "train/masked_frac",
@@ -274,8 +274,7 @@ def run_dir_problem(job: Job, cfg: dict) -> str | None:
     # a setting the folder's mark predates ran with what is now its default (as records read them)
     free = bookkeeping(cfg)  # micro-batches count for a batch-dependent loss
     now, then = flat_config(cfg, free), {**setting_defaults(free), **flat_config(then, free)}
-    diff = [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(then))
-            if now.get(k) != then.get(k)]
+    diff = [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in differing_keys(now, then)]
     diff += [f"eval.{k}: {then_eval.get(k)!r} -> {v!r}" for k, v in job.eval.items() if then_eval.get(k) != v]
     if not diff:
         return None

@@ -252,10 +252,7 @@ class Trainer:
         model = self.acc.unwrap_model(model)
         out = []
         for idx in self._micro_batches(torch.arange(len(ro.texts))):
-            out.append(token_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
-                                      ro.response_mask[idx], autocast_bf16=self.cfg.model.autocast_bf16,
-                                      share_prefix=self.cfg.rollout.share_prefix,
-                                      attention_impl=self.cfg.model.attention))
+            out.append(self._forward(model, ro, idx))
         return torch.cat(out)
 
     def advantages(self, ro: Rollout, g, rewards, ref_logp, old_logp) -> tuple[UpdateBatch, dict]:
@@ -306,8 +303,9 @@ class Trainer:
         old_seen = batch.old_logp if batch.old_logp is not None else torch.zeros_like(ro.gen_logp)
         sums: dict[str, float] = {}
         n_updates = skipped = 0
+        minis = self._mini_batches(rows)  # the same split every epoch
         for _ in range(c.optim.ppo_epochs):
-            for mb in self._mini_batches(rows):
+            for mb in minis:
                 n_tok = self.acc.reduce(ro.response_mask[mb].sum().float(), "sum").item()
                 n_seq = self.acc.reduce(torch.tensor(float(len(mb)), device=self.acc.device), "sum").item()
                 micros = self._micro_batches(mb) or [None]  # None: no row here, a zero-weight step for the all-reduce
@@ -355,9 +353,7 @@ class Trainer:
         c, a, ro = self.cfg, self.cfg.algo, batch.ro
         self.model.train()
         mask = ro.response_mask[idx]
-        logp, entropy = token_logprobs(self.model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
-                                       mask, autocast_bf16=c.model.autocast_bf16, with_entropy=True,
-                                       share_prefix=c.rollout.share_prefix, attention_impl=c.model.attention)
+        logp, entropy = self._forward(self.model, ro, idx, with_entropy=True)
         old = logp.detach() if batch.old_logp is None else batch.old_logp[idx]
         extra = {k: v[idx].to(logp.dtype) for k, v in batch.loss_inputs.items()}
         loss_tok, lm = policy_loss(a.loss, logp, old, batch.advantages[idx].to(logp.dtype), mask, **extra,
@@ -382,13 +378,19 @@ class Trainer:
         """This process has no row in a mini-batch that another process has rows in: a forward of one row and the
         backward of 0 times its real tokens' log-probs (the loss's inputs left out: a dropped row's may be NaN) join
         the gradients' all-reduce, adding nothing, so every process makes the same collective calls."""
-        c, ro, one = self.cfg, batch.ro, torch.arange(1)
+        ro, one = batch.ro, torch.arange(1)
         self.model.train()
-        mask = ro.response_mask[one]
-        logp = token_logprobs(self.model, ro.prompt_ids[one], ro.prompt_mask[one], ro.response_ids[one], mask,
-                              autocast_bf16=c.model.autocast_bf16, share_prefix=c.rollout.share_prefix,
-                              attention_impl=c.model.attention)
-        self.acc.backward(torch.where(mask.bool(), logp, torch.zeros((), dtype=logp.dtype)).sum() * 0.0)
+        logp = self._forward(self.model, ro, one)
+        self.acc.backward(torch.where(ro.response_mask[one].bool(), logp, torch.zeros((), dtype=logp.dtype)).sum()
+                          * 0.0)
+
+    def _forward(self, model, ro: Rollout, idx, *, with_entropy: bool = False):
+        """``model``'s forward of rollout rows ``idx`` with the run's knobs: their response tokens' log-probs [n, T]
+        (and entropies); the one call of :func:`capo.rollout.logprobs.token_logprobs` here."""
+        c = self.cfg
+        return token_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
+                              ro.response_mask[idx], autocast_bf16=c.model.autocast_bf16, with_entropy=with_entropy,
+                              share_prefix=c.rollout.share_prefix, attention_impl=c.model.attention)
 
     # ------------------------------------------------------------------------------------------- measurement
     def rollout_metrics(self, ro: Rollout, g, rewards) -> dict:
@@ -440,10 +442,7 @@ class Trainer:
         model = self.acc.unwrap_model(self.model)
         total = torch.zeros((), device=self.acc.device)
         for idx in self._micro_batches(torch.arange(len(ro.texts))):
-            _, ent = token_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.response_ids[idx],
-                                    ro.response_mask[idx], autocast_bf16=self.cfg.model.autocast_bf16,
-                                    with_entropy=True, share_prefix=self.cfg.rollout.share_prefix,
-                                    attention_impl=self.cfg.model.attention)
+            _, ent = self._forward(model, ro, idx, with_entropy=True)
             total = total + (ent.float() * ro.response_mask[idx]).sum()
         return total, ro.response_mask.sum().to(total)
 
