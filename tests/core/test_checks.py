@@ -160,3 +160,17 @@ def test_probs_labels_and_group_ids_name_a_non_array():
         checks.labels("c", [[1, 0]])
     with pytest.raises(TypeError, match=r"^g must be a torch.Tensor, numpy array or list, got int$"):
         checks.group_ids_1d("g", 3)
+
+
+def test_is_int_and_is_real_refuse_bools_and_what_is_not_a_number():
+    """The one definition of "an integer" and "a number" that every bad-input check starts from (capo.errors):
+    True is a Python int but never a count or a value here."""
+    for v in (0, -3, 10**20, np.int64(2).item()):
+        assert checks.is_int(v) and checks.is_real(v)
+    for v in (0.5, -1e300, math.inf, math.nan):
+        assert checks.is_real(v) and not checks.is_int(v)
+    for v in (True, False, None, "1", [1], 1j):
+        assert not checks.is_int(v) and not checks.is_real(v)
+    for name, v in (("positive", True), ("non_negative", False)):  # were accepted as 1.0 / 0.0
+        with pytest.raises(ValueError, match=r"^x must be >"):
+            getattr(checks, name)("x", v)

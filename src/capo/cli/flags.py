@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from capo.errors import is_real
 from capo.settings import cli_fields
 
 
@@ -53,7 +54,7 @@ def _add(target, f: dataclasses.Field) -> None:
 
 def _kind(f: dataclasses.Field, dflt):
     """int / float from the default, else from the annotation (``int | None``), else str."""
-    if isinstance(dflt, (int, float)) and not isinstance(dflt, bool):
+    if is_real(dflt):
         return type(dflt)
     ann = str(f.type)
     return int if ann.startswith("int") else float if ann.startswith("float") else str

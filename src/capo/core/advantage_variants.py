@@ -169,7 +169,7 @@ def gdpo_advantage(
     checks.tensor("components", comp, ndim=2)
     k = comp.shape[1]
     w = [1.0] * k if weights is None else list(weights)
-    if len(w) != k or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in w):
+    if len(w) != k or not all(checks.is_real(v) for v in w):
         raise ValueError(f"weights must be {k} numbers (one per reward component), got {weights!r}")
     s = sum(w[j] * grpo_advantage(comp[:, j].to(rewards.dtype).contiguous(), group_size, eps=eps,
                                   std_ddof=std_ddof) for j in range(k))  # [N]
@@ -234,7 +234,7 @@ def ngrpo_advantage(
     NGRPO's asymmetric clipping (``ppo_clip`` eps_low 0.16, eps_high 0.24; the ``ngrpo`` preset).
     Shapes: rewards, keep [N] -> [N].
     """
-    if isinstance(n_virtual, bool) or not isinstance(n_virtual, int) or n_virtual < 1:
+    if not checks.is_int(n_virtual) or n_virtual < 1:
         raise ValueError(f"n_virtual must be an int >= 1, got {n_virtual!r}")
     checks.non_negative("eps", eps)
     checks.choice("std_ddof", std_ddof, (0, 1))

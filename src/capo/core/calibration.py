@@ -216,7 +216,7 @@ def _binned(conf: torch.Tensor, correct: torch.Tensor, edges: torch.Tensor):
 
 
 def _check_bins(n_bins, strategy: str) -> None:
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int):
+    if not checks.is_int(n_bins):
         raise TypeError(f"n_bins must be an int >= 1, got {type(n_bins).__name__}")
     if n_bins < 1:
         raise ValueError(f"n_bins must be >= 1, got {n_bins}")
@@ -565,15 +565,15 @@ def prr(confidence, correct) -> float:
 def _generator(seed) -> torch.Generator:
     if isinstance(seed, torch.Generator):
         return seed
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if not checks.is_int(seed):
         raise TypeError(f"seed must be an int or a torch.Generator, got {type(seed).__name__}")
     return torch.Generator(device="cpu").manual_seed(seed)
 
 
 def _check_boot(n_boot, alpha) -> None:
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
+    if not checks.is_int(n_boot) or n_boot < 1:
         raise ValueError(f"n_boot must be an int >= 1, got {n_boot!r}")
-    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+    if not (checks.is_real(alpha) and 0 < alpha < 1):
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
 
 

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
+from capo.errors import is_int, is_real  # noqa: F401 -- the one definition; core modules say checks.is_int
+
 
 def tensor(name: str, x, *, ndim: int | None = None, floating: bool = False) -> torch.Tensor:
     """Check that ``x`` is a tensor with ``ndim`` dimensions (and a floating dtype if asked)."""
@@ -33,7 +35,7 @@ def same_shape(**tensors: torch.Tensor) -> None:
 
 def group_size(n: int, g, *, min_size: int = 1) -> int:
     """Check that ``g`` is an int >= ``min_size`` that divides ``n``."""
-    if isinstance(g, bool) or not isinstance(g, int):
+    if not is_int(g):
         raise TypeError(f"group_size must be an int, got {type(g).__name__}")
     if g < min_size:
         raise ValueError(f"group_size must be >= {min_size}, got {g}")
@@ -43,13 +45,13 @@ def group_size(n: int, g, *, min_size: int = 1) -> int:
 
 
 def positive(name: str, v: float) -> float:
-    if not (isinstance(v, (int, float)) and v > 0):
+    if not (is_real(v) and v > 0):
         raise ValueError(f"{name} must be > 0, got {v!r}")
     return float(v)
 
 
 def non_negative(name: str, v: float) -> float:
-    if not (isinstance(v, (int, float)) and v >= 0):
+    if not (is_real(v) and v >= 0):
         raise ValueError(f"{name} must be >= 0, got {v!r}")
     return float(v)
 

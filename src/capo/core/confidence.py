@@ -78,7 +78,7 @@ def token_statistics(logits: torch.Tensor, top_k: int = TOPK_CONF_K, *,
     if logits.dim() < 1:
         raise ValueError("logits must have a vocabulary dimension, got a 0-d tensor")
     v = logits.shape[-1]
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= v:
+    if not checks.is_int(top_k) or not 1 <= top_k <= v:
         raise ValueError(f"top_k must be an int in [1, V={v}], got {top_k!r}")
     x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     logp = x if normalized else torch.log_softmax(x, dim=-1)
@@ -169,7 +169,7 @@ def _compact(v: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def _check_int(name: str, v, low: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+    if not checks.is_int(v) or v < low:
         raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
     return v
 
@@ -253,7 +253,7 @@ def _bottom_windows(v: torch.Tensor, m: torch.Tensor, window: int, fraction: flo
 
 
 def _check_fraction(fraction) -> float:
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+    if not checks.is_real(fraction) or not 0 <= fraction <= 1:
         raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
     return float(fraction)
 

@@ -32,7 +32,7 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> tor
     Shapes: lengths [N] (integer or float token counts) -> [N] float32.
     """
     checks.tensor("lengths", lengths, ndim=1)
-    if not (isinstance(max_len, int) and isinstance(cache_len, int) and 0 < cache_len <= max_len):
+    if not (checks.is_int(max_len) and checks.is_int(cache_len) and 0 < cache_len <= max_len):
         raise ValueError(f"need integers 0 < cache_len <= max_len, got cache_len={cache_len!r}, max_len={max_len!r}")
     y = lengths.to(torch.float32)
     start = max_len - cache_len

@@ -76,7 +76,7 @@ def mean_at_k(correct, group_ids) -> float:
 
 
 def _check_k(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, int):
+    if not checks.is_int(k):
         raise TypeError(f"k must be an int >= 1, got {type(k).__name__}")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -94,7 +94,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     Args: n samples >= 1, c correct in [0, n], k in [1, n] (all ints).
     """
     for name, v in (("n", n), ("c", c)):
-        if isinstance(v, bool) or not isinstance(v, int):
+        if not checks.is_int(v):
             raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     _check_k(k)
     if n < 1:
@@ -359,7 +359,7 @@ def filtered_vote(answer_ids, correct, group_ids, confidence, keep_fraction: flo
     """
     s = checks.scores("confidence", confidence, allow_nan=True)
     a, c, g = _vote_inputs(answer_ids, correct, group_ids, confidence=s)
-    if isinstance(keep_fraction, bool) or not isinstance(keep_fraction, (int, float)) or not 0 < keep_fraction <= 1:
+    if not checks.is_real(keep_fraction) or not 0 < keep_fraction <= 1:
         raise ValueError(f"keep_fraction must be a number in (0, 1], got {keep_fraction!r}")
     s = s.to(a.device)
     _, gi = group_index(g)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from capo.core import voting
 from capo.core.checks import did_you_mean
-from capo.errors import ConfigError, DataError
+from capo.errors import ConfigError, DataError, is_int, is_real
 from capo.evaluation import plots
 from capo.evaluation.estimators import ESTIMATOR_KNOBS, TOKEN_FIELDS, float_values
 from capo.evaluation.metrics import assign_answer_ids, compute_metrics
@@ -204,18 +204,18 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--model", "required (or give --generations FILE.jsonl)")
     if s.generations is None:
         check_engine(s.engine, s.model)
-    if isinstance(s.k, bool) or not isinstance(s.k, int) or s.k < 1:
+    if not is_int(s.k) or s.k < 1:
         bad("-k", f"must be an integer >= 1, got {s.k!r}")
-    if s.limit is not None and (not isinstance(s.limit, int) or s.limit < 1):
+    if s.limit is not None and (not is_int(s.limit) or s.limit < 1):
         bad("--limit", f"must be an integer >= 1, got {s.limit!r}")
-    if not (isinstance(s.temperature, (int, float)) and 0 <= s.temperature and math.isfinite(s.temperature)):
+    if not (is_real(s.temperature) and 0 <= s.temperature and math.isfinite(s.temperature)):
         bad("--temperature", f"must be >= 0 (0 = greedy), got {s.temperature!r}")
-    if not (isinstance(s.top_p, (int, float)) and 0 < s.top_p <= 1):
+    if not (is_real(s.top_p) and 0 < s.top_p <= 1):
         bad("--top-p", f"must be in (0, 1], got {s.top_p!r}")
-    if s.max_new_tokens is not None and (isinstance(s.max_new_tokens, bool) or not isinstance(s.max_new_tokens, int)
+    if s.max_new_tokens is not None and (not is_int(s.max_new_tokens)
                                          or s.max_new_tokens < 1):
         bad("--max-new-tokens", f"must be an integer >= 1, got {s.max_new_tokens!r}")
-    if not isinstance(s.batch_size, int) or s.batch_size < 1:
+    if not is_int(s.batch_size) or s.batch_size < 1:
         bad("--batch-size", f"must be an integer >= 1, got {s.batch_size!r}")
     if s.answer_format not in ANSWER_FORMATS:
         bad("--answer-format", f"{s.answer_format!r} is not allowed{did_you_mean(s.answer_format, ANSWER_FORMATS)}; allowed values: {', '.join(ANSWER_FORMATS)}")
@@ -240,16 +240,16 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--verify-timeout", f"must be > 0, got {s.verify_timeout!r}")
     if s.verify_workers is not None and s.verify_workers < 1:
         bad("--verify-workers", f"must be >= 1, got {s.verify_workers!r}")
-    if not isinstance(s.n_bins, int) or s.n_bins < 1:
+    if not is_int(s.n_bins) or s.n_bins < 1:
         bad("--n-bins", f"must be an integer >= 1, got {s.n_bins!r}")
     if s.n_boot < 0:
         bad("--n-boot", f"must be >= 0, got {s.n_boot!r}")
     for flag, v in (("--conf-window", s.conf_window), ("--conf-tail", s.conf_tail)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if not is_int(v) or v < 1:
             bad(flag, f"must be an integer >= 1, got {v!r}")
-    if not (isinstance(s.conf_fraction, (int, float)) and 0 <= s.conf_fraction <= 1):
+    if not (is_real(s.conf_fraction) and 0 <= s.conf_fraction <= 1):
         bad("--conf-fraction", f"must be in [0, 1], got {s.conf_fraction!r}")
-    if not (isinstance(s.keep_fraction, (int, float)) and 0 < s.keep_fraction <= 1):
+    if not (is_real(s.keep_fraction) and 0 < s.keep_fraction <= 1):
         bad("--keep-fraction", f"must be in (0, 1], got {s.keep_fraction!r}")
     if s.temperature == 0 and s.k > 1:
         print("capo eval: note: --temperature 0 is greedy decoding; the k samples will be identical", file=sys.stderr)
@@ -559,7 +559,7 @@ def _append_lines(f, lines: list[str]) -> None:
 # ------------------------------------------------------------------------------------------------ BYO generations
 def _num(v) -> bool:
     """A log-prob: a real number <= 0 (-inf allowed, NaN not)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) and v <= 0
+    return is_real(v) and not math.isnan(v) and v <= 0
 
 
 def _number_types(lists: list[list], *, logprob: bool) -> set[type] | None:
@@ -606,7 +606,7 @@ def _row_logprobs(r: dict, where: str, pid: str, checked: dict[str, bool]) -> tu
     tl, n_tokens = r.get("token_logprobs"), r.get("n_tokens")
     if isinstance(n_tokens, float) and n_tokens.is_integer():
         n_tokens = int(n_tokens)  # 5.0: a count some writers give as a float
-    if n_tokens is not None and (isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0):
+    if n_tokens is not None and (not is_int(n_tokens) or n_tokens < 0):
         raise DataError(f"{where}: 'n_tokens' must be a whole number >= 0, got {n_tokens!r}")
     if tl is not None:
         _token_list(r, "token_logprobs", where, checked)
@@ -644,7 +644,7 @@ def _row_token_stats(r: dict, where: str, n_tokens: int | None, checked: dict[st
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return is_real(x) and math.isfinite(x)
 
 
 def _check_row_types(r: dict, where: str) -> None:
@@ -656,7 +656,7 @@ def _check_row_types(r: dict, where: str) -> None:
         if not (isinstance(r[fld], str) or _is_number(r[fld])):
             raise DataError(f"{where}: field {fld!r} must be a string or a number, got {r[fld]!r}")
     idx = r.get("sample_idx")
-    if idx is not None and not (isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0):
+    if idx is not None and not (is_int(idx) and idx >= 0):
         raise DataError(f"{where}: 'sample_idx' must be an integer >= 0, got {idx!r}")
     for fld in ("confidence", "rate"):
         v = r.get(fld)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from capo.errors import DataError
+from capo.errors import DataError, is_int
 from capo.sweep.spec import BASE, BOOKKEEPING, MICRO_BATCH, bookkeeping
 
 # Settings that may differ between the records of one comparison: the method itself (every `algo.*` key), the seed,
@@ -186,8 +186,7 @@ def read_record(path: Path) -> dict:
     if not isinstance(rec, dict) or "method" not in rec or "seed" not in rec:
         raise DataError(f"{path}: not a sweep record (no 'method' and 'seed')")
     seed = rec["seed"]
-    if not isinstance(rec["method"], str) or not (seed is None or (isinstance(seed, int)
-                                                                   and not isinstance(seed, bool))):
+    if not isinstance(rec["method"], str) or not (seed is None or is_int(seed)):
         raise DataError(f"{path}: not a sweep record (method {rec['method']!r} is not a name or seed {seed!r} not an "
                         "integer)")
     return rec

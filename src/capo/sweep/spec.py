@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capo.errors import ConfigError
+from capo.errors import ConfigError, is_int
 
 EVAL_DEFAULTS = {"problems": 100, "k": 8, "batch_size": 64, "seed": 0}
 BASE = "base"  # the job that evaluates the preset's initial model (spec `base: true`); no training, no seed
@@ -112,7 +112,7 @@ def _check_spec(path: Path, spec: dict) -> None:
     if not (isinstance(b, bool) or (isinstance(b, int) and b >= 1)):
         raise ConfigError(f"{path}: 'base' must be true, false or a number of draws >= 1, got {b!r}")
     if not isinstance(spec["seeds"], list) or not spec["seeds"] or not all(
-            isinstance(s, int) and not isinstance(s, bool) for s in spec["seeds"]):
+            is_int(s) for s in spec["seeds"]):
         raise ConfigError(f"{path}: 'seeds' must be a non-empty list of integers, got {spec['seeds']!r}")
     if not isinstance(spec.get("eval") or {}, dict):
         raise ConfigError(f"{path}: 'eval' maps {', '.join(EVAL_DEFAULTS)} to values")
@@ -123,10 +123,6 @@ def _check_spec(path: Path, spec: dict) -> None:
     _check_set_by_spec(path, spec)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _check_types(path: Path, spec: dict) -> None:
     """The spec's scalar keys and mappings have the types the runner reads them as."""
     if not isinstance(spec["preset"], str):
@@ -134,7 +130,7 @@ def _check_types(path: Path, spec: dict) -> None:
     if not isinstance(spec.get("overrides") or {}, dict):
         raise ConfigError(f"{path}: 'overrides' maps config keys (section.key) to values, got {spec['overrides']!r}")
     for key, v in (spec.get("eval") or {}).items():  # their ranges: capo eval's own check (preflight)
-        if not (_is_int(v) or (key == "problems" and v is None)):
+        if not (is_int(v) or (key == "problems" and v is None)):
             raise ConfigError(f"{path}: eval.{key} must be an integer"
                               f"{' (or null: the held-out part)' if key == 'problems' else ''}, got {v!r}")
     if not isinstance(spec.get("description") or "", str):

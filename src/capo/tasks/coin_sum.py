@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from capo.errors import ConfigError, DataError
+from capo.errors import ConfigError, DataError, is_real
 from capo.tasks import default as d
 from capo.tasks import model_builder as mb
 from capo.tasks.problem import Problem, fill_options, question_rng
@@ -54,7 +54,7 @@ format_prompt = d.format_prompt  # the chain-sum prompt; the coin is part of the
 def check_options(options: dict | None) -> dict[str, float]:
     """The task options with defaults filled in; ConfigError naming an unknown key or a value outside [0, 1]."""
     def value(key, val):
-        if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0.0 <= float(val) <= 1.0:
+        if not is_real(val) or not 0.0 <= float(val) <= 1.0:
             raise ConfigError(f"data.task_options.{key} must be a number in [0, 1], got {val!r}")
         return float(val)
 

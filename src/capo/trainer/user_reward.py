@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from capo.errors import CapoError, ConfigError
+from capo.errors import CapoError, ConfigError, is_real
 
 
 class _Timeout(BaseException):
@@ -58,7 +58,7 @@ def user_rewards(fn, prompts, texts, golds, *, timeout: float, on_error: str) ->
     for i, (p, t, g) in enumerate(zip(prompts, texts, golds)):
         try:
             v = _call_with_timeout(fn, (p, t, g), timeout)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            if not is_real(v) or not math.isfinite(v):
                 raise ValueError(f"returned {v!r}; a reward must be a finite number")
             out.append(float(v))
         except _Timeout:

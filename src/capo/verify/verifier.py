@@ -31,6 +31,7 @@ import re
 import threading
 from collections.abc import Sequence
 
+from capo.errors import is_int
 from capo.verify import _worker
 from capo.verify._pool import Pool, WorkerError
 
@@ -117,11 +118,11 @@ class Verifier:
     ):
         if workers is None:
             workers = max(1, min(4, os.cpu_count() or 1))
-        if not isinstance(workers, int) or workers < 1:
+        if not is_int(workers) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         if not (timeout_s > 0):
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        if not isinstance(max_retries, int) or max_retries < 0:
+        if not is_int(max_retries) or max_retries < 0:
             raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
         self.workers = workers
         self.timeout_s = float(timeout_s)
