@@ -10,6 +10,7 @@ On a CUDA device (tests/_device.py) the default ``auto`` runs the step as a CUDA
 
 from __future__ import annotations
 
+import gc
 import json
 import warnings
 
@@ -279,6 +280,28 @@ def test_a_static_layer_casts_writes_to_the_dtypes_it_holds(models):
     assert (keys.dtype, values.dtype) == (torch.float32, torch.float32)
     assert torch.equal(values[:, :, :3], v) and torch.equal(values[:, :, 3:4], v2.float())
     assert torch.equal(keys[:, :, 3:4], k2.float()) and not values[:, :, 4:].any()
+
+
+@pytest.mark.parametrize("decode", ["generate", "graph"])
+def test_a_sampling_call_leaves_no_tensor_in_a_reference_cycle(models, decode):
+    """Reference counting frees every cache a rollout made: a cycle through a static layer kept each call's cache
+    (12 tensors; 3.2 GB at the reasoning testbed's mask calibration) until Python's cyclic collector ran, and a
+    testbed run grew to 8.5 GB resident. The decoder's own kept cache is live, not garbage."""
+    model, tok, prompts, max_new = models["default"]
+    engine = HFEngine(model, tok, decode=decode)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(2):
+            _sample(engine, prompts[:2], max_new, seed=0)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage if isinstance(o, torch.Tensor) or "Layer" in type(o).__name__]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []
 
 
 def test_training_with_the_loop_logs_what_training_with_generate_logs(tmp_path):

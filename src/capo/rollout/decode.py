@@ -30,6 +30,7 @@ Shapes: ``ids``/``am`` [N, P] (N = B*k rows, left-padded); tokens and log-probs 
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -85,13 +86,19 @@ def _writes_in_the_cache_dtype(layer) -> None:
     """Make a static cache ``layer`` cast what it is given to the dtypes it holds. Under bf16 autocast RoPE returns
     fp32 keys beside bf16 values, and some transformers versions (5.17; not 5.24) hold values in fp32: a layer
     allocates both in the keys' dtype, and a DynamicCache prefix upcasts its values. The first bf16 write then failed
-    (index_copy_: Float and BFloat16; seen on an H200). The upcast is exact; where the dtypes agree it does nothing."""
-    update = layer.update
+    (index_copy_: Float and BFloat16; seen on an H200). The upcast is exact; where the dtypes agree it does nothing.
+
+    The wrapper reaches its layer through a weak reference: a strong one (the closure's cell, or the bound method it
+    wraps) makes a cycle, layer -> its ``update`` -> the layer, which reference counting never frees. Every sampling
+    call's cache (3.2 GB at the reasoning testbed's mask calibration) then stayed resident until Python's cyclic
+    collector happened to run (docs/performance.md, "Memory of a testbed run")."""
+    own, update = weakref.ref(layer), type(layer).update
 
     def cast_update(key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if layer.is_initialized:
-            key_states, value_states = key_states.to(layer.keys.dtype), value_states.to(layer.values.dtype)
-        return update(key_states, value_states, *args, **kwargs)
+        lay = own()
+        if lay.is_initialized:
+            key_states, value_states = key_states.to(lay.keys.dtype), value_states.to(lay.values.dtype)
+        return update(lay, key_states, value_states, *args, **kwargs)
 
     layer.update = cast_update
 
