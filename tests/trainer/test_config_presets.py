@@ -12,6 +12,7 @@ import yaml
 from capo.cli import main
 from capo.errors import ConfigError
 from capo.sweep import runner, spec
+from capo.core.presets import ALGORITHMS
 from capo.trainer.config import load_config
 
 
@@ -130,3 +131,33 @@ def test_dapos_group_filter_compares_the_verdicts_by_default():
         load_config(None, {"algo.name": "grpo", "algo.group_filter_by": "reward"})
     with pytest.raises(ConfigError, match=r"algo.group_filter_by='acc' is not allowed; allowed values: correct, reward"):
         load_config(None, {"algo.name": "dapo", "algo.group_filter_by": "acc"})
+
+
+@pytest.mark.parametrize("over, says", [
+    ({"algo.name": "capo", "algo.overlong_cache": 4}, ["algo.overlong_cache=4 does not change the update: advantage "
+                                                       "'capo' ranks responses by the verifier's verdicts"]),
+    ({"algo.name": "dapo", "algo.advantage": "capo"}, ["algo.overlong_cache=4 does not change the update"]),
+    ({"algo.name": "capo", "algo.reward": "rlcr"}, ["algo.reward=rlcr does not change the update beyond the verdicts"]),
+    ({"algo.name": "capo", "algo.reward_kwargs": {"format_penalty": 0.5}},
+     ["algo.reward=correctness with algo.reward_kwargs={'format_penalty': 0.5} does not change the update"]),
+    ({"algo.name": "gdpo", "algo.overlong_cache": 4}, ["never reads their sum"]),
+    ({"algo.name": "grpo", "algo.overlong_cache": 4}, []),  # GRPO's z-score reads the shaped rewards
+    ({"algo.name": "gdpo", "algo.reward": "correctness", "algo.overlong_cache": 4}, []),  # no terms: the sum, shaped
+    ({"algo.name": "capo", "algo.loss": "c2gspg", "algo.reward": "rlcr"}, []),  # C2GSPG's loss reads the rewards
+    ({"algo.name": "dapo", "algo.advantage": "capo", "algo.group_filter_by": "reward"}, []),  # the filter reads them
+])
+def test_reward_settings_the_update_never_reads_are_noted(over, says):
+    """A reward setting that the method's update does not read (CAPO ranks verdicts; GDPO with RLCR takes the terms)
+    trains exactly as without it: said at config time, never refused (the logged rewards still show it)."""
+    notes: list[str] = []
+    load_config(None, over, notes=notes)
+    assert len(notes) == len(says), notes
+    for note, part in zip(notes, says):
+        assert part in note, note
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_no_preset_sets_a_reward_its_update_never_reads(algo):
+    notes: list[str] = []
+    load_config(None, {"algo.name": algo}, notes=notes)
+    assert notes == []

@@ -31,7 +31,8 @@ import torch
 from capo.core import ADVANTAGES, POLICY_LOSSES, RENAMED, REWARD_COMPONENTS, checks
 from capo.errors import ConfigError
 
-__all__ = ["MethodInputs", "StepBatch", "StepSpec", "advantage_inputs", "method_inputs", "needed_data"]
+__all__ = ["MethodInputs", "StepBatch", "StepSpec", "advantage_inputs", "method_inputs", "needed_data",
+           "summed_reward_unread"]
 
 # input name -> the engine data it is built from (what an engine must supply)
 _NEEDS = {"confidence_shift": ("token_logp", "ref_token_logp"), "cluster_ids": ("answers",),
@@ -56,6 +57,22 @@ def advantage_inputs(advantage: str) -> set[str]:
 def _wants(advantage: str, loss: str | None) -> tuple[set, set]:
     los = set() if loss is None else set(POLICY_LOSSES.reads(loss)) & {"rewards"}
     return advantage_inputs(advantage), los
+
+
+def summed_reward_unread(advantage: str, loss: str | None, reward: str) -> str | None:
+    """Why the update of this estimator and loss never reads the summed reward (the reward function's value plus any
+    overlong shaping), or None when it does. From the declarations: an estimator that reads ``correct`` ranks the
+    verifier's verdicts (CAPO); one that reads ``components`` takes a reward's own terms one by one when it has
+    them (GDPO with RLCR); a loss that reads ``rewards`` (C2GSPG) reads them. Then a reward's shaping, or the choice
+    of reward beyond its verdicts, changes ``train/reward_mean`` but not the update."""
+    if loss is not None and "rewards" in POLICY_LOSSES.reads(loss):
+        return None
+    reads = ADVANTAGES.reads(advantage)
+    if "correct" in reads:
+        return f"advantage {advantage!r} ranks responses by the verifier's verdicts, not by their rewards"
+    if "components" in reads and reward in REWARD_COMPONENTS:
+        return f"advantage {advantage!r} normalises the terms of reward {reward!r} one by one and never reads their sum"
+    return None
 
 
 def needed_data(advantage: str, loss: str | None = None, *, reward: str = "correctness") -> set[str]:

@@ -30,7 +30,7 @@ from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError, is_real
 from capo.rollout.engine import DECODERS, ENGINES, KV_CACHES, check_engine
 from capo.rollout.logprobs import ATTENTIONS
-from capo.rollout.method_inputs import needed_data
+from capo.rollout.method_inputs import needed_data, summed_reward_unread
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, GENERATED_TASKS
 from capo.tasks.prompts import check_response_prefix
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
@@ -522,7 +522,27 @@ def load_config(config: str | None = None, overrides: dict | None = None, *,
     for dotted, val in (overrides or {}).items():
         sec, _, key = dotted.partition(".")
         cfg.update({sec: {key: val}}, source="command line")
-    return cfg.resolved()
+    cfg = cfg.resolved()
+    if notes is not None:
+        notes.extend(unread_reward_notes(cfg.algo))
+    return cfg
+
+
+def unread_reward_notes(a: AlgorithmConfig) -> list[str]:
+    """Settings of the reward that the resolved method's update never reads (:func:`summed_reward_unread`): legal,
+    since the logged rewards still show them, but a run with and without them trains the same."""
+    why = summed_reward_unread(a.advantage, a.loss, a.reward)
+    if why is None or (a.group_filter and a.group_filter_by == "reward"):  # that filter compares the rewards
+        return []
+    out = []
+    if a.overlong_cache:
+        out.append(f"algo.overlong_cache={a.overlong_cache} does not change the update: {why} (the shaping shows in "
+                   "train/reward_mean only)")
+    if "correct" in ADVANTAGES.reads(a.advantage) and (a.reward != "correctness" or a.reward_kwargs):
+        given = f"algo.reward={a.reward}" + (f" with algo.reward_kwargs={a.reward_kwargs}" if a.reward_kwargs else "")
+        out.append(f"{given} does not change the update beyond the verdicts: {why} (the reward shows in "
+                   "train/reward_mean only)")
+    return out
 
 
 def for_algorithm(preset: dict, name: Any, overrides: dict, source: str, notes: list[str] | None = None) -> dict:
