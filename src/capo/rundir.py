@@ -23,7 +23,8 @@ except ImportError:  # an environment that installed capo without its dependenci
 
 from capo.errors import ConfigError, DataError
 
-__all__ = ["Progress", "atomic_write_text", "json_line", "json_loads", "read_jsonl", "read_jsonl_rows", "run_lock"]
+__all__ = ["Progress", "atomic_write_text", "json_line", "json_loads", "read_jsonl", "read_jsonl_rows", "run_lock",
+           "yaml_dumps", "yaml_loads"]
 
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19  # 19 digits in a row, after _DIGITS_TO_ZERO
@@ -209,3 +210,53 @@ class Progress:
 
     def advance(self, n: int, info: str = "") -> None:
         self.update(self.done + n, info)
+
+
+_EXPONENT_FLOAT = r"^[-+]?(?:[0-9][0-9_]*)?\.?[0-9][0-9_]*[eE][-+]?[0-9]+$"  # 5e-4, 1E5, 1.0e5, .5e3
+
+
+def yaml_loads(text: str):
+    """YAML as capo reads it (configs, presets, sweep specs, run folders): PyYAML's safe loader with YAML 1.2's
+    numbers and booleans. PyYAML follows YAML 1.1, which reads ``5e-4``, ``1e5`` and ``1.0e5`` as strings (its floats
+    need a dot and a signed exponent) and ``off``, ``no``, ``on``, ``yes`` as booleans: ``lr: 5e-4`` inside a
+    ``*_kwargs`` mapping reached the method as the string '5e-4', and ``noise_mask: off`` as False. Here a number in
+    exponent form is a float and only true/false are booleans (a boolean knob still takes yes/no/on/off: the
+    config's coercion reads those strings). Raises ``yaml.YAMLError``."""
+    return __import__("yaml").load(text, Loader=_loader())
+
+
+def _loader():
+    global _LOADER
+    if _LOADER is None:
+        import re
+
+        import yaml
+
+        class Loader(yaml.SafeLoader):
+            pass
+
+        bool_tag = "tag:yaml.org,2002:bool"
+        Loader.yaml_implicit_resolvers = {c: [r for r in rs if r[0] != bool_tag]
+                                          for c, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+        Loader.add_implicit_resolver(bool_tag, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+        Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+.0123456789"))
+        _LOADER = Loader
+    return _LOADER
+
+
+_LOADER = None
+
+
+def yaml_dumps(obj, **kw) -> str:
+    """``yaml.safe_dump`` whose output both :func:`yaml_loads` and plain PyYAML read back as written: a string that
+    looks like a number in exponent form (``'5e-4'``) is quoted, as are those YAML 1.1 reads as booleans."""
+    import re
+
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+.0123456789"))
+    return yaml.dump(obj, Dumper=Dumper, **kw)
+

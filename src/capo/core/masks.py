@@ -39,7 +39,7 @@ MASK_RULES = NOISE_MASKS[1:]  # the values that turn the mask on: how its thresh
 def noise_mask_problem(value, *, key: str = "noise_mask") -> str | None:
     """What is wrong with a ``noise_mask`` value (the one check of it on every path), or None. A bool (the adapters'
     old vocabulary) is told its new spelling."""
-    if isinstance(value, bool):  # YAML 1.1 also reads a bare off as false: hence the quoting hint
+    if isinstance(value, bool):  # YAML 1.1 readers (PyYAML, a TRL or verl config) read a bare off as false: the hint
         return (f"{key}={value!r} is the old spelling; {key} takes one of {', '.join(NOISE_MASKS)} now: "
                 f"{key}={'fixed' if value else 'off'} (or quantile; in YAML write \"off\" quoted)")
     if value not in NOISE_MASKS:

@@ -20,7 +20,7 @@ import torch
 from capo.errors import DataError
 from capo.evaluation import compare, plots
 from capo.evaluation.lengths import CAPO_SCORE_FORMS, length_reading
-from capo.rundir import read_jsonl_rows
+from capo.rundir import read_jsonl_rows, yaml_loads
 from capo.tasks import stochastic as stochastic_task
 
 __all__ = ["RunInfo", "draw_safely", "load_run", "render_report", "write_report"]
@@ -107,7 +107,7 @@ def _method_seed(train_dir: Path) -> str | None:
     import yaml
 
     try:
-        cfg = yaml.safe_load((train_dir / "config.yaml").read_text())
+        cfg = yaml_loads((train_dir / "config.yaml").read_text())
         return f"{cfg['algo']['name']}-seed{int(cfg['run']['seed'])}"
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
         return None

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from capo.errors import DataError
-from capo.rundir import read_jsonl, read_jsonl_rows
+from capo.rundir import read_jsonl, read_jsonl_rows, yaml_loads
 from capo.sweep.records import differing_keys, flat_config, setting_defaults
 from capo.sweep.spec import BASE, Job, bookkeeping, record_state, same_settings
 
@@ -193,12 +193,11 @@ def resolved_config(job: Job) -> dict:
 def progress(job: Job) -> tuple[int, int, bool] | None:
     """How far a training job without its record has come in its run folder: (steps trained, steps asked, whether
     its final evaluation has started); None before its ``capo train`` wrote a config there, and for a base job."""
-    import yaml
 
     cfg = job.run_dir / "config.yaml"
     if job.method == BASE or not cfg.exists():
         return None
-    total = int(yaml.safe_load(cfg.read_text())["run"]["steps"])
+    total = int(yaml_loads(cfg.read_text())["run"]["steps"])
     rows = read_jsonl_rows(job.run_dir / "metrics.jsonl")  # a line torn by the live trainer ends the rows
     done = max((int(r["step"]) for r in rows if "time/step" in r), default=0)  # training rows, not step 0's eval
     return done, total, done >= total and (job.run_dir / "eval").exists()
@@ -217,11 +216,10 @@ def _train(job: Job, log: Path) -> tuple[dict, str]:
     if job.method == BASE:
         cfg = resolved_config(job)
         return cfg, final_model(job, cfg)
-    import yaml
 
     flags = [x for k, v in train_flags(job).items() for x in (f"--{k}", v)]
     _capo(["train", "--config", job.preset, *flags], log)
-    cfg = yaml.safe_load((job.run_dir / "config.yaml").read_text())
+    cfg = yaml_loads((job.run_dir / "config.yaml").read_text())
     return cfg, final_model(job, cfg)
 
 
@@ -264,9 +262,8 @@ def run_dir_problem(job: Job, cfg: dict) -> str | None:
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
             return f"{mark}: unreadable settings mark ({e!r}); move or delete {d} to train the job anew"
     elif (d / "config.yaml").exists():
-        import yaml
 
-        then, then_eval = yaml.safe_load((d / "config.yaml").read_text()), job.eval  # capo eval checks its own
+        then, then_eval = yaml_loads((d / "config.yaml").read_text()), job.eval  # capo eval checks its own
     elif (d / "checkpoints").exists() or (d / "metrics.jsonl").exists():
         return f"{d} holds training output but no record of its settings; move or delete it to train the job anew"
     else:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from capo.errors import ConfigError, is_int
+from capo.rundir import yaml_loads
 
 EVAL_DEFAULTS = {"problems": 100, "k": 8, "batch_size": 64, "seed": 0}
 BASE = "base"  # the job that evaluates the preset's initial model (spec `base: true`); no training, no seed
@@ -83,7 +84,7 @@ def load_spec(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: no such sweep spec (a YAML file; the repository's are in sweeps/*.yaml)")
     try:
-        spec = yaml.safe_load(path.read_text()) or {}
+        spec = yaml_loads(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(spec, dict):

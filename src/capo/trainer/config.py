@@ -28,6 +28,7 @@ from capo.core import (
 from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError, is_real
+from capo.rundir import yaml_dumps, yaml_loads
 from capo.rollout.engine import DECODERS, ENGINES, KV_CACHES, check_engine
 from capo.rollout.logprobs import ATTENTIONS
 from capo.rollout.method_inputs import needed_data, summed_reward_unread
@@ -462,7 +463,7 @@ def coerce(key: str, val: Any, typ: Any) -> Any:
             return str(val)
         if typ in (dict, list):
             if isinstance(val, str):
-                val = yaml.safe_load(val)
+                val = yaml_loads(val)
             if not isinstance(val, typ):
                 raise ValueError
             return val
@@ -481,7 +482,7 @@ def load_yaml(path: str | Path) -> dict:
         what = "is a folder, not a YAML file" if p.is_dir() else "does not exist"
         raise ConfigError(f"config file {str(p)!r} {what} (built-in presets: {', '.join(presets)})")
     try:
-        d = yaml.safe_load(p.read_text())
+        d = yaml_loads(p.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
     return d or {}
@@ -586,4 +587,4 @@ def fields_help() -> list[tuple[str, str, Any, str]]:
 
 
 def dump_yaml(cfg: TrainConfig) -> str:
-    return yaml.safe_dump(json.loads(json.dumps(cfg.to_dict())), sort_keys=False)
+    return yaml_dumps(json.loads(json.dumps(cfg.to_dict())), sort_keys=False)
