@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import math
 import os
@@ -222,41 +223,37 @@ def yaml_loads(text: str):
     ``*_kwargs`` mapping reached the method as the string '5e-4', and ``noise_mask: off`` as False. Here a number in
     exponent form is a float and only true/false are booleans (a boolean knob still takes yes/no/on/off: the
     config's coercion reads those strings). Raises ``yaml.YAMLError``."""
-    return __import__("yaml").load(text, Loader=_loader())
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_classes()[0])
 
 
-def _loader():
-    global _LOADER
-    if _LOADER is None:
-        import re
+@functools.cache
+def _yaml_classes() -> tuple[type, type]:
+    """(Loader, Dumper): PyYAML's safe ones with exponent-form numbers as floats; the Loader also takes only
+    true/false as booleans, the Dumper keeps quoting what YAML 1.1 reads as one (see :func:`yaml_loads`)."""
+    import re
 
-        import yaml
+    import yaml
 
-        class Loader(yaml.SafeLoader):
-            pass
+    class Loader(yaml.SafeLoader):
+        pass
 
-        bool_tag = "tag:yaml.org,2002:bool"
-        Loader.yaml_implicit_resolvers = {c: [r for r in rs if r[0] != bool_tag]
-                                          for c, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-        Loader.add_implicit_resolver(bool_tag, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-        Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+.0123456789"))
-        _LOADER = Loader
-    return _LOADER
+    class Dumper(yaml.SafeDumper):
+        pass
 
-
-_LOADER = None
+    bool_tag, float_tag = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
+    Loader.yaml_implicit_resolvers = {c: [r for r in rs if r[0] != bool_tag]
+                                      for c, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver(bool_tag, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+    for cls in (Loader, Dumper):
+        cls.add_implicit_resolver(float_tag, re.compile(_EXPONENT_FLOAT), list("-+.0123456789"))
+    return Loader, Dumper
 
 
 def yaml_dumps(obj, **kw) -> str:
     """``yaml.safe_dump`` whose output both :func:`yaml_loads` and plain PyYAML read back as written: a string that
     looks like a number in exponent form (``'5e-4'``) is quoted, as are those YAML 1.1 reads as booleans."""
-    import re
-
     import yaml
 
-    class Dumper(yaml.SafeDumper):
-        pass
-
-    Dumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+.0123456789"))
-    return yaml.dump(obj, Dumper=Dumper, **kw)
-
+    return yaml.dump(obj, Dumper=_yaml_classes()[1], **kw)

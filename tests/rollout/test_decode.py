@@ -10,7 +10,6 @@ On a CUDA device (tests/_device.py) the default ``auto`` runs the step as a CUDA
 
 from __future__ import annotations
 
-import gc
 import json
 import warnings
 
@@ -24,7 +23,8 @@ from capo.rollout.engine import DECODERS
 from capo.tasks.generated import generated_task
 from capo.trainer.config import load_config
 
-from _device import DEVICE  # noqa: E402  (tests/ is on sys.path: its conftest.py)
+from _cycles import left_to_the_cyclic_collector  # noqa: E402  (tests/ is on sys.path: its conftest.py)
+from _device import DEVICE  # noqa: E402
 from test_forward_equivalence import PROMPTS, oracle_logprobs  # noqa: E402
 
 # the default task's first 6 eval prompts at seed 3, written out: its generator (reasoning_gym) is missing on the GPU
@@ -289,18 +289,8 @@ def test_a_sampling_call_leaves_no_tensor_in_a_reference_cycle(models, decode):
     testbed run grew to 8.5 GB resident. The decoder's own kept cache is live, not garbage."""
     model, tok, prompts, max_new = models["default"]
     engine = HFEngine(model, tok, decode=decode)
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(2):
-            _sample(engine, prompts[:2], max_new, seed=0)
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        left = [type(o).__name__ for o in gc.garbage if isinstance(o, torch.Tensor) or "Layer" in type(o).__name__]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+    garbage = left_to_the_cyclic_collector(lambda: [_sample(engine, prompts[:2], max_new, seed=0) for _ in range(2)])
+    left = [type(o).__name__ for o in garbage if isinstance(o, torch.Tensor) or "Layer" in type(o).__name__]
     assert left == []
 
 

@@ -353,21 +353,11 @@ def test_a_training_run_leaves_no_tensor_to_the_cyclic_collector(tiny_model, tmp
     log-probs, the update, the evaluations) is freed by reference counting. A tensor in a reference cycle waits for
     Python's cyclic collector, which runs rarely: a rollout cache kept so made a testbed run hold 8.5 GB
     (docs/performance.md, "Memory of a testbed run")."""
-    import gc
+    from _cycles import left_to_the_cyclic_collector
 
     cfg = cfg_for(tiny_model, tmp_path / "run", **{"algo.name": "capo", "run.steps": 2, "run.eval_every": 1,
                                                      "algo.mask_calib_prompts": 4})
     trainer = Trainer(cfg)
-    gc.collect()
-    gc.disable()
-    try:
-        trainer.train()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        left = [tuple(o.shape) for o in gc.garbage if isinstance(o, torch.Tensor)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+    left = [tuple(o.shape) for o in left_to_the_cyclic_collector(trainer.train) if isinstance(o, torch.Tensor)]
     assert rows(tmp_path / "run")[-1]["step"] == 2 and "eval/accuracy" in rows(tmp_path / "run")[-1]
     assert left == []

@@ -212,8 +212,7 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--temperature", f"must be >= 0 (0 = greedy), got {s.temperature!r}")
     if not (is_real(s.top_p) and 0 < s.top_p <= 1):
         bad("--top-p", f"must be in (0, 1], got {s.top_p!r}")
-    if s.max_new_tokens is not None and (not is_int(s.max_new_tokens)
-                                         or s.max_new_tokens < 1):
+    if s.max_new_tokens is not None and (not is_int(s.max_new_tokens) or s.max_new_tokens < 1):
         bad("--max-new-tokens", f"must be an integer >= 1, got {s.max_new_tokens!r}")
     if not is_int(s.batch_size) or s.batch_size < 1:
         bad("--batch-size", f"must be an integer >= 1, got {s.batch_size!r}")

@@ -32,7 +32,7 @@ from capo.core import ADVANTAGES, POLICY_LOSSES, RENAMED, REWARD_COMPONENTS, che
 from capo.errors import ConfigError
 
 __all__ = ["MethodInputs", "StepBatch", "StepSpec", "advantage_inputs", "method_inputs", "needed_data",
-           "summed_reward_unread"]
+           "summed_reward_unread", "verdicts_only"]
 
 # input name -> the engine data it is built from (what an engine must supply)
 _NEEDS = {"confidence_shift": ("token_logp", "ref_token_logp"), "cluster_ids": ("answers",),
@@ -62,17 +62,25 @@ def _wants(advantage: str, loss: str | None) -> tuple[set, set]:
 def summed_reward_unread(advantage: str, loss: str | None, reward: str) -> str | None:
     """Why the update of this estimator and loss never reads the summed reward (the reward function's value plus any
     overlong shaping), or None when it does. From the declarations: an estimator that reads ``correct`` ranks the
-    verifier's verdicts (CAPO); one that reads ``components`` takes a reward's own terms one by one when it has
-    them (GDPO with RLCR); a loss that reads ``rewards`` (C2GSPG) reads them. Then a reward's shaping, or the choice
-    of reward beyond its verdicts, changes ``train/reward_mean`` but not the update."""
-    if loss is not None and "rewards" in POLICY_LOSSES.reads(loss):
-        return None
-    reads = ADVANTAGES.reads(advantage)
-    if "correct" in reads:
+    verifier's verdicts (CAPO, :func:`verdicts_only`); one that reads ``components`` takes a reward's own terms one
+    by one when it has them (GDPO with RLCR); a loss that reads ``rewards`` (C2GSPG) reads them. Then a reward's
+    shaping changes ``train/reward_mean`` but not the update."""
+    if verdicts_only(advantage, loss):
         return f"advantage {advantage!r} ranks responses by the verifier's verdicts, not by their rewards"
-    if "components" in reads and reward in REWARD_COMPONENTS:
+    if "components" in ADVANTAGES.reads(advantage) and reward in REWARD_COMPONENTS and not _loss_reads_rewards(loss):
         return f"advantage {advantage!r} normalises the terms of reward {reward!r} one by one and never reads their sum"
     return None
+
+
+def verdicts_only(advantage: str, loss: str | None) -> bool:
+    """Whether the update reads nothing of the rewards but the verifier's verdicts: an estimator that declared it
+    reads ``correct`` (CAPO's pairs are right vs wrong) with a loss that does not read ``rewards``. Then the choice
+    of reward beyond its verdicts does not change the update either."""
+    return "correct" in ADVANTAGES.reads(advantage) and not _loss_reads_rewards(loss)
+
+
+def _loss_reads_rewards(loss: str | None) -> bool:
+    return loss is not None and "rewards" in POLICY_LOSSES.reads(loss)
 
 
 def needed_data(advantage: str, loss: str | None = None, *, reward: str = "correctness") -> set[str]:

@@ -193,7 +193,6 @@ def resolved_config(job: Job) -> dict:
 def progress(job: Job) -> tuple[int, int, bool] | None:
     """How far a training job without its record has come in its run folder: (steps trained, steps asked, whether
     its final evaluation has started); None before its ``capo train`` wrote a config there, and for a base job."""
-
     cfg = job.run_dir / "config.yaml"
     if job.method == BASE or not cfg.exists():
         return None
@@ -216,7 +215,6 @@ def _train(job: Job, log: Path) -> tuple[dict, str]:
     if job.method == BASE:
         cfg = resolved_config(job)
         return cfg, final_model(job, cfg)
-
     flags = [x for k, v in train_flags(job).items() for x in (f"--{k}", v)]
     _capo(["train", "--config", job.preset, *flags], log)
     cfg = yaml_loads((job.run_dir / "config.yaml").read_text())
@@ -262,7 +260,6 @@ def run_dir_problem(job: Job, cfg: dict) -> str | None:
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
             return f"{mark}: unreadable settings mark ({e!r}); move or delete {d} to train the job anew"
     elif (d / "config.yaml").exists():
-
         then, then_eval = yaml_loads((d / "config.yaml").read_text()), job.eval  # capo eval checks its own
     elif (d / "checkpoints").exists() or (d / "metrics.jsonl").exists():
         return f"{d} holds training output but no record of its settings; move or delete it to train the job anew"

@@ -31,7 +31,7 @@ from capo.errors import ConfigError, is_real
 from capo.rundir import yaml_dumps, yaml_loads
 from capo.rollout.engine import DECODERS, ENGINES, KV_CACHES, check_engine
 from capo.rollout.logprobs import ATTENTIONS
-from capo.rollout.method_inputs import needed_data, summed_reward_unread
+from capo.rollout.method_inputs import needed_data, summed_reward_unread, verdicts_only
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, GENERATED_TASKS
 from capo.tasks.prompts import check_response_prefix
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
@@ -539,7 +539,7 @@ def unread_reward_notes(a: AlgorithmConfig) -> list[str]:
     if a.overlong_cache:
         out.append(f"algo.overlong_cache={a.overlong_cache} does not change the update: {why} (the shaping shows in "
                    "train/reward_mean only)")
-    if "correct" in ADVANTAGES.reads(a.advantage) and (a.reward != "correctness" or a.reward_kwargs):
+    if verdicts_only(a.advantage, a.loss) and (a.reward != "correctness" or a.reward_kwargs):
         given = f"algo.reward={a.reward}" + (f" with algo.reward_kwargs={a.reward_kwargs}" if a.reward_kwargs else "")
         out.append(f"{given} does not change the update beyond the verdicts: {why} (the reward shows in "
                    "train/reward_mean only)")
