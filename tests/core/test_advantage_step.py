@@ -102,7 +102,7 @@ def test_step_noise_mask_and_guard():
 def test_step_passes_non_capo_estimators_their_inputs_unchanged():
     lp, m = _tokens([-1.0, -2.0, -1.5, -0.5])
     r = torch.tensor([0.3, 0.9, 0.1, 0.2], **f64)
-    res = advantage_step("grpo", r, torch.zeros(4, dtype=torch.bool), 4, token_logp=lp, mask=m, advantage_kwargs={"eps": 0.0})
+    res = advantage_step("grpo", r, torch.zeros(4, dtype=torch.bool), 4, token_logp=lp, mask=m, advantage_kwargs={"eps": 1e-300})
     torch.testing.assert_close(res.advantages, (r - r.mean()) / r.std())
 
 
@@ -171,10 +171,10 @@ def test_the_steps_old_keyword_names_say_the_new_ones():
     r = torch.tensor([1.0, 0.0], **f64)
     lp, m = torch.zeros(2, 3, **f64), torch.ones(2, 3)
     with pytest.raises(TypeError, match=r"^advantage_step: 'hparams' is now called 'advantage_kwargs'"):
-        advantage_step("grpo", r, r == 1, 2, token_logp=lp, mask=m, hparams={"eps": 0.0})
+        advantage_step("grpo", r, r == 1, 2, token_logp=lp, mask=m, hparams={"eps": 1e-300})
     g = guard_batch(r, 2, token_logp=lp, mask=m)
     with pytest.raises(TypeError, match=r"^estimate: 'hparams' is now called 'advantage_kwargs'"):
-        estimate("grpo", g, r == 1, 2, hparams={"eps": 0.0})
+        estimate("grpo", g, r == 1, 2, hparams={"eps": 1e-300})
     with pytest.raises(TypeError, match=r"missing 1 required positional argument: 'advantage'"):  # Python names it
         estimate(estimator="grpo", guarded=g, correct=r == 1, group_size=2)
     with pytest.raises(TypeError, match=r"^estimate\(\) got an unexpected keyword argument 'nope'"):
@@ -202,6 +202,9 @@ def test_advantage_kwargs_are_checked_once_by_the_estimator_itself():
                                                                 "norm, masked_partners, score")
     assert advantage_kwargs_problem("seed_grpo", {"alpha": 2.0}).startswith("advantage_kwargs.alpha must be <= 1")
     assert advantage_kwargs_problem("gdpo", {"weights": [1.0, 0.5]}) is None  # two components probed for two weights
+    # eps = 0 would turn a group whose rewards are all equal into 0 / 0 = NaN: refused for every std-scaled estimator
+    for name in ("grpo", "ace", "seed_grpo", "unlikeliness", "ngrpo", "gdpo"):
+        assert advantage_kwargs_problem(name, {"eps": 0.0}) == "advantage_kwargs.eps must be > 0, got 0.0", name
 
 
 def test_mask_rules():

@@ -44,11 +44,11 @@ def test_all_new_estimators_are_registered():
 def test_ace_hand_computed():
     r = t(1, 0, 0, 0)  # GRPO (eps 0): [1.5, -0.5, -0.5, -0.5] (mean 0.25, Bessel std 0.5)
     c = t(5.0, 0.0, math.log(math.e - 1), math.log(3.0))  # softplus: ln(1+e^5), ln 2, 1, ln 4
-    a = ace_advantage(r, 4, confidence_shift=c, alpha=1.0, eps=0.0)
+    a = ace_advantage(r, 4, confidence_shift=c, alpha=1.0, eps=1e-300)
     # the positive advantage is untouched whatever c; negatives scale by 1 + softplus(c)
     want = t(1.5, -0.5 * (1 + math.log(2)), -0.5 * 2.0, -0.5 * (1 + math.log(4)))
     torch.testing.assert_close(a, want, **EXACT)
-    a2 = ace_advantage(r, 4, confidence_shift=c, alpha=0.5, eps=0.0)
+    a2 = ace_advantage(r, 4, confidence_shift=c, alpha=0.5, eps=1e-300)
     torch.testing.assert_close(a2[1], torch.tensor(-0.5 * (1 + 0.5 * math.log(2)), **f64), **EXACT)
 
 
@@ -120,9 +120,9 @@ def test_seed_grpo_hand_computed_and_limits():
     r = t(1, 1, 1, 0)  # GRPO (eps 0): mean .75, Bessel std 0.5 -> [0.5, 0.5, 0.5, -1.5]
     ids = torch.tensor([0, 0, 0, 1])
     se = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
-    a = seed_grpo_advantage(r, 4, cluster_ids=ids, alpha=1.0, eps=0.0)
+    a = seed_grpo_advantage(r, 4, cluster_ids=ids, alpha=1.0, eps=1e-300)
     torch.testing.assert_close(a, t(0.5, 0.5, 0.5, -1.5) * (1 - se / math.log(4)), **EXACT)
-    a_exp = seed_grpo_advantage(r, 4, cluster_ids=ids, alpha=0.5, modulation="exp", eps=0.0)
+    a_exp = seed_grpo_advantage(r, 4, cluster_ids=ids, alpha=0.5, modulation="exp", eps=1e-300)
     torch.testing.assert_close(a_exp, t(0.5, 0.5, 0.5, -1.5) * math.exp(-0.5 * se / math.log(4)), **EXACT)
     # all answers distinct: SE = SE_max, the linear form with alpha 1 switches the prompt off (no NaN)
     a0 = seed_grpo_advantage(r, 4, cluster_ids=torch.tensor([0, 1, 2, 3]), alpha=1.0)
@@ -171,7 +171,7 @@ def test_gdpo_hand_computed_keeps_what_grpo_collapses():
     a = gdpo_advantage(comp.sum(1), 2, components=comp, eps=1e-12)  # eps 0 would make 0/0 in the equal group
     torch.testing.assert_close(a, want, rtol=0, atol=1e-10)
     # GRPO on the summed reward gives both prompts the same +-1/sqrt2: the collapse GDPO is about
-    g = grpo_advantage(comp.sum(1), 2, eps=0.0)
+    g = grpo_advantage(comp.sum(1), 2, eps=1e-300)
     torch.testing.assert_close(g[:2], g[2:], **EXACT)
     # weights and no batch normalisation: S = 2 * corr_z + 1 * brier_z
     a_w = gdpo_advantage(comp.sum(1), 2, components=comp, weights=[2.0, 1.0], batch_norm=False, eps=1e-12)
@@ -186,6 +186,21 @@ def test_gdpo_batch_statistics_use_only_kept_rows():
     # Bessel std sqrt(4 * .5 / 3); the dropped rows' large values must not enter the statistics
     z = (1 / math.sqrt(2)) / math.sqrt(2 / 3)
     torch.testing.assert_close(a, t(z, -z, z, -z, 0.0, 0.0), rtol=0, atol=1e-10)
+
+
+def test_gdpo_rows_left_out_unevenly_shift_every_kept_row():
+    """docs/papers.md (GDPO, batch statistics): each group's S sums to 0 over its rows, so dropping one row of the
+    second group moves the kept rows' mean off 0 and the all-correct group gets -mean/std instead of 0."""
+    r = t(1, 1, 1, 1, 1, 0, 0, 0)
+    keep = torch.tensor([True, True, True, True, True, False, True, True])
+    a = gdpo_advantage(r, 4, components=r[:, None], keep=keep, eps=1e-300)
+    # S: group 1 all 0; group 2 [1.5, -0.5, -0.5, -0.5] (mean 1/4, Bessel std 1/2); kept: 0 x4, 1.5, -0.5, -0.5
+    kept = [0.0] * 4 + [1.5, -0.5, -0.5]
+    mean = sum(kept) / 7
+    sd = math.sqrt(sum((v - mean) ** 2 for v in kept) / 6)
+    expect = [(v - mean) / sd for v in kept[:5]] + [0.0] + [(v - mean) / sd for v in kept[5:]]
+    torch.testing.assert_close(a, t(*expect), rtol=0, atol=1e-12)
+    assert round(a[0].item(), 3) == -0.106  # the figure papers.md quotes
 
 
 @settings(max_examples=50, deadline=None)
@@ -221,7 +236,7 @@ def test_unlikeliness_hand_computed():
     s = t(-0.1, -2.0, -0.5, -1.0)  # likelihood order (most likely first): 0, 2, 3, 1 -> G - rank = 3, 0, 2, 1
     # beta .25: factors 1 - .25 * (3, 0, 2, 1) / 4 -> R' = [0.8125, 1, 0, 0.9375]
     # mean 0.6875, deviations [.125, .3125, -.6875, .25], sum of squares 0.6484375, Bessel std sqrt(0.6484375 / 3)
-    a = unlikeliness_advantage(r, 4, scores=s, beta=0.25, eps=0.0)
+    a = unlikeliness_advantage(r, 4, scores=s, beta=0.25, eps=1e-300)
     torch.testing.assert_close(a, t(0.125, 0.3125, -0.6875, 0.25) / math.sqrt(0.6484375 / 3), **EXACT)
     # the rare correct answer (row 1) now gets the largest advantage
     assert int(a.argmax()) == 1
@@ -229,7 +244,7 @@ def test_unlikeliness_hand_computed():
 
 def test_unlikeliness_ties_by_row_order():
     r = t(1, 1, 1, 0)
-    a = unlikeliness_advantage(r, 4, scores=t(-1, -1, -1, -1), beta=0.5, eps=0.0)
+    a = unlikeliness_advantage(r, 4, scores=t(-1, -1, -1, -1), beta=0.5, eps=1e-300)
     # equal scores rank by row: factors 1 - .5 * (0, 1, 2, 3) / 4 = [1, .875, .75, .625]; R' = [1, .875, .75, 0]
     rp = t(1.0, 0.875, 0.75, 0.0)
     torch.testing.assert_close(a, (rp - rp.mean()) / rp.std(), **EXACT)
@@ -259,11 +274,11 @@ def test_ngrpo_reproduces_the_papers_worked_example():
     # G = 8, one correct: GRPO gives 2.47 / -0.35, NGRPO 1.76 / -0.50 (paper's advantage case study)
     # augmented rewards: 2 ones, 7 zeros; mean 2/9; Bessel var (2 (7/9)^2 + 7 (2/9)^2) / 8 = 126/648
     r = t(1, 0, 0, 0, 0, 0, 0, 0)
-    a = ngrpo_advantage(r, 8, eps=0.0)
+    a = ngrpo_advantage(r, 8, eps=1e-300)
     sd = math.sqrt(126 / 648)
     torch.testing.assert_close(a, t(7 / 9, *[-2 / 9] * 7) / sd, **EXACT)
     assert round(float(a[0]), 2) == 1.76 and round(float(a[1]), 2) == -0.50
-    g = grpo_advantage(r, 8, eps=0.0)
+    g = grpo_advantage(r, 8, eps=1e-300)
     assert round(float(g[0]), 2) == 2.47 and round(float(g[1]), 2) == -0.35
 
 
@@ -274,7 +289,7 @@ def test_ngrpo_homogeneous_groups():
     torch.testing.assert_close(a, t(*[-0.2 / (math.sqrt(0.2) + 1e-6)] * 4, 0, 0, 0, 0), **EXACT)
     assert torch.equal(a[4:], torch.zeros(4, **f64))
     # two virtual samples, r_max 2: augmented [0,0,2,2], mean 1, Bessel std sqrt(4/3)
-    a2 = ngrpo_advantage(t(0, 0), 2, n_virtual=2, max_reward=2.0, eps=0.0)
+    a2 = ngrpo_advantage(t(0, 0), 2, n_virtual=2, max_reward=2.0, eps=1e-300)
     torch.testing.assert_close(a2, t(-1, -1) / math.sqrt(4 / 3), **EXACT)
 
 

@@ -21,9 +21,9 @@ def sig(x):
 def test_grpo_hand_computed_bessel_and_population():
     r = torch.tensor([1.0, 0.0, 0.0, 0.0], **f64)
     # mean 0.25; Bessel std = sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5; population std = sqrt(0.75 / 4)
-    a1 = grpo_advantage(r, 4, eps=0.0)
+    a1 = grpo_advantage(r, 4, eps=1e-300)
     torch.testing.assert_close(a1, torch.tensor([1.5, -0.5, -0.5, -0.5], **f64), rtol=0, atol=1e-12)
-    a0 = grpo_advantage(r, 4, eps=0.0, std_ddof=0)
+    a0 = grpo_advantage(r, 4, eps=1e-300, std_ddof=0)
     s0 = math.sqrt(0.75 / 4)
     torch.testing.assert_close(a0, torch.tensor([0.75 / s0, -0.25 / s0, -0.25 / s0, -0.25 / s0], **f64))
     a_eps = grpo_advantage(r, 4, eps=1e-4)
@@ -33,7 +33,7 @@ def test_grpo_hand_computed_bessel_and_population():
 def test_grpo_batch_and_none_scaling():
     r = torch.tensor([1.0, 0.0, 1.0, 1.0], **f64)  # two groups of 2
     std_all = torch.tensor([1.0, 0.0, 1.0, 1.0], **f64).std()  # sqrt(0.25)=0.5 (Bessel over 4: sum sq dev 0.75/3)
-    a = grpo_advantage(r, 2, scale="batch", eps=0.0)
+    a = grpo_advantage(r, 2, scale="batch", eps=1e-300)
     torch.testing.assert_close(a, torch.tensor([0.5, -0.5, 0.0, 0.0], **f64) / std_all)
     torch.testing.assert_close(grpo_advantage(r, 2, scale="none"), torch.tensor([0.5, -0.5, 0.0, 0.0], **f64))
 

@@ -121,6 +121,14 @@ def test_aggregation_hand_computed():
     assert aggregate(loss, mask, "seq-mean-token-sum-norm", max_len=10).item() == pytest.approx(10 / 20)
 
 
+@pytest.mark.parametrize("mode", AGGREGATIONS)
+def test_aggregation_of_a_batch_without_tokens_is_zero(mode):
+    # every row empty, with or without the global counts a micro-batched update passes (0 tokens, 2 sequences)
+    loss, mask = torch.ones(2, 3, **f64), torch.zeros(2, 3)
+    assert aggregate(loss, mask, mode).item() == 0.0
+    assert aggregate(loss, mask, mode, num_seqs=2, num_tokens=0.0).item() == 0.0
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), mode=st.sampled_from(AGGREGATIONS), chunks=st.integers(1, 4))
 def test_aggregation_microbatch_invariance(seed, mode, chunks):

@@ -22,7 +22,7 @@ def _tokens(lpm, t=3):
 LP, M = _tokens([-1.0, -2.0, -1.5, -0.5])
 R = torch.tensor([1.0, 0.0, 1.0, 0.0], **f64)
 CORRECT = R.bool()
-NO_EPS = {"eps": 0.0}  # GRPO divides by std + eps: no eps for exact hand values
+NO_EPS = {"eps": 1e-300}  # GRPO divides by std + eps (eps > 0): 1e-300 adds nothing at float64, exact hand values
 
 
 def test_registry_registers_looks_up_and_refuses():

@@ -148,7 +148,7 @@ def test_calibration_metrics_with_verbal_confidence_and_when_off():
 
 def test_step_without_log_probs():
     # no token log-probs: lpm is 0 for every row (float64), GRPO still runs, no calib/*
-    out = step_advantages(batch(token_logp=None, ref_token_logp=None), StepSpec("grpo", advantage_kwargs={"eps": 0.0}))
+    out = step_advantages(batch(token_logp=None, ref_token_logp=None), StepSpec("grpo", advantage_kwargs={"eps": 1e-300}))
     assert out.result.scores.dtype == f64 and out.result.scores.tolist() == [0.0] * 4
     assert out.result.advantages.tolist() == pytest.approx([2 ** -0.5, -(2 ** -0.5)] * 2, abs=1e-12)
     assert out.metrics == {}

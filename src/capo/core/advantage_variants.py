@@ -236,7 +236,7 @@ def ngrpo_advantage(
     """
     if not checks.is_int(n_virtual) or n_virtual < 1:
         raise ValueError(f"n_virtual must be an int >= 1, got {n_virtual!r}")
-    checks.non_negative("eps", eps)
+    checks.positive("eps", eps)  # an all-r_max group's augmented std is 0
     checks.choice("std_ddof", std_ddof, (0, 1))
     r, g = prepare_rewards(rewards, group_size, scores, keep)  # [B, G]
     virtual = torch.full((r.shape[0], n_virtual), float(max_reward), dtype=r.dtype, device=r.device)

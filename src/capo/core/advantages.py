@@ -72,12 +72,13 @@ def grpo_advantage(
 
     ``scale``: "group" (std within the group; the paper), "batch" (std over all N rewards, mean still per group;
     TRL's ``scale_rewards="batch"``), "none" (no division: Dr. GRPO). ``std_ddof``: 1 = Bessel-corrected std
-    (``torch.std`` default, used by both verl and TRL), 0 = population std. ``eps``: 1e-6 (verl) or 1e-4 (TRL).
-    A group whose rewards are all equal gets A = 0 exactly (0 / (0 + eps)). Shapes: [N] -> [N].
+    (``torch.std`` default, used by both verl and TRL), 0 = population std. ``eps``: 1e-6 (verl) or 1e-4 (TRL);
+    it must be > 0: a group whose rewards are all equal gets A = 0 exactly (0 / (0 + eps)), where eps = 0 would
+    give 0 / 0 = NaN. Shapes: [N] -> [N].
     """
     checks.choice("scale", scale, ("group", "batch", "none"))
     checks.choice("std_ddof", std_ddof, (0, 1))
-    checks.non_negative("eps", eps)
+    checks.positive("eps", eps)  # an all-equal group's std is 0
     r, g = prepare_rewards(rewards, group_size, scores, keep)  # r: [B, G]
     adv = r - r.mean(dim=1, keepdim=True)  # [B, G]
     if scale == "group":

@@ -108,7 +108,8 @@ def kl_cov_loss(
         I = the top floor(k * #tokens) (at least 1) tokens by Cov_{i,t}
         l_{i,t} = -r_{i,t} A_i + beta * |log pi_theta(o_{i,t}) - log pi_old(o_{i,t})| * 1[(i,t) in I]
 
-    Cov from :func:`token_covariance`. Defaults are verl's (k = ``kl_ratio`` 2e-4, beta = ``kl_coef`` 1). No ratio
+    Cov from :func:`token_covariance`. Defaults: k = ``kl_ratio`` 2e-4 (verl's), beta = ``kl_coef`` 1 (the
+    paper's recipes and verl's KL-Cov function; verl's config default is 0.1). No ratio
     clipping: the paper's KL-Cov replaces it. Metrics: ``kl_cov_frac`` (tokens penalised), ``abs_kl_mean``,
     ``ratio_mean``, and ``clip_frac`` = 0 (the key every loss reports).
     """

@@ -184,7 +184,8 @@ def cispo_loss(
         l_{i,t} = -sg[clip(r_{i,t}, 1 - eps_low, 1 + eps_high)] * A_i * logp_theta(o_{i,t})
 
     ``eps_low=None`` means no lower bound (the paper's practice: only the upper bound is active). The default
-    upper bound 1 + 4.0 = 5 equals TRL's effective CISPO cap (TRL clamps at ``epsilon_high=5`` directly).
+    upper bound 1 + 4.0 = 5 equals TRL's CISPO cap with ``epsilon_high=5``, the value TRL's docs recommend (TRL clamps
+    at ``epsilon_high`` directly, and leaves it at ``epsilon`` = 0.2 when it is not set).
     Metrics: ``clip_frac`` (tokens whose weight was clipped), ``ratio_mean``.
     """
     checks.non_negative("eps_high", eps_high)
@@ -248,7 +249,8 @@ def aggregate(
     For micro-batching and data parallelism pass the *global* denominators: ``num_seqs`` (N of the whole batch),
     ``num_tokens`` (real tokens of the whole batch); then the sum of the micro-batch losses equals the full-batch
     loss exactly. ``max_len``: L_max (default: T of this tensor; pass the generation limit for Dr. GRPO so the
-    constant does not depend on padding). Empty responses contribute 0 and count in N.
+    constant does not depend on padding). Empty responses contribute 0 and count in N; a batch without a token (or
+    ``num_tokens`` 0) gives 0 in every mode.
     """
     checks.choice("mode", mode, AGGREGATIONS)
     checks.tensor("per_token_loss", per_token_loss, ndim=2, floating=True)
@@ -258,7 +260,7 @@ def aggregate(
     lm = torch.where(mask.bool(), per_token_loss, torch.zeros_like(per_token_loss))  # padding never leaks (NaN-safe)
     n = per_token_loss.shape[0] if num_seqs is None else num_seqs
     if mode == "token-mean":
-        denom = m.sum().clamp(min=1) if num_tokens is None else num_tokens
+        denom = m.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1)  # no token anywhere: 0
         return lm.sum() / denom
     if mode == "seq-mean-token-mean":
         return (lm.sum(-1) / m.sum(-1).clamp(min=1)).sum() / max(n, 1)
