@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import yaml
+from statsmodels.stats.power import TTestPower
 
 from capo.cli import main
 from capo.errors import CapoError
@@ -145,6 +146,12 @@ def _record(method, seed, acc, auc):
     return {"method": method, "seed": seed, "final": final, "curves": curves}
 
 
+def test_seed_paired_leaves_a_non_finite_difference_out_of_every_number():
+    with_nan = analysis.seed_paired([0.1, float("nan"), 0.2, 0.15], 0.03)
+    without = analysis.seed_paired([0.1, 0.2, 0.15], 0.03)
+    assert with_nan == without and with_nan["n_seeds"] == 3 and with_nan["mean"] == pytest.approx(0.15, abs=1e-12)
+
+
 def test_seed_paired_statistics_hand_computed(tmp_path):
     # differences capo - grpo over seeds 1, 2, 3: 0.1, 0.2, 0.3 -> mean 0.2, sd 0.1,
     # t(0.975, 2) = 4.302652729911275, half-width 4.302652729911275 * 0.1 / sqrt(3) = 0.248414...
@@ -162,12 +169,14 @@ def test_seed_paired_statistics_hand_computed(tmp_path):
     half = 4.302652729911275 * 0.1 / 3 ** 0.5
     assert (d["low"], d["high"]) == pytest.approx((0.2 - half, 0.2 + half), abs=1e-9)
     assert d["p"] == pytest.approx(0.07418, abs=5e-5)
-    assert 88 < d["seeds_needed"] < 91
+    # the smallest whole n with 80% power at effect 0.03 / sd 0.1: 89 seeds give 0.7993, 90 give 0.8038
+    power = TTestPower().power
+    assert d["seeds_needed"] == 90 and power(0.3, 89, 0.05) < 0.8 <= power(0.3, 90, 0.05)
     assert s["methods"]["capo"]["auc_mean"]["mean"] == pytest.approx((0.7 + 0.8 + 0.9 + 0.9) / 4)
     assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
     md = (tmp_path / "out" / "summary.md").read_text()
-    assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] | 0.100 | 0.0742 | 0.0742 | 89 |" in md  # Holm over 1
+    assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] | 0.100 | 0.0742 | 0.0742 | 90 |" in md  # Holm over 1
     # at a glance: accuracy differences 0, 0, 0 (sd 0), AUC-mean as above; no base records, so no change from the
     # start column; the curves have no step-0 row, so nothing along them
     assert "| capo | 4 | +0.000 [+0.000, +0.000] | +0.200 [-0.048, +0.448] | - |\n" in md

@@ -214,3 +214,69 @@ def test_two_runs_are_paired_by_prompt_id_on_the_prompts_both_hold(tmp_path):
     pd = cal.paired_difference(*xa, *xb, n_boot=200, seed=0)
     assert (pd.value, pd.n_groups_used) == (0.0, 2)
     assert _paired_vs_base(b, a)["diff"] == 0.0
+
+
+def test_draw_measures_use_the_runs_own_ece_bins(tmp_path):
+    """A run evaluated with --n-bins 3: each bootstrap draw measures ECE with 3 bins too, so drawing every prompt once
+    gives metrics.json's ECE (10 bins would give another number)."""
+    from capo.evaluation.metrics import compute_metrics
+    from capo.evaluation.run import atomic_write_text
+
+    d = fake_eval_run(tmp_path / "grpo-seed0", 0.2, 2)
+    rows = [json.loads(ln) for ln in (d / "generations.jsonl").read_text().splitlines()]
+    want = compute_metrics(rows, n_bins=3, n_boot=0)["metrics"]
+    atomic_write_text(d / "metrics.json", json.dumps({"config": {"model": "m", "k": 4}, "metrics": want}))
+    (d / "config.json").write_text(json.dumps({"n_bins": 3, "answer_format": "auto"}))
+    seed = cmpmod._load_seed(d)
+    got = cmpmod._measures_on(seed, sorted(seed.rows_of, key=lambda p: int(p[1:])))
+    assert seed.n_bins == 3 and got["ece"] == pytest.approx(want["ece"], abs=1e-12)
+    assert got["ece"] != pytest.approx(compute_metrics(rows, n_boot=0)["metrics"]["ece"], abs=1e-6)
+
+
+def test_seed_intervals_pair_by_seed_and_never_subtract_one_trained_seed_from_all(tmp_path):
+    runs = _runs(tmp_path)
+    shuffled = [runs[0], runs[2], runs[1], runs[4], runs[3]]  # grpo-seed1, grpo-seed0, capo-seed1, capo-seed0
+    acc = {r.name: r.metrics["accuracy"] for r in runs}
+    d = cmpmod.compare(shuffled, n_boot=0, reference="grpo").seed_diff("capo", "grpo", "accuracy")
+    per_seed = [acc[f"capo-seed{s}"] - acc[f"grpo-seed{s}"] for s in (0, 1)]
+    assert d["mean"] == pytest.approx(sum(per_seed) / 2, abs=1e-12) and d["n"] == 2
+    # the base (a run without a training seed) is subtracted from every seed ...
+    b = cmpmod.compare(runs, n_boot=0).seed_diff("capo", "base", "accuracy")
+    assert b["mean"] == pytest.approx((acc["capo-seed0"] + acc["capo-seed1"]) / 2 - acc["base"], abs=1e-12)
+    # ... but a trained reference of one seed is not: no seed in common, no seed interval
+    lone = load_run(fake_eval_run(tmp_path / "ref-seed5", 0.1, 9), name="ref-seed5")
+    assert cmpmod.compare([*runs, lone], n_boot=0, reference="ref").seed_diff("capo", "ref", "accuracy") is None
+
+
+def test_compare_summary_pairs_by_seed_whatever_the_order_the_runs_were_given_in(tmp_path, capsys):
+    runs = _runs(tmp_path)
+    shuffled = [runs[0], runs[1], runs[2], runs[4], runs[3]]  # capo's seeds given as 1, 0
+    figs = tmp_path / "figs"
+    assert main(["report", *[str(r.path) for r in shuffled], "--out", str(tmp_path / "r.html"), "--reference", "grpo",
+                 "--figures", str(figs), "--n-boot", "20"]) == 0
+    summary = figs / "compare-summary.json"
+    data = json.loads(summary.read_text())
+    assert data["capo"]["seeds"] == ["1", "0"] and data["grpo"]["seeds"] == ["0", "1"]
+    acc = {r.name: r.metrics["accuracy"] for r in runs}
+    by_seed = cmpmod.compare(runs, n_boot=0, reference="grpo").seed_diff("capo", "grpo", "accuracy")
+    capsys.readouterr()
+    assert main(["sweep", "report", str(summary), "--compare-summary", "--reference", "grpo"]) == 0
+    out = capsys.readouterr().out
+    assert f"| capo | accuracy | 2 | {by_seed['mean']:+.3f} [{by_seed['low']:+.3f}, {by_seed['high']:+.3f}] |" in out
+    assert "paired by their position" not in out
+    # a file written before the seeds were recorded is paired by position, and the table says so
+    for m in data.values():
+        del m["seeds"]
+    summary.write_text(json.dumps(data))
+    assert main(["sweep", "report", str(summary), "--compare-summary", "--reference", "grpo"]) == 0
+    out = capsys.readouterr().out
+    positional = (acc["capo-seed1"] - acc["grpo-seed0"] + acc["capo-seed0"] - acc["grpo-seed1"]) / 2
+    assert f"| capo | accuracy | 2 | {positional:+.3f} [" in out and "paired by their position" in out
+
+
+def test_figures_of_one_model_against_the_reference_leave_out_the_forest_plot(tmp_path):
+    runs = [r for r in _runs(tmp_path) if r.name != "base"][:4]  # grpo and capo: one model against the reference
+    figs = tmp_path / "figs"
+    assert main(["report", *[str(r.path) for r in runs], "--out", str(tmp_path / "r.html"), "--reference", "grpo",
+                 "--figures", str(figs), "--n-boot", "20"]) == 0
+    assert sorted(p.name for p in figs.iterdir()) == ["compare-acc_vs_auc.png", "compare-summary.json"]

@@ -20,7 +20,7 @@ import torch
 
 from capo.core import calibration as cal
 from capo.core import voting
-from capo.core.checks import did_you_mean
+from capo.core.checks import did_you_mean, is_int
 from capo.errors import ConfigError, DataError
 from capo.evaluation.metrics import assign_answer_ids, columns, stochastic_columns
 from capo.evaluation.stats import seed_paired_interval
@@ -29,7 +29,7 @@ from capo.tasks import stochastic as stochastic_task
 from capo.tasks.stochastic import stochastic_summary
 
 __all__ = ["MEASURES", "MIN_PROMPTS", "Model", "Comparison", "compare", "headline", "model_name", "prompts_behind",
-           "paired_columns", "run_columns", "too_few"]
+           "paired_columns", "run_columns", "seed_of", "too_few"]
 
 # (metrics key, readable name, +1 = higher is better / -1 = lower is better): the measures the headline covers
 MEASURES = [
@@ -68,7 +68,7 @@ def too_few(n: int | None) -> bool:
     return n is not None and n < MIN_PROMPTS
 
 
-def _seed_of(run_name: str) -> str:
+def seed_of(run_name: str) -> str:
     """The training seed of a run name (``"capo-seed3"`` -> ``"3"``), or the name itself."""
     m = re.search(r"-seed(\d+)", run_name)
     return m.group(1) if m else run_name
@@ -87,6 +87,7 @@ class _Seed:
     cols: object
     rows_of: dict[str, torch.Tensor]
     stochastic: object = None  # metrics.StochasticColumns of stochastic outcomes, else None
+    n_bins: int = 10  # the ECE bins the run's own metrics.json used (its config.json), so each draw measures the same
 
 
 @dataclass
@@ -111,11 +112,13 @@ class Comparison:
 
     def seed_diff(self, a: str, b: str, key: str) -> dict | None:
         """Model a minus model b on ``key`` with the training seed as the unit: per-seed differences (runs paired by
-        their ``-seedN``; a reference with one run, e.g. the base, is subtracted from every seed) and their t-interval
-        (:func:`capo.evaluation.stats.seed_paired_interval`). None with fewer than 2 seeds."""
-        va = {_seed_of(r.name): r.metrics.get(key) for r in self._model(a).runs}
-        vb = {_seed_of(r.name): r.metrics.get(key) for r in self._model(b).runs}
-        if len(vb) == 1:
+        their ``-seedN``; a model of one run without a training seed, e.g. the base, is subtracted from every seed)
+        and their t-interval (:func:`capo.evaluation.stats.seed_paired_interval`). None with fewer than 2 paired
+        seeds, or when a model has two runs of one seed (which of them pairs is not known)."""
+        va, vb = self._by_seed(a, key), self._by_seed(b, key)
+        if va is None or vb is None:
+            return None
+        if len(vb) == 1 and not next(iter(vb)).isdigit():
             (only,) = vb.values()
             vb = {s: only for s in va}
         diffs = [va[s] - vb[s] for s in sorted(set(va) & set(vb), key=str)
@@ -152,15 +155,22 @@ class Comparison:
     def _model(self, name: str) -> Model:
         return next(m for m in self.models if m.name == name)
 
+    def _by_seed(self, name: str, key: str) -> dict | None:
+        """Training seed -> the value of ``key`` of model ``name``'s run (None when two runs share a seed)."""
+        runs = self._model(name).runs
+        out = {seed_of(r.name): r.metrics.get(key) for r in runs}
+        return out if len(out) == len(runs) else None
+
 
 def _load_seed(run_dir: Path) -> _Seed | None:
     gen = Path(run_dir) / "generations.jsonl"
     if not gen.is_file():
         return None
+    settings = _eval_settings(run_dir)
     try:
         rows = read_jsonl(gen)
         if rows and any("answer_id" not in r for r in rows):  # capo eval computes the classes after writing rows
-            _answer_ids(rows, _answer_format(run_dir))
+            _answer_ids(rows, settings.get("answer_format"))
         cols = columns(rows) if rows else None
     except (DataError, KeyError, TypeError, ValueError):
         return None  # no intervals for this run rather than no report
@@ -169,15 +179,19 @@ def _load_seed(run_dir: Path) -> _Seed | None:
     idx: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         idx.setdefault(str(r["prompt_id"]), []).append(i)
-    return _Seed(cols, {p: torch.tensor(v) for p, v in idx.items()}, stochastic_columns(rows))
+    n_bins = settings.get("n_bins", 10)
+    return _Seed(cols, {p: torch.tensor(v) for p, v in idx.items()}, stochastic_columns(rows),
+                 n_bins if is_int(n_bins) and n_bins >= 1 else 10)
 
 
-def _answer_format(run_dir: Path) -> str | None:
-    """The answer format a ``capo eval`` run was graded with (its config.json), None when unknown."""
+def _eval_settings(run_dir: Path) -> dict:
+    """The settings a ``capo eval`` run was graded with (its config.json: ``answer_format``, ``n_bins``, ...); {}
+    when unknown."""
     try:
-        return json.loads((Path(run_dir) / "config.json").read_text()).get("answer_format")
-    except (OSError, ValueError, AttributeError):
-        return None
+        out = json.loads((Path(run_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return out if isinstance(out, dict) else {}
 
 
 def _answer_ids(rows: list[dict], answer_format: str | None = None) -> None:
@@ -196,7 +210,7 @@ def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:
     g = torch.cat([torch.full((len(seed.rows_of[p]),), j) for j, p in enumerate(drawn)])
     c = seed.cols
     lpm, ok, aids = c.lpm[ix], c.c[ix], c.aids[ix]
-    s = cal.summarize(lpm, ok, g, verbal_conf=c.verbal[ix] if c.has_verbal else None)
+    s = cal.summarize(lpm, ok, g, verbal_conf=c.verbal[ix] if c.has_verbal else None, n_bins=seed.n_bins)
     s["majority_vote"] = voting.majority_vote(aids, ok, g).accuracy
     s["max_confidence_lpm"] = voting.max_confidence(aids, ok, g, torch.where(torch.isinf(lpm), torch.full_like(lpm, -1e4), lpm)).accuracy
     if c.has_verbal:
@@ -204,7 +218,7 @@ def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:
                                                                         torch.nan_to_num(c.verbal[ix], nan=0.0)).accuracy
     if (st := seed.stochastic) is not None:
         s |= stochastic_summary(st.stated[ix], st.outcome[ix], g, st.rate[ix],
-                                chosen=None if st.chosen is None else st.chosen[ix])
+                                chosen=None if st.chosen is None else st.chosen[ix], n_bins=seed.n_bins)
     return {k: s.get(k, math.nan) for k, _, _ in MEASURES}
 
 

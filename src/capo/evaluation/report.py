@@ -503,16 +503,21 @@ def markdown_tables(cmp) -> str:
 
 def write_comparison_files(cmp, folder: Path, prefix: str) -> list[Path]:
     """Write a comparison's data, then its figures, into ``folder``: ``PREFIX-summary.json`` (model -> measure ->
-    one value per seed run, :data:`METHODS_TABLE`'s measures: what ``capo sweep report --compare-summary`` reads),
-    ``PREFIX-acc_vs_auc.png`` and ``PREFIX-paired_vs_REFERENCE.png`` (the report's two comparison figures)."""
+    one value per seed run, :data:`METHODS_TABLE`'s measures, and ``seeds``: each run's training seed, in the same
+    order, so ``capo sweep report --compare-summary`` pairs runs by seed, not by position),
+    ``PREFIX-acc_vs_auc.png`` and ``PREFIX-paired_vs_REFERENCE.png`` (the report's two comparison figures; the
+    second only when two or more models are compared against the reference, as in the report itself)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     summary = folder / f"{prefix}-summary.json"
-    summary.write_text(json.dumps({m.name: {k: [r.metrics.get(k) for r in m.runs] for k, _ in METHODS_TABLE}
+    summary.write_text(json.dumps({m.name: {"seeds": [compare.seed_of(r.name) for r in m.runs],
+                                            **{k: [r.metrics.get(k) for r in m.runs] for k, _ in METHODS_TABLE}}
                                    for m in cmp.models}, indent=1))
-    figures = [folder / f"{prefix}-acc_vs_auc.png", folder / f"{prefix}-paired_vs_{cmp.reference}.png"]
+    figures = [folder / f"{prefix}-acc_vs_auc.png"]
     plots.plot_acc_vs_auc(_acc_auc_points(cmp), figures[0])
-    plots.plot_paired(paired_panels(cmp), cmp.reference, figures[1])
+    if panels := paired_panels(cmp):  # none with one model against the reference: the paired table says it
+        figures.append(folder / f"{prefix}-paired_vs_{cmp.reference}.png")
+        plots.plot_paired(panels, cmp.reference, figures[1])
     return [summary, *figures]
 
 def _eval_plots(evals: list[RunInfo], cmp) -> str:

@@ -91,12 +91,14 @@ def paired(records: dict, method: str, reference: str, measure: str, effect: flo
 
 def seed_paired(diffs, effect: float) -> dict:
     """Per-seed differences -> mean, sd, 95% t-interval and p (capo.evaluation.stats.seed_paired_interval, the one
-    implementation the report uses too) and the seeds a paired t-test needs for ``effect`` at 80% power."""
+    implementation the report uses too) and the seeds a paired t-test needs for ``effect`` at 80% power: the smallest
+    whole number of seeds with at least that power (the solver's n rounded up). A non-finite difference (a measure a
+    seed could not compute) is left out of every number, the count and the mean included."""
     from statsmodels.stats.power import TTestPower
 
     from capo.evaluation.stats import seed_paired_interval
 
-    d = [float(x) for x in diffs]
+    d = [float(x) for x in diffs if math.isfinite(float(x))]
     out = {"n_seeds": len(d), "diffs": d, "mean": float(np.mean(d)) if d else None}
     r = seed_paired_interval(d)
     if r is not None:
@@ -106,7 +108,7 @@ def seed_paired(diffs, effect: float) -> dict:
             # statsmodels' first import of its warning class adds an "always" filter inside this block
             with warnings.catch_warnings(record=True):
                 need = float(TTestPower().solve_power(effect_size=effect / r["sd"], alpha=0.05, power=0.8))
-            need = None if math.isnan(need) else need
+            need = None if math.isnan(need) else math.ceil(need - 1e-9)  # 10.27 -> 11: 10 would fall short of 80%
         out |= {"sd": r["sd"], "low": r["low"], "high": r["high"], "p": r["p"], "seeds_needed": need}
     return out
 

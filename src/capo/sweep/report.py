@@ -6,9 +6,10 @@ Prints, and writes to OUT/summary.md and OUT/summary.json:
 - each method minus the reference, paired by training seed: mean difference, its sd, a 95% t-interval over the
   seeds (n_seeds - 1 degrees of freedom), the two-sided paired t-test p-value and, per measure, that p-value
   Holm-adjusted over the methods compared with the reference (statsmodels `multipletests`: many methods make many
-  tests, and at 5% some exclude 0 by chance); only seeds that every compared method finished enter;
+  tests, and at 5% some exclude 0 by chance); each method is paired with the reference on the seeds both
+  finished (so two methods may be read on different seeds: the table says how many);
 - the power analysis: how many seeds a paired t-test needs to detect a difference of ``effect`` (default 0.03) with
-  80% power at the 5% level, given the observed sd of the paired difference (statsmodels `TTestPower`);
+  80% power at the 5% level, given the observed sd of the paired difference (statsmodels `TTestPower`, rounded up);
 - with the sweep's base records (`base.json`, spec `base: true`; `base-drawD.json` too with `base: N`): each method's
   change from the start, final - base (the initial model under the same evaluation): with one draw a 95% t-interval
   over the method's seeds, with several Welch's t-interval of the seed mean minus the draws' mean;

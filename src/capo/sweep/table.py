@@ -90,7 +90,7 @@ def figure(recs: dict, path: Path) -> None:
         left.scatter(rate, stated, s=10, alpha=0.6, color=f"C{i}", label=f"{m} ({len(by_seed)} seeds)")
         steps = np.array([c["step"] for c in next(iter(by_seed.values()))["curves"]])
         ece = np.array([[c["ece"] for c in r["curves"]] for r in by_seed.values()])
-        mu, sd = ece.mean(0), ece.std(0)
+        mu, sd = ece.mean(0), ece.std(0, ddof=1) if len(ece) > 1 else np.zeros_like(ece[0])  # as every sd here
         right.plot(steps, mu, color=f"C{i}", label=m)
         right.fill_between(steps, mu - sd, mu + sd, color=f"C{i}", alpha=0.2)
     left.plot([0, 1], [0, 1], "k--", lw=0.8)

@@ -11,24 +11,43 @@ from capo.sweep.analysis import LABELS, MEASURES, OPTIONAL_MEASURES, headline_pa
 
 
 def from_compare_summary(path: Path, reference: str, effect: float) -> str:
-    """Seed-paired table from a ``capo report --figures`` summary JSON (model -> measure -> per-seed list, the same
-    seeds in the same order for every trained model)."""
+    """Seed-paired table from a ``capo report --figures`` summary JSON (model -> measure -> per-seed list, with
+    ``seeds``: each run's training seed): runs are paired by seed. A file written before ``seeds`` was recorded is
+    paired by position, and the table says so."""
     data = json.loads(Path(path).read_text())
     lines = [f"| model | measure | seeds | difference vs {reference} [95% t-interval over seeds] | sd | p |",
              "|---|---|---|---|---|---|"]
+    by_position = False
     for m in sorted(data):
         if m in (reference, "base"):
             continue
         for k in ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece"):
-            a, b = data[m].get(k), data[reference].get(k)
-            if not a or not b or len(a) != len(b) or None in a or None in b:
-                continue
-            d = seed_paired([x - y for x, y in zip(a, b)], effect)
+            pairs, positional = _seed_pairs(data[m], data[reference], k)
+            by_position |= positional and bool(pairs)
+            d = seed_paired([x - y for x, y in pairs], effect)
             if "sd" in d:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
                              f"{d['sd']:.3f} | {d['p']:.3g} |")
+    if by_position:
+        lines += ["", f"{path} records no training seeds (written by an older capo): runs were paired by their "
+                      "position in each list, which is right only if every model's runs were given in the same seed "
+                      "order. Write it again with `capo report --figures` to pair by seed."]
     return "\n".join(lines) + "\n"
 
+
+def _seed_pairs(a_entry: dict, b_entry: dict, key: str) -> tuple[list, bool]:
+    """(a, b) value pairs of one measure over the seeds both models ran, and whether they were paired by position
+    (no ``seeds`` recorded). No pairs when a value is missing or a model lists a seed twice."""
+    a, b = a_entry.get(key), b_entry.get(key)
+    if not a or not b or None in a or None in b:
+        return [], False
+    sa, sb = a_entry.get("seeds"), b_entry.get("seeds")
+    if sa is None or sb is None:
+        return (list(zip(a, b)) if len(a) == len(b) else []), True
+    if len(set(sa)) != len(sa) or len(set(sb)) != len(sb) or len(sa) != len(a) or len(sb) != len(b):
+        return [], False
+    va, vb = dict(zip(sa, a)), dict(zip(sb, b))
+    return [(va[s], vb[s]) for s in sorted(set(va) & set(vb), key=lambda x: (len(str(x)), str(x)))], False
 
 
 def markdown(s: dict) -> str:
@@ -72,8 +91,9 @@ def _glance_lines(s: dict) -> list[str]:
             ("along_curve", two if one == "accuracy" else one, f"{LABELS[two if one == 'accuracy' else one]} along "
              "the periodic curve")]
     cols = [c for c in cols if c[0] in s]
-    lines = ["At a glance: mean [95% interval over training seeds] (details in the tables below; each reading uses the "
-             "seeds it can: paired ones, or those whose curve starts at step 0)", "",
+    lines = ["At a glance: mean [95% interval over training seeds; from the start with several base draws, over the "
+             "seeds and the draws (Welch)] (details in the tables below; each reading uses the seeds it can: paired "
+             "ones, or those whose curve starts at step 0)", "",
              "| method | seeds | " + " | ".join(c[2] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
     for m, v in s["methods"].items():
         cells = []
