@@ -91,8 +91,11 @@ def test_a_lora_run_resumes_exactly(tiny_model, tmp_path):
     a = load_file(tmp_path / "full/checkpoints/step-000004/model.safetensors")
     b = load_file(tmp_path / "part/checkpoints/step-000004/model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ConfigError, match=r"other settings \(.*model.lora_rank: 4 -> 0"):
+        Trainer(cfg_for(tiny_model, tmp_path / "part", **{**LENGTH, "run.steps": 6}))  # resumed without its adapters
+    (tmp_path / "part" / "config.yaml").unlink()  # a folder without its settings: the checkpoint itself tells
     with pytest.raises(ConfigError, match="a checkpoint of a LoRA run"):
-        Trainer(cfg_for(tiny_model, tmp_path / "part", **{"run.steps": 6}))  # resumed without its adapters
+        Trainer(cfg_for(tiny_model, tmp_path / "part", **{**LENGTH, "run.steps": 6}))
 
 
 @pytest.mark.parametrize("override, message", [

@@ -151,6 +151,28 @@ def test_exact_resume(tiny_model, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resuming_with_other_settings_is_refused_and_leaves_the_run_as_it_was(tiny_model, tmp_path, capsys):
+    """A run folder's checkpoints belong to the settings in its config.yaml: resuming them under others would train
+    one run and label it as another. More steps, another evaluation or checkpoint schedule are a resume."""
+    from capo.cli import main
+
+    run = tmp_path / "run"
+    Trainer(cfg_for(tiny_model, run, **{"algo.name": "capo", "run.steps": 1})).train()
+    before = {f: (run / f).read_bytes() for f in ("config.yaml", "metrics.jsonl")}
+    with pytest.raises(ConfigError, match=r'holds a run trained with other settings \(.*algo.name: "capo" -> "grpo"; '
+                                          r'algo.advantage: "capo" -> "grpo";.*start it over with run.resume=false'):
+        Trainer(cfg_for(tiny_model, run, **{"algo.name": "grpo", "run.steps": 2}))
+    flags = [f"--{k}={v}" for k, v in {"model.path": tiny_model, "run.out_dir": run, **SMALL}.items()]
+    assert main(["train", *flags, "--algo.name", "capo", "--optim.lr", "0.002", "--run.steps", "2"]) == 2
+    assert "optim.lr: 0.001 -> 0.002" in capsys.readouterr().err
+    assert {f: (run / f).read_bytes() for f in before} == before  # nothing trained, nothing relabelled
+    Trainer(cfg_for(tiny_model, run, **{"algo.name": "capo", "run.steps": 2, "run.eval_every": 1,
+                                        "run.save_every": 1, "run.keep_checkpoints": 3})).train()
+    assert [r["step"] for r in rows(run)] == [1, 2]
+    Trainer(cfg_for(tiny_model, run, **{"algo.name": "grpo", "run.steps": 1, "run.resume": False})).train()  # anew
+    assert "name: grpo" in (run / "config.yaml").read_text()
+
+
 def test_eval_at_start_logs_step_0_and_changes_no_training_number(tiny_model, tmp_path):
     """run.eval_at_start evaluates the starting model first (a step-0 row of eval/* only); it draws from its own
     random stream, so every training metric and the final weights equal a run without it."""

@@ -250,8 +250,16 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--conf-fraction", f"must be in [0, 1], got {s.conf_fraction!r}")
     if not (is_real(s.keep_fraction) and 0 < s.keep_fraction <= 1):
         bad("--keep-fraction", f"must be in (0, 1], got {s.keep_fraction!r}")
+    _notes(s)
+
+
+def _notes(s: EvalSettings) -> None:
+    """Legal settings that are probably not what was meant, said on stderr."""
     if s.temperature == 0 and s.k > 1:
         print("capo eval: note: --temperature 0 is greedy decoding; the k samples will be identical", file=sys.stderr)
+    if s.generations is None and s.model in GENERATED_TASKS and s.dataset != s.model:  # a shipped model: its task
+        print(f"capo eval: note: model {s.model!r} is capo's shipped model of the {s.model!r} task; --dataset "
+              f"{s.dataset} is another task (pass --dataset {s.model} to evaluate it on its own)", file=sys.stderr)
 
 
 def _json_default(o):

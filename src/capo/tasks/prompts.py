@@ -88,6 +88,10 @@ def check_context(model, attention_mask, max_new_tokens: int, prompts: list[str]
             from capo.errors import DataError
 
             head = prompts[i][:60].replace("\n", " ")
+            if n >= limit:  # no number of new tokens helps
+                raise DataError(f"prompt {i} ({head!r}...) has {n} tokens, as many as the model's context of {limit} "
+                                "positions or more, before any response: shorten or drop the prompt, or use a model "
+                                "with a longer context (is this the task the model was made for?)")
             raise DataError(f"prompt {i} ({head!r}...) has {n} tokens; with max_new_tokens={max_new_tokens} it "
                             f"exceeds the model's context of {limit} positions: shorten or drop the prompt, or lower "
                             "max_new_tokens")

@@ -588,3 +588,32 @@ def fields_help() -> list[tuple[str, str, Any, str]]:
 
 def dump_yaml(cfg: TrainConfig) -> str:
     return yaml_dumps(json.loads(json.dumps(cfg.to_dict())), sort_keys=False)
+
+
+# what a resumed run may change: how long it trains, when it evaluates and saves, and how it runs; nothing that
+# changes the update (evaluations draw from their own random stream, so they leave the training numbers alone)
+RESUMABLE = frozenset(f"run.{k}" for k in ("out_dir", "steps", "eval_every", "eval_at_start", "eval_samples",
+                                           "save_every", "keep_checkpoints", "resume", "threads", "on_bad_sample",
+                                           "progress"))
+
+
+def resume_changes(run_dir: Path, cfg: TrainConfig) -> list[str]:
+    """``SECTION.FIELD: old -> new`` for each setting of ``cfg`` outside :data:`RESUMABLE` that differs from the run
+    folder's ``config.yaml`` (the settings its checkpoints were trained with): resuming with any of them would
+    continue one run under another's name. A setting the file does not hold (written by an older capo) is not
+    compared; no file, nothing to compare."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return []
+    try:
+        stored = yaml_loads(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: unreadable ({e}); it says what the run's checkpoints were trained with: move "
+                          "the run folder aside or choose another run.out_dir") from None
+    new, out = yaml_loads(dump_yaml(cfg)), []
+    for sec, vals in (stored if isinstance(stored, dict) else {}).items():
+        for k, old in (vals if isinstance(vals, dict) else {}).items():
+            name = f"{sec}.{k}"
+            if name not in RESUMABLE and k in new.get(sec, {}) and new[sec][k] != old:
+                out.append(f"{name}: {json.dumps(old)} -> {json.dumps(new[sec][k])}")
+    return out

@@ -50,7 +50,7 @@ from capo.rundir import Progress, run_lock
 from capo.tasks.prompts import with_prefix
 from capo.tasks.stochastic import stochastic_summary
 from capo.trainer import checkpoint as ckpt
-from capo.trainer.config import TrainConfig, dump_yaml
+from capo.trainer.config import TrainConfig, dump_yaml, resume_changes
 from capo.trainer.data import load_problems, render_prompts
 from capo.trainer.logging import MetricsLogger, progress_info
 from capo.trainer.user_reward import load_user_reward, user_rewards
@@ -100,6 +100,10 @@ class Trainer:
         self.run_dir = Path(cfg.run.out_dir)
         self.train_set, self.eval_set = load_problems(cfg.data, seed=cfg.run.seed)
         resume_from = ckpt.latest_checkpoint(self.run_dir) if cfg.run.resume else None
+        if resume_from is not None and (changed := resume_changes(self.run_dir, cfg)):
+            raise ConfigError(f"{self.run_dir} holds a run trained with other settings ({'; '.join(changed)}): "
+                              "resume it with the settings it was trained with, train in another run.out_dir, or "
+                              "start it over with run.resume=false")
         # a LoRA run resumes on its base model (its checkpoints hold merged weights; the adapters are in their state)
         start = cfg.model.path if resume_from is None or cfg.model.lora_rank else str(resume_from)
         self.model, self.tok = load_model(start, DTYPES[cfg.model.dtype])
