@@ -128,6 +128,8 @@ def test_status_names_the_jobs_a_live_process_runs_and_what_is_left(tmp_path, mo
     (["sweep", "run", "no_such_spec.yaml"], "no_such_spec.yaml: no such sweep spec"),
     (["sweep", "status", "BAD"], "unknown key(s) ['step']"),
     (["sweep", "run", str(ROOT / "sweeps" / "word_methods.yaml"), "--jobs", "0"], "--jobs must be >= 1"),
+    (["sweep", "run", str(ROOT / "sweeps" / "word_methods.yaml"), "--commit", "--records-root", "REC"],
+     "--commit: the records' folder REC is not inside a git work tree"),  # asked before any job trains
     (["sweep", "report", "EMPTY"], "EMPTY: no records (*.json) found"),
     (["sweep", "report", str(RECORDS / "word_rloo"), "--reference", "ppo"], "--reference 'ppo' has no records"),
     (["sweep", "report", str(RECORDS / "word_rloo"), "--base-draws", "0"], "--base-draws must be >= 1"),

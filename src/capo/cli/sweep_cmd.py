@@ -203,7 +203,7 @@ def _run(spec: dict, all_jobs: list, args: SweepRunSettings) -> int:
     import os
 
     from capo.sweep import preflight
-    from capo.sweep.runner import run_sweep
+    from capo.sweep.runner import commit_problem, run_sweep
 
     n_jobs = args.jobs if args.jobs is not None else os.cpu_count() or 1
     if n_jobs < 1:
@@ -211,6 +211,8 @@ def _run(spec: dict, all_jobs: list, args: SweepRunSettings) -> int:
     if args.max_runs is not None and args.max_runs < 0:
         raise ConfigError(f"--max-runs must be >= 0, got {args.max_runs}")
     preflight.check(Path(args.spec), spec, all_jobs, Path(args.runs_root), Path(args.records_root))
+    if args.commit and (problem := commit_problem(Path(args.records_root))):
+        raise ConfigError(problem)
     return run_sweep(spec["name"], all_jobs, n_jobs, args.commit, args.max_runs, args.keep)
 
 

@@ -405,6 +405,19 @@ def code_fields(job: Job) -> dict:
     return {"commit": states[0]["commit"] if states else code_commit(), "code": states}
 
 
+def commit_problem(records_root: Path) -> str | None:
+    """Why ``--commit`` could not commit records under ``records_root`` (not in a git work tree, or no git), or None;
+    asked before any job runs rather than after the first one trained."""
+    where = Path(records_root).resolve()
+    while not where.is_dir():  # the records folder is made by the first record
+        where = where.parent
+    r = _git(where, "rev-parse", "--is-inside-work-tree")
+    if r.returncode == 0 and r.stdout.strip() == "true":
+        return None
+    return (f"--commit: the records' folder {records_root} is not inside a git work tree "
+            f"({(r.stderr or r.stdout).strip() or 'git rev-parse said no'}); run from a repository or leave out --commit")
+
+
 def commit_record(job: Job) -> None:
     """git-commit the job's record in the repository that holds it (the records' folder, not capo's own)."""
     where, path = job.record.parent.resolve(), str(job.record.resolve())
