@@ -1,4 +1,4 @@
-"""CapoGRPOTrainer for one generation batch under `accelerate launch --num_processes 2` (test_trl_paths.py).
+"""CapoGRPOTrainer for one generation batch under `accelerate launch --multi_gpu --num_processes 2` (test_trl_paths.py).
 
 Usage: accelerate launch --multi_gpu --num_processes 2 trl_two_process.py MODEL_DIR OUT_DIR
 Each rank saves its local rows of the first generation batch and the advantages the loss received.

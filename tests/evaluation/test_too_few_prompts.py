@@ -27,8 +27,8 @@ def test_the_conclusion_names_no_winner_from_two_prompts():
     cmp = Comparison([Model("base", [base]), Model("grpo", [grpo])], "base", 16, 200, {})
     plain, htm = headline(cmp)
     assert "highest AUC-mean" not in plain
-    assert f"Too few prompts to compare AUC-mean: grpo's draws on 2 of 16 prompts (a comparison needs at least " \
-           f"{MIN_PROMPTS})." in plain
+    assert f"Too few prompts to compare AUC-mean: the comparison with grpo rests on 2 of 16 prompts (a comparison " \
+           f"needs at least {MIN_PROMPTS})." in plain
     assert "grpo has the highest accuracy (0.600)" in plain  # 16 prompts enter accuracy: a reading
     assert "Too few prompts to compare AUC-mean" in htm
 

@@ -282,7 +282,8 @@ def test_cli_bad_config_exit_code(tmp_path):
 
 @pytest.mark.slow
 def test_accelerate_launch_two_processes_trains(tiny_model, tmp_path):
-    """`accelerate launch --num_processes 2` on CPU (gloo) runs the CLI end to end and writes one run directory."""
+    """`accelerate launch --multi_gpu --num_processes 2` on CPU (gloo) runs the CLI end to end and writes one run
+    directory."""
     accel = Path(sys.executable).parent / "accelerate"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     p = subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",

@@ -15,8 +15,12 @@ from capo.cli.flags import add_settings
 from capo.errors import ConfigError
 from capo.settings import from_namespace, opt
 from capo.sweep.runner import DEFAULT_KEEP, KEEP, KEEP_HELP, train_seconds
+from capo.sweep.spec import EVAL_DEFAULTS, REQUIRED_KEYS, SPEC_KEYS
 
-SPEC_HELP = "the sweep spec (YAML): name, preset, methods, seeds, eval, ... (the repository's are sweeps/*.yaml)"
+SPEC_HELP = ("the sweep spec (YAML), a mapping of: " + ", ".join(REQUIRED_KEYS) + " (required); "
+             + ", ".join(f"eval ({', '.join(EVAL_DEFAULTS)})" if k == "eval" else k
+                         for k in SPEC_KEYS if k not in REQUIRED_KEYS)
+             + " (docs/how-to/compare-seeds.md; the repository's are sweeps/*.yaml)")
 
 
 @dataclass
@@ -78,7 +82,7 @@ ACTIONS = {  # name -> (settings, help, description)
             "settings are checked as `capo train` and `capo eval` check them, with the seeds, the records, the run "
             "folders (one trained with other settings is never resumed or evaluated as the job's) and the output "
             "folders: any problem, all listed, exit 2 and nothing run. Exit 1 when a job failed."),
-    "status": (SweepStatusSettings, "list each job of a sweep as done, todo, stale or corrupt",
+    "status": (SweepStatusSettings, "list each job of a sweep as done, running, todo, stale or corrupt",
                "One line per job of SPEC: done (its record has the job's settings; knobs that cannot change a result, "
                "such as run.save_every or run.threads, may differ), running (no record yet, a live sweep process "
                "holds it), todo (no record), stale (a record from other settings: the spec was edited; delete it to "

