@@ -151,6 +151,13 @@ def test_exact_resume(tiny_model, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_the_progress_bar_names_its_numbers_as_the_metrics_do():
+    from capo.trainer.logging import progress_info
+
+    m = {"train/accuracy": 0.5, "calib/auc_mean": 0.75, "train/reward_mean": float("nan")}
+    assert progress_info(m) == "acc 0.500 auc_mean 0.750 reward -"
+
+
 def test_resuming_with_other_settings_is_refused_and_leaves_the_run_as_it_was(tiny_model, tmp_path, capsys):
     """A run folder's checkpoints belong to the settings in its config.yaml: resuming them under others would train
     one run and label it as another. More steps, another evaluation or checkpoint schedule are a resume."""

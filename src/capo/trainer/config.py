@@ -481,7 +481,7 @@ def load_yaml(path: str | Path) -> dict:
     if not p.is_file():
         presets = preset_names()
         what = "is a folder, not a YAML file" if p.is_dir() else "does not exist"
-        raise ConfigError(f"config file {str(p)!r} {what} (built-in presets: {', '.join(presets)})")
+        raise ConfigError(f"config file {str(p)!r} {what} (built-in presets: {', '.join(presets)}){task_hint(str(p))}")
     try:
         d = yaml_loads(p.read_text())
     except yaml.YAMLError as e:
@@ -494,6 +494,23 @@ PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def presets_of_task(task: str) -> list[str]:
+    """The built-in presets, other than one named ``task``, whose ``data.dataset`` is ``task`` (``coin_sum`` ->
+    ``collapse``): a hint for a task's name given where a preset's is asked for."""
+    return [p for p in preset_names() if p != task
+            and ((load_yaml(PRESET_DIR / f"{p}.yaml").get("data") or {}).get("dataset") == task)]
+
+
+def task_hint(name: str) -> str:
+    """``; 'coin_sum' is a task: the preset 'collapse' trains on it`` where :func:`presets_of_task` finds one, else
+    ``""``."""
+    found = presets_of_task(name)
+    if not found:
+        return ""
+    return f"; {name!r} is a task: the preset{'s' if len(found) > 1 else ''} {', '.join(map(repr, found))} " \
+           f"train{'' if len(found) > 1 else 's'} on it"
 
 
 def _validate_lora(m: ModelConfig, r: RolloutConfig) -> None:

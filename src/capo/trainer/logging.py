@@ -67,4 +67,4 @@ def progress_info(m: dict) -> str:
         v = m.get(k)
         return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.3f}"
 
-    return f"acc {f('train/accuracy')} auc {f('calib/auc_mean')} reward {f('train/reward_mean')}"
+    return f"acc {f('train/accuracy')} auc_mean {f('calib/auc_mean')} reward {f('train/reward_mean')}"
