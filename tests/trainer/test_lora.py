@@ -116,5 +116,8 @@ def test_a_target_the_model_lacks_is_refused_by_name(tiny_model, tmp_path):
 
 def test_a_checkpoint_of_another_rank_is_refused_by_name(tiny_model, tmp_path):
     Trainer(cfg_for(tiny_model, tmp_path / "run", **LORA, **{"run.steps": 1})).train()
+    with pytest.raises(ConfigError, match=r"other settings \(.*model.lora_rank: 4 -> 8"):  # the run's config.yaml
+        Trainer(cfg_for(tiny_model, tmp_path / "run", **{**LORA, "model.lora_rank": 8, "run.steps": 2}))
+    (tmp_path / "run" / "config.yaml").unlink()  # without it, the checkpoint's adapters tell
     with pytest.raises(ConfigError, match="LoRA adapters do not match the model's .*model.lora_\\* settings"):
         Trainer(cfg_for(tiny_model, tmp_path / "run", **{**LORA, "model.lora_rank": 8, "run.steps": 2}))
