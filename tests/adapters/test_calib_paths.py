@@ -43,7 +43,8 @@ def _trainer_path(est, hp, correct, conf, fmt, rewards, mask, lp, ref):
     algo = types.SimpleNamespace(advantage=est, advantage_kwargs=hp, noise_mask="fixed", group_filter=False, group_filter_by=None,
                                  reward="rlcr", reward_kwargs={}, loss="ppo_clip")
     cfg = types.SimpleNamespace(algo=algo, rollout=types.SimpleNamespace(group_size=G),
-                                run=types.SimpleNamespace(on_bad_sample="skip"))
+                                run=types.SimpleNamespace(on_bad_sample="skip"),
+                                data=types.SimpleNamespace(answer_format="rlcr"))
     self = types.SimpleNamespace(cfg=cfg, acc=Accelerator(cpu=True), mask_thresholds=(LOW, HIGH), step=0,
                                  verifier=None)
     for name in ("_step_spec", "_check_bad", "_mean"):

@@ -62,7 +62,8 @@ def _trainer_path(est, hp, reward, b, verifier):
     algo = types.SimpleNamespace(advantage=est, advantage_kwargs=hp, noise_mask="off", group_filter=False, group_filter_by=None,
                                  reward=reward, reward_kwargs={}, loss="ppo_clip")
     cfg = types.SimpleNamespace(algo=algo, rollout=types.SimpleNamespace(group_size=G),
-                                run=types.SimpleNamespace(on_bad_sample="skip"))
+                                run=types.SimpleNamespace(on_bad_sample="skip"),
+                                data=types.SimpleNamespace(answer_format="rlcr"))
     self = types.SimpleNamespace(cfg=cfg, acc=Accelerator(cpu=True), mask_thresholds=None, step=0, verifier=verifier)
     for name in ("_step_spec", "_check_bad", "_mean"):
         setattr(self, name, types.MethodType(getattr(Trainer, name), self))
@@ -155,6 +156,16 @@ def test_method_inputs_by_hand(verifier):
     s = method_inputs(StepSpec("seed_grpo"), StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"],
                                                        answers=ANSWERS, verifier=verifier))
     assert s.advantage["cluster_ids"].tolist() == [0, 0, 1, -1, 0, 0, 0, 1, 0, 1, 2, 3]
+    # short free-text answers (facts) are clustered by their normal form, as capo eval's votes are (one rule)
+    from capo.evaluation.metrics import assign_answer_ids
+
+    facts = ["Paris", "paris", "Paris.", None, "St. Louis", "Saint Louis", "New York", "York New"] + ["x"] * 4
+    f = method_inputs(StepSpec("seed_grpo"), StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"],
+                                                       answers=facts, verifier=verifier, answer_format="rlcr_short"))
+    rows = [{"prompt_id": i // G, "answer": a} for i, a in enumerate(facts)]
+    assign_answer_ids(rows, verifier, "rlcr_short")
+    assert f.advantage["cluster_ids"].tolist() == [r["answer_id"] for r in rows]
+    assert f.advantage["cluster_ids"].tolist()[:4] == [0, 0, 0, -1]  # math-verify split "Paris." from "Paris"
     c = method_inputs(StepSpec("gdpo", reward="rlcr"), StepBatch(rewards=b["rewards"], group_size=G, mask=b["mask"],
                                                                  correct=b["correct"], confidence=b["conf"],
                                                                  format_ok=b["fmt"]))

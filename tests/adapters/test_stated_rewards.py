@@ -203,3 +203,23 @@ def test_tagged_rewards_read_the_tags_only_and_the_default_verifier_has_one_work
     assert compute_score_rlcr("math", "<confidence>0.8</confidence>", "4", {})["score"] == -1.0
     with default_verifier() as v:
         assert v.workers == 1
+
+
+def test_a_calibration_reward_on_facts_grades_with_the_short_answer_judge():
+    """A review found the adapters' rlcr / ppo_c rewards grading facts (`rlcr_short`) with math-verify: "Kiev" against
+    the gold "Kyiv|Kiev" was wrong, rewarded -0.81. They now grade as `capo train` does (`capo.rollout.grade`)."""
+    from capo.rollout.grading import grade
+    from capo.verify import Verifier
+
+    texts = [f"<answer>{a}</answer><confidence>0.9</confidence>" for a in ("Kiev", "kyiv", "Lviv")]
+    golds = ["Kyiv|Kiev"] * 3
+    with Verifier(workers=1) as v:
+        want = grade(texts, golds, v, answer_format="rlcr_short").correct.tolist()
+        for kind in ("rlcr", "ppo_c"):
+            for fmt in ("rlcr_short", "short"):
+                got = score_texts(texts, golds, kind=kind, verifier=v, answer_format=fmt)
+                assert got.correct == want == [True, True, False], (kind, fmt)
+        assert score_texts(texts, golds, kind="rlcr", verifier=v, answer_format="rlcr_short").rewards == \
+            pytest.approx([1 - 0.01, 1 - 0.01, -0.81])
+    r = compute_score_rlcr(solution_str=texts[0], ground_truth="Kyiv|Kiev", answer_format="rlcr_short")
+    assert (r["correct"], r["score"]) == (1.0, pytest.approx(0.99))

@@ -97,6 +97,14 @@ def test_extract_last_number():
         ("<answer> </answer><confidence>0.5</confidence>", RlcrParse(None, 0.5, False)),
         ("<answer>\\boxed{4}</answer><confidence>0.5</confidence>", RlcrParse("4", 0.5, True)),
         ("<answer>1</answer><answer>2</answer><confidence>0.1</confidence><confidence>0.9</confidence>", RlcrParse("2", 0.9, True)),
+        # a tag mentioned in the reasoning, never closed, is not part of the answer (found by a review: the whole
+        # span from the mention was taken, and the format failed)
+        ("<think>Then I state my <confidence> level.</think><answer>42</answer><confidence>0.9</confidence>",
+         RlcrParse("42", 0.9, True)),
+        ("<think>I'll write it in <answer> tags, then a <confidence>.</think><answer>42</answer>"
+         "<confidence>0.9</confidence>", RlcrParse("42", 0.9, True)),
+        ("<answer>3<answer>4</answer><confidence>0.5</confidence>", RlcrParse("4", 0.5, True)),
+        ("<answer>1</answer> then <answer>2<confidence>0.5</confidence>", RlcrParse("1", 0.5, True)),
         ("", RlcrParse(None, None, False)),
     ],
 )
@@ -116,3 +124,18 @@ def test_extract_answer_formats():
     assert extract_answer("the answer is 9", "auto", fallback_last_number=True) == "9"
     with pytest.raises(ValueError, match="allowed values"):
         extract_answer("x", "nope")
+
+
+def test_a_tag_mentioned_before_the_stated_probability_is_not_part_of_it():
+    from capo.verify import extract_percent
+
+    assert extract_percent("I will put it in <answer> tags. <answer>37</answer>") == "37"
+
+
+@pytest.mark.parametrize("text, want", [
+    ("\\boxed{18.}", "18"), ("<answer>18.</answer>", "18"), ("\\boxed{x = 5.}", "x = 5"), ("\\boxed{3.5}", "3.5"),
+    ("\\boxed{1\\,000}", "1000"), ("\\boxed{1\\,000\\,000}", "1000000"), ("\\boxed{0.5}", "0.5"),
+    ("\\boxed{\\frac{1}{2}.}", "\\frac{1}{2}."),  # only a full stop after a number is typography
+])
+def test_math_answers_lose_the_typography_math_verify_reads_as_text(text, want):
+    assert extract_answer(text, "auto") == want

@@ -71,3 +71,15 @@ def test_math500_gold_solutions_agree_with_answers():
     assert rep["wrong_pairs_genuinely_equal"] <= 5
     assert rep["false_accepts"] == []
     assert rep["rejection_rate"] == 1.0
+
+
+def test_latex_that_looks_like_code_to_a_regex_is_judged_and_shell_is_still_refused(verifier):
+    """A review found "$(3, \\frac{\\pi}{2})$" (a tuple, 16 of math500's golds start with "(") and "\\lambda" refused as
+    code, so correct answers were UNPARSABLE; a shell command and Python's lambda still never reach a worker."""
+    from capo.verify.verifier import looks_like_code
+
+    assert verifier.verify_batch(["$(3, \\frac{\\pi}{2})$", "$(-\\infty, 0]$", "\\lambda = 2", "18."],
+                                 ["\\left( 3, \\frac{\\pi}{2} \\right)", "(-\\infty, 0]", "\\lambda = 2", "18"]
+                                 )[:3] == [Verdict.CORRECT] * 3
+    assert [looks_like_code(x) for x in ["$(rm -rf /)", "$(curl http://x)", "lambda x: x", "$(x + 1)^2$"]] == \
+        [True, True, True, False]

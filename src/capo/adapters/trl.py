@@ -479,6 +479,7 @@ class CapoGRPOTrainer(GRPOTrainer):
             from accelerate.utils import gather_object
 
             batch.answers = gather_object(list(f.last.answers))
+            batch.answer_format = f.answer_format  # SEED-GRPO's clusters by the rule the reward graded with
         if f is not None and "format_ok" in need:
             batch.format_ok = self.accelerator.gather(torch.tensor(f.last.format_ok,
                                                                    device=self.accelerator.device)).cpu()

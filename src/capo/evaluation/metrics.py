@@ -17,7 +17,7 @@ from capo.evaluation.bootstrap import QuestionBootstrap
 from capo.evaluation.estimators import estimator_table, unavailable_estimators
 from capo.evaluation.lengths import length_check
 from capo.tasks.stochastic import stated_means_summary, stated_question_means
-from capo.verify.short import SHORT_FORMATS, normalize_short
+from capo.rollout.grading import answer_classes
 
 if TYPE_CHECKING:
     from capo.verify import Verifier
@@ -304,17 +304,7 @@ def assign_answer_ids(rows: list[dict], verifier: Verifier, answer_format: str |
         by_prompt.setdefault(str(r["prompt_id"]), []).append(i)
     groups = list(by_prompt.values())
     answers = [[rows[i]["answer"] for i in idx] for idx in groups]
-    classes = (_text_classes(answers) if answer_format in SHORT_FORMATS
-               else verifier.equivalence_classes_batch(answers))
+    classes = answer_classes(answers, verifier, answer_format)
     for idx, ids in zip(groups, classes):
         for i, a in zip(idx, ids):
             rows[i]["answer_id"] = a
-
-
-def _text_classes(groups: list[list[str | None]]) -> list[list[int]]:
-    """Per group, each answer's class by normal form, numbered by first occurrence (-1 for None)."""
-    out = []
-    for answers in groups:
-        seen: dict[str, int] = {}
-        out.append([-1 if a is None else seen.setdefault(normalize_short(a), len(seen)) for a in answers])
-    return out

@@ -41,9 +41,9 @@ import torch
 
 from capo.verify import (DEFAULT_ANSWER_FORMAT, STATED_FORMATS, RlcrParse, Verdict, Verifier, extract_answer,
                          extract_outcome, extract_percent, extract_rlcr)
-from capo.verify.short import SHORT_FORMATS, judge_short
+from capo.verify.short import SHORT_FORMATS, judge_short, normalize_short
 
-__all__ = ["Graded", "gold_problem", "grade"]
+__all__ = ["Graded", "answer_classes", "gold_problem", "grade"]
 
 
 @dataclass
@@ -85,6 +85,22 @@ def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, ans
                         device=device)
     fmt = torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device)
     return Graded(answers, verdicts, parses, correct, conf, fmt)
+
+
+def answer_classes(groups: Sequence[Sequence[str | None]], verifier: Verifier,
+                   answer_format: str | None = None) -> list[list[int]]:
+    """Each group's answers' equivalence classes, numbered by first occurrence (-1 = no answer): for the short
+    free-text formats (``short``, ``rlcr_short``: facts) answers are equal when their normal forms are
+    (:func:`capo.verify.short.normalize_short`, the judge's own comparison), for any other math-verify's
+    (:meth:`Verifier.equivalence_classes_batch`). The one rule behind the votes of ``capo eval`` and SEED-GRPO's
+    clusters in training."""
+    if answer_format not in SHORT_FORMATS:
+        return verifier.equivalence_classes_batch([list(g) for g in groups])
+    out = []
+    for answers in groups:
+        seen: dict[str, int] = {}
+        out.append([-1 if a is None else seen.setdefault(normalize_short(a), len(seen)) for a in answers])
+    return out
 
 
 def gold_problem(golds: Sequence, answer_format: str) -> str | None:

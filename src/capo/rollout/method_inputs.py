@@ -30,6 +30,7 @@ import torch
 
 from capo.core import ADVANTAGES, POLICY_LOSSES, RENAMED, REWARD_COMPONENTS, checks
 from capo.errors import ConfigError
+from capo.rollout.grading import answer_classes
 
 __all__ = ["MethodInputs", "StepBatch", "StepSpec", "advantage_inputs", "method_inputs", "needed_data",
            "summed_reward_unread", "verdicts_only"]
@@ -105,7 +106,9 @@ class StepBatch:
     then 0 and there are no ``calib/*``); ref_token_logp [N, T] the frozen reference's, on the same tokens;
     valid [N] bool rows that exist as responses (None: all); answers: N extracted answers (None = no answer);
     confidence [N] verbalized confidences (NaN = none); format_ok [N] bool; reward_terms [N, K] GDPO's components
-    when the reward has no terms of its own (``REWARD_COMPONENTS``); verifier: groups answers into SEED-GRPO's clusters;
+    when the reward has no terms of its own (``REWARD_COMPONENTS``); verifier: groups answers into SEED-GRPO's clusters
+    (:func:`capo.rollout.grading.answer_classes`, by ``answer_format``: the short formats' normal forms, else
+    math-verify; None = math-verify);
     confidence_logp [N, T]: the log-probs whose lpm is the ``calib/*`` confidence, when not ``token_logp``
     (capo's trainer: the rollout-time ones, while its advantages read its own recomputed old log-probs).
     """
@@ -123,6 +126,7 @@ class StepBatch:
     reward_terms: torch.Tensor | None = None
     verifier: Any = None
     confidence_logp: torch.Tensor | None = None
+    answer_format: str | None = None
 
 
 @dataclass(frozen=True)
@@ -181,8 +185,9 @@ def method_inputs(spec: StepSpec, batch: StepBatch, rewards: torch.Tensor | None
                            "answers' equivalence classes)", "answers")
         g, answers = batch.group_size, batch.answers
         groups = [list(answers[i:i + g]) for i in range(0, len(answers), g)]
-        out.advantage["cluster_ids"] = torch.tensor([c for cl in batch.verifier.equivalence_classes_batch(groups)
-                                                     for c in cl], dtype=torch.long, device=rewards.device)
+        classes = answer_classes(groups, batch.verifier, batch.answer_format)
+        out.advantage["cluster_ids"] = torch.tensor([c for cl in classes for c in cl], dtype=torch.long,
+                                                    device=rewards.device)
     if "components" in adv:  # GDPO: the reward's terms, each normalised on its own
         out.advantage["components"] = _components(spec, batch, rewards, what)
     if "rewards" in los:  # C2GSPG's calibration target

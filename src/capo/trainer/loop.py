@@ -266,6 +266,7 @@ class Trainer:
         batch = StepBatch(rewards=rewards, group_size=self.cfg.rollout.group_size, mask=ro.response_mask,
                           correct=g.correct, token_logp=lp, ref_token_logp=ref_logp, answers=g.answers,
                           confidence=g.confidence, format_ok=g.format_ok, verifier=self.verifier,
+                          answer_format=self.cfg.data.answer_format,
                           confidence_logp=None if old_logp is None else ro.gen_logp)  # calib/*: rollout-time lpm
         out = step_advantages(batch, self._step_spec())
         res = out.result

@@ -24,6 +24,7 @@ __all__ = [
     "extract_percent",
     "extract_rlcr",
     "normalize_number",
+    "tidy_math_answer",
 ]
 
 # "\boxed{", "\boxed {", "\fbox{" -- the brace is matched by the linear scan below.
@@ -165,8 +166,10 @@ class RlcrParse:
     format_ok: bool
 
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_CONF_TAG = re.compile(r"<confidence>(.*?)</confidence>", re.DOTALL | re.IGNORECASE)
+# a tag's content never holds another opening tag, so "I'll put it in <answer> tags. <answer>42</answer>" gives 42,
+# not everything from the first mention of the tag (the pair is the last opening tag before its closing one)
+_ANSWER_TAG = re.compile(r"<answer>((?:(?!<answer>).)*?)</answer>", re.DOTALL | re.IGNORECASE)
+_CONF_TAG = re.compile(r"<confidence>((?:(?!<confidence>).)*?)</confidence>", re.DOTALL | re.IGNORECASE)
 _FLOAT = re.compile(r"[+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
 
@@ -180,7 +183,9 @@ def _last(pattern: re.Pattern, text: str) -> str | None:
 def extract_rlcr(text: str | None) -> RlcrParse:
     """Parse ``<answer>..</answer>`` and ``<confidence>q</confidence>`` (RLCR, arXiv 2507.16806).
 
-    The ``<think>`` and ``<analysis>`` tags are optional. The last occurrence of each tag is used. A confidence
+    The ``<think>`` and ``<analysis>`` tags are optional. The last occurrence of each tag is used: the last closing
+    tag with the opening tag nearest before it (a mention of ``<answer>`` earlier in the reasoning, never closed,
+    is not part of the answer). A confidence
     that is not a plain decimal number (``0.8``, ``.8``, ``1``, ``8e-1``; percentages are *not* accepted) or lies
     outside [0, 1] is a format failure. If the answer itself contains a ``\\boxed{}``, its content is taken.
     """
@@ -284,4 +289,17 @@ def extract_answer(text: str | None, fmt: str = DEFAULT_ANSWER_FORMAT, *, fallba
             ans = extract_gsm8k(text)
     if (ans is None or ans == "") and fallback_last_number and fmt != "last_number":
         ans = extract_last_number(text)
+    if ans and fmt in ("boxed", "rlcr", "auto"):
+        ans = tidy_math_answer(ans)
     return ans if ans != "" else None
+
+
+_SENTENCE_STOP = re.compile(r"(?<=\d)\.\s*$")  # "18." -> "18": a full stop after the number, not a decimal point
+_THIN_SPACE_THOUSANDS = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")  # "1\,000" -> "1000" (as "1{,}000" already is)
+
+
+def tidy_math_answer(ans: str) -> str:
+    """An extracted math answer without the typography math-verify reads as text: a full stop after a final number
+    (``18.``, ``x = 5.``) and LaTeX thin spaces between digit groups (``1\\,000``). ``#### N`` answers get the same
+    from :func:`normalize_number`."""
+    return _THIN_SPACE_THOUSANDS.sub("", _SENTENCE_STOP.sub("", ans.strip()))

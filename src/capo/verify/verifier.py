@@ -55,11 +55,13 @@ class Verdict(str, enum.Enum):
         return self.value
 
 
-# Python/shell-looking content never reaches a worker. LaTeX does not need any of these tokens.
+# Python/shell-looking content never reaches a worker. LaTeX needs none of these tokens (``\lambda`` is LaTeX, so a
+# backslash before "lambda" is allowed; "$(" is refused only as a shell command with arguments, since "$(3, 4)$" is a
+# tuple in LaTeX math).
 _CODE_PATTERNS = re.compile(
-    r"__|\bimport\b|\blambda\b|\bexec\b|\beval\b|\bcompile\b|\bgetattr\b|\bsetattr\b|\bglobals\b|\blocals\b"
+    r"__|\bimport\b|(?<!\\)\blambda\b|\bexec\b|\beval\b|\bcompile\b|\bgetattr\b|\bsetattr\b|\bglobals\b|\blocals\b"
     r"|\bsubprocess\b|\bos\s*\.\s*[a-z]|\bsys\s*\.\s*[a-z]|\bsystem\s*\(|\bpopen\s*\(|\bopen\s*\(|\bbuiltins\b"
-    r"|[A-Za-z_)\]]\s*\.\s*[A-Za-z_]\w*\s*\(|`|\$\(|;\s*(?:rm|touch|curl|wget|sh|bash)\b|\|\s*(?:sh|bash)\b",
+    r"|[A-Za-z_)\]]\s*\.\s*[A-Za-z_]\w*\s*\(|`|\$\(\s*[A-Za-z_][\w.-]*\s+[-\w./]|;\s*(?:rm|touch|curl|wget|sh|bash)\b|\|\s*(?:sh|bash)\b",
     re.IGNORECASE,
 )
 

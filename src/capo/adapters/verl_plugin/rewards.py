@@ -42,22 +42,24 @@ def _score(kind: str, solution_str: str, ground_truth, **kw) -> dict[str, Any]:
 
 
 def compute_score_rlcr(data_source=None, solution_str: str = "", ground_truth: str = "", extra_info=None,
-                       format_failure_reward: float = -1.0, **kwargs) -> dict[str, Any]:
+                       format_failure_reward: float = -1.0, answer_format: str = "rlcr", **kwargs) -> dict[str, Any]:
     """RLCR reward (arXiv 2507.16806, eq. 2) for verl: c - (q - c)^2 from ``<answer>``/``<confidence>`` tags,
-    answers compared by mathematical equivalence. Returns verl's dict form: ``score`` plus ``correct``,
+    answers compared by mathematical equivalence, or with ``answer_format`` "rlcr_short" (facts) by the short-answer
+    judge. Returns verl's dict form: ``score`` plus ``correct``,
     ``confidence`` (NaN if missing), ``format_ok`` and ``pred`` (the extracted answer, "" if none; verl's name for
     it, SEED-GRPO's clusters are its equivalence classes); verl keeps the extra keys as reward_extra_info."""
-    return _score("rlcr", solution_str, ground_truth, format_failure_reward=format_failure_reward)
+    return _score("rlcr", solution_str, ground_truth, format_failure_reward=format_failure_reward,
+                  answer_format=answer_format)
 
 
 def compute_score_ppo_c(data_source=None, solution_str: str = "", ground_truth: str = "", extra_info=None,
                         format_failure_reward: float = -1.0, weight: float = 0.5, threshold: float = 0.5,
-                        **kwargs) -> dict[str, Any]:
+                        answer_format: str = "rlcr", **kwargs) -> dict[str, Any]:
     """PPO-C's calibrated reward in its verifiable form (arXiv 2410.09724, Sec. 4.2; ``capo.core.ppo_c_reward``) for
-    verl: c +- w (q - 0.5) from ``<answer>``/``<confidence>`` tags; the same extra keys as
+    verl: c +- w (q - 0.5) from ``<answer>``/``<confidence>`` tags; ``answer_format`` and the extra keys as
     :func:`compute_score_rlcr`. ``weight``/``threshold`` via ``reward.custom_reward_function.reward_kwargs``."""
     return _score("ppo_c", solution_str, ground_truth, format_failure_reward=format_failure_reward,
-                  reward_kwargs={"weight": weight, "threshold": threshold})
+                  reward_kwargs={"weight": weight, "threshold": threshold}, answer_format=answer_format)
 
 
 def compute_score_correctness(data_source=None, solution_str: str = "", ground_truth: str = "", extra_info=None,
