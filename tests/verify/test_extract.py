@@ -77,6 +77,15 @@ def test_extract_last_number():
     assert extract_last_number("it costs $1,200.50 in total, then 3.") == "3"
     assert extract_last_number("answer -7") == "-7"
     assert extract_last_number("none") is None
+    # a hyphen or an operator between numbers is no minus sign; U+2212 is one (a review's cases)
+    assert extract_last_number("pages 10-12") == "12"
+    assert extract_last_number("so it is 20 - 2") == "2"
+    assert extract_last_number("x = \u22125") == "-5"
+    assert extract_last_number("x=-5") == "-5" and extract_last_number("(3)-4") == "4"
+    assert extract_last_number("costs $ 1,200") == "1200"
+    # RLCR's stated confidence is never taken for the answer
+    assert extract_answer("<answer></answer><confidence>0.9</confidence>", "rlcr", fallback_last_number=True) is None
+    assert extract_answer("so 7<answer></answer><confidence>0.9</confidence>", "auto", fallback_last_number=True) == "7"
 
 
 @pytest.mark.parametrize(

@@ -105,7 +105,10 @@ def extract_boxed(text: str | None) -> str | None:
 
 
 _GSM8K = re.compile(r"####\s*([^\n]*)")
-_NUMBER = re.compile(r"-?\$?\s*\d[\d,]*(?:\.\d+)?|-?\.\d+")
+# a minus sign only where it cannot be a hyphen or an operator between numbers ("pages 10-12" ends in 12, "20 - 2"
+# in 2), ASCII or U+2212; a dollar sign may be followed by a space
+_SIGN = r"(?:(?<![\w.)\]}])[-\u2212])?"
+_NUMBER = re.compile(_SIGN + r"(?:\$\s*)?\d[\d,]*(?:\.\d+)?|" + _SIGN + r"\.\d+")
 
 
 def normalize_number(s: str) -> str:
@@ -114,7 +117,7 @@ def normalize_number(s: str) -> str:
     Non-numeric strings are returned stripped but otherwise unchanged.
     """
     t = s.strip().rstrip(".").strip()
-    t = t.replace("$", "").replace(",", "").replace(" ", "")
+    t = t.replace("$", "").replace(",", "").replace(" ", "").replace("\u2212", "-")
     if re.fullmatch(r"-?\d+(?:\.\d+)?|-?\.\d+", t):
         if "." in t:
             t = t.rstrip("0").rstrip(".")
@@ -288,7 +291,7 @@ def extract_answer(text: str | None, fmt: str = DEFAULT_ANSWER_FORMAT, *, fallba
         if ans is None:
             ans = extract_gsm8k(text)
     if (ans is None or ans == "") and fallback_last_number and fmt != "last_number":
-        ans = extract_last_number(text)
+        ans = extract_last_number(_CONF_TAG.sub("", text))  # never the stated confidence
     if ans and fmt in ("boxed", "rlcr", "auto"):
         ans = tidy_math_answer(ans)
     return ans if ans != "" else None
