@@ -1,6 +1,7 @@
 """Run-directory helpers shared by ``capo train``, ``capo eval`` and ``capo demo``: an exclusive lock that names
 the command holding the folder, atomic writes, JSONL reading that survives a torn last line, fast JSON lines (the
-standard library's values, read and written by orjson where it gives the same), and the progress bar.
+standard library's values, read and written by orjson where it gives the same), the progress bar, and a training
+run's checkpoint folders (:func:`list_checkpoints`).
 
 A leaf utility like :mod:`capo.errors`: any layer may import it; it imports nothing of capo but the errors.
 """
@@ -13,6 +14,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -24,8 +26,8 @@ except ImportError:  # an environment that installed capo without its dependenci
 
 from capo.errors import ConfigError, DataError
 
-__all__ = ["Progress", "atomic_write_text", "json_line", "json_loads", "read_jsonl", "read_jsonl_rows", "run_lock",
-           "yaml_dumps", "yaml_loads"]
+__all__ = ["Progress", "atomic_write_text", "json_line", "json_loads", "list_checkpoints", "read_jsonl",
+           "read_jsonl_rows", "run_lock", "yaml_dumps", "yaml_loads"]
 
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19  # 19 digits in a row, after _DIGITS_TO_ZERO
@@ -257,3 +259,17 @@ def yaml_dumps(obj, **kw) -> str:
     import yaml
 
     return yaml.dump(obj, Dumper=_yaml_classes()[1], **kw)
+
+
+_STEP_DIR = re.compile(r"^step-(\d{6,})$")  # RUN/checkpoints/step-000010 (a ".tmp" one is still being written)
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """A training run's complete checkpoint folders, ``(step, path)`` in step order; [] when it has none. The
+    trainer resumes from the last (:mod:`capo.trainer.checkpoint`); ``capo eval`` names it when given the run folder
+    instead of a model."""
+    d = Path(run_dir) / "checkpoints"
+    if not d.is_dir():
+        return []
+    out = [(int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return sorted(out)

@@ -106,8 +106,8 @@ def score_texts(
     """
     if kind not in TEXT_REWARDS:
         raise ValueError(f"unknown reward kind {kind!r}; allowed: {', '.join(TEXT_REWARDS)}")
-    fmt = tagged_format(answer_format) if kind != "correctness" else answer_format
     tagged = kind != "correctness"
+    fmt = tagged_format(answer_format) if tagged else answer_format
     g = grade(texts, golds, verifier or default_verifier(), answer_format=fmt)
     fail = {} if format_failure_reward is None else {"format_failure_reward": format_failure_reward}
     kw = dict(confidence=g.confidence, format_ok=g.format_ok, **fail, **(reward_kwargs or {})) if tagged else {}

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from capo.errors import ConfigError
+from capo.rundir import list_checkpoints
 from capo.tasks.datasets import GENERATED_TASKS
 
 __all__ = ["AUTOCAST_MODES", "NAMED_GGUF", "autocast_context", "check_model_spec", "cpu_has_bf16", "eos_token_ids",
@@ -132,10 +133,9 @@ def check_model_spec(spec: str) -> None:
             "'default', or a Hub id like 'Qwen/Qwen2.5-Math-1.5B')"
         )
     if p.is_dir() and not (p / "config.json").is_file():
-        steps = sorted(c for c in p.glob("checkpoints/step-*") if c.is_dir() and not c.name.endswith(".tmp"))
-        if steps:  # a `capo train` run folder: its models are its checkpoints
+        if steps := list_checkpoints(p):  # a `capo train` run folder: its models are its checkpoints
             raise ConfigError(f"model {spec!r} is a training run, not a model: give one of its checkpoints, e.g. "
-                              f"{steps[-1]} (the latest)")
+                              f"{steps[-1][1]} (the latest)")
         raise ConfigError(f"model {spec!r} is a folder without config.json: not a Hugging Face model folder")
     if p.is_file() and p.suffix != ".gguf":
         raise ConfigError(f"model {spec!r} is a file but not a .gguf file; give a model folder or DIR/FILE.gguf")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 
@@ -19,8 +18,8 @@ import numpy as np
 import torch
 
 from capo.errors import CapoError
+from capo.rundir import list_checkpoints
 
-_STEP_DIR = re.compile(r"^step-(\d{6,})$")
 STATE_FILE = "trainer_state.pt"
 WEIGHTS_ONLY = "WEIGHTS_ONLY"  # marks a checkpoint whose resume state was removed after its run finished
 
@@ -38,14 +37,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(cuda)
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-
-
-def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    d = Path(run_dir) / "checkpoints"
-    if not d.is_dir():
-        return []
-    out = [(int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
-    return sorted(out)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
