@@ -53,3 +53,9 @@ def test_process_exit_code_and_no_traceback(tmp_path):
     assert p.returncode == 2 and "optim.lr must be > 0" in p.stderr and "Traceback" not in p.stderr
     p = subprocess.run(cmd + ["--debug"], capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode != 0 and "Traceback" in p.stderr
+
+
+def test_an_eval_note_is_said_once(tmp_path, capsys):
+    """`capo eval` checks its settings before loading anything and again in run_eval; its notes come once."""
+    assert main(["eval", "--model", "default", "--limit", "2", "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.count("note: model 'default' is capo's shipped model") == 1

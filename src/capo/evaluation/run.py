@@ -252,7 +252,6 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--conf-fraction", f"must be in [0, 1], got {s.conf_fraction!r}")
     if not (is_real(s.keep_fraction) and 0 < s.keep_fraction <= 1):
         bad("--keep-fraction", f"must be in (0, 1], got {s.keep_fraction!r}")
-    _notes(s)
 
 
 def _notes(s: EvalSettings) -> None:
@@ -418,6 +417,7 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
     """Run (or resume) an evaluation into ``out_dir``; returns the metrics dict. ``engine``: an already started
     engine of kind ``s.engine`` for ``s.model`` (default: started here when there is something to generate)."""
     validate_settings(s)
+    _notes(s)  # once per evaluation: validate_settings also runs before it (the CLI, a sweep's preflight)
     if s.generations is not None:
         return run_from_generations(Path(s.generations), out_dir, s)
     from capo.rollout.models import check_model_spec
