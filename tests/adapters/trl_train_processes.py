@@ -29,6 +29,12 @@ def fixed_completion(tok, step: int, row: int) -> list[int]:
 
 
 def main():
+    import faulthandler
+
+    # A run takes ~30 s; one fresh-clone `make test` saw this script hang after every rank had written its results
+    # (2026-12-02, not reproduced). If it hangs again, every thread's stack reaches the test's captured output
+    # before the test's 600 s timeout kills it.
+    faulthandler.dump_traceback_later(240)
     from transformers import AutoTokenizer
 
     from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer, CorrectnessReward
