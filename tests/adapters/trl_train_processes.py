@@ -16,7 +16,7 @@ import pathlib
 import sys
 
 import torch
-from _tiny import dataset, grpo_args  # the script's folder is on sys.path
+from _tiny import dataset, grpo_args, leave_process_group  # the script's folder is on sys.path
 
 
 def fixed_completion(tok, step: int, row: int) -> list[int]:
@@ -31,9 +31,8 @@ def fixed_completion(tok, step: int, row: int) -> list[int]:
 def main():
     import faulthandler
 
-    # A run takes ~30 s; one fresh-clone `make test` saw this script hang after every rank had written its results
-    # (2026-12-02, not reproduced). If it hangs again, every thread's stack reaches the test's captured output
-    # before the test's 600 s timeout kills it.
+    # A run takes ~30 s: if it hangs, every thread's stack reaches the test's captured output before the test's
+    # 600 s timeout kills it.
     faulthandler.dump_traceback_later(240)
     from transformers import AutoTokenizer
 
@@ -71,8 +70,7 @@ def main():
     if rank == 0:
         model = tr.accelerator.unwrap_model(tr.model)
         torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, out / "params.pt")
-    tr.accelerator.wait_for_everyone()  # then leave the process group: a rank exiting with live gloo threads
-    tr.accelerator.end_training()  # is aborted by the C++ runtime ("terminate called without an active exception")
+    leave_process_group(tr)
 
 
 if __name__ == "__main__":

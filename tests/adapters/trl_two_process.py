@@ -9,7 +9,7 @@ import pathlib
 import sys
 
 import torch
-from _tiny import dataset, grpo_args, seven_reward  # the script's folder is on sys.path
+from _tiny import dataset, grpo_args, leave_process_group, seven_reward  # the script's folder is on sys.path
 
 
 def main():
@@ -41,8 +41,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     torch.save(saved, out / f"rank{rank}.pt")
     (out / f"rank{rank}.json").write_text(json.dumps({"world": tr.accelerator.num_processes}))
-    tr.accelerator.wait_for_everyone()  # then leave the process group: a rank exiting with live gloo threads
-    tr.accelerator.end_training()  # is aborted by the C++ runtime ("terminate called without an active exception")
+    leave_process_group(tr)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _launch import free_port  # tests/ is on sys.path (its conftest.py)
 from capo.errors import ConfigError
 from capo.core.presets import ALGORITHMS
 from capo.trainer.config import load_config
@@ -231,7 +232,7 @@ def test_two_processes_equal_one(tiny_model, tmp_path):
     two = tmp_path / "two.pt"
     accel = Path(sys.executable).parent / "accelerate"
     subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533",
+                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
                     str(HERE / "update_once.py"), tiny_model, str(two)], check=True, env=env, timeout=300)
     a, b = torch.load(one), torch.load(two)  # the gradient each optimizer step received (after all-reduce)
     assert a.abs().max() > 1e-4
@@ -251,7 +252,7 @@ def test_two_processes_with_unequal_rows_equal_one(tiny_model, tmp_path, dropped
                    env=env, timeout=300)
     accel = Path(sys.executable).parent / "accelerate"
     subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29534",
+                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
                     str(HERE / "update_once.py"), tiny_model, str(two), "0", dropped], check=True, env=env,
                    timeout=300)
     a, b = torch.load(one), torch.load(two)
@@ -294,13 +295,14 @@ def test_accelerate_launch_two_processes_trains(tiny_model, tmp_path):
     accel = Path(sys.executable).parent / "accelerate"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     p = subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29534",
+                        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
                         "-m", "capo.cli", "train", "--model.path", tiny_model, "--run.out_dir", str(tmp_path / "ddp"),
                         "--run.steps", "2", "--rollout.prompts_per_step", "4", "--rollout.group_size", "4",
                         "--rollout.max_new_tokens", "8", "--data.n_train", "32", "--data.n_eval", "4",
                         "--run.eval_samples", "2", "--run.progress", "false", "--algo.name", "capo"],
                        env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "outlived" not in p.stderr  # Trainer.leave_process_group freed DDP before the process group
     r = rows(tmp_path / "ddp")
     assert [x["step"] for x in r] == [1, 2]  # written once (main process), not once per process
     assert (tmp_path / "ddp/checkpoints/step-000002/model.safetensors").is_file()

@@ -56,7 +56,7 @@ def main():
     tr.update(batch)
     if tr.acc.is_main_process:
         torch.save(seen[0], out)
-    tr.acc.wait_for_everyone()
+    tr.leave_process_group()
 
 
 if __name__ == "__main__":
