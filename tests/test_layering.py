@@ -7,8 +7,8 @@ import sys
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "capo"
 ORDER = ["core", "verify", "tasks", "rollout", "evaluation", "trainer", "adapters", "sweep", "cli"]
-# what each layer may import from capo (besides itself and the leaf modules capo.errors, capo.rundir and capo.settings);
-# docs/architecture.md states the same table
+# what each layer may import from capo (besides itself and the leaf modules capo.errors, capo.processes, capo.rundir
+# and capo.settings); docs/architecture.md states the same table
 ALLOWED = {
     "core": set(),
     "verify": {"core"},
@@ -20,7 +20,7 @@ ALLOWED = {
     "sweep": {"evaluation", "trainer"},  # runs `capo train` / `capo eval` in subprocesses; reads their outputs
     "cli": set(ORDER),
 }
-LEAVES = {"errors.py": set(), "rundir.py": {"errors"}, "settings.py": set()}  # top-level modules any layer may use
+LEAVES = {"errors.py": set(), "processes.py": set(), "rundir.py": {"errors"}, "settings.py": set()}  # top-level modules any layer may use
 FORBIDDEN_IN_CORE = {"transformers", "trl", "verl", "accelerate", "datasets", "math_verify", "matplotlib"}
 
 

@@ -101,7 +101,7 @@ def grpo_config(a, preset_settings: dict):
 
 def main(argv=None) -> int:
     a = parse(argv)
-    from capo.adapters.trl import CapoGRPOTrainer, capo_preset
+    from capo.adapters.trl import CapoGRPOTrainer, capo_preset, leave_process_group
 
     capo, preset_settings, reward = capo_preset(a.algo)  # epsilon, loss_type, beta 0 from the preset
     if a.no_mask:
@@ -118,6 +118,7 @@ def main(argv=None) -> int:
         keys = ("loss", "reward", "train/masked_frac", "calib/accuracy", "calib/auc_mean")
         print(f"smoke: {len(logged)} optimizer steps with {a.algo}; last step: "
               + ", ".join(f"{k}={float(logged[-1][k]):.4g}" for k in keys if k in logged[-1]))
+    leave_process_group(trainer)  # on several processes: DDP freed before the process group (no teardown hang)
     return 0
 
 

@@ -148,22 +148,3 @@ class VerlProto:
     def __len__(self):
         return len(next(iter(self.batch.values())))
 
-
-def leave_process_group(tr) -> None:
-    """What ``capo.trainer.loop.Trainer.leave_process_group`` does (its docstring says why), for a TRL trainer
-    under ``accelerate launch`` with several processes: DDP's reducer must not be the process group's last owner,
-    or a gloo thread still freeing the last gather's tensors deadlocks with it on the GIL (pytorch#56297)."""
-    import gc
-    import weakref
-
-    if tr.accelerator.num_processes == 1:
-        return
-    group, ddp = torch.distributed.group.WORLD, weakref.ref(tr.model_wrapped)
-    assert isinstance(tr.model_wrapped, torch.nn.parallel.DistributedDataParallel), type(tr.model_wrapped)
-    tr.accelerator.wait_for_everyone()
-    tr.accelerator.end_training()
-    tr.model_wrapped = tr.model
-    tr.accelerator.free_memory()
-    gc.collect()
-    assert ddp() is None, "the DDP model outlived leave_process_group(): its reducer would be the group's last owner"
-    del group

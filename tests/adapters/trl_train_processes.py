@@ -16,7 +16,7 @@ import pathlib
 import sys
 
 import torch
-from _tiny import dataset, grpo_args, leave_process_group  # the script's folder is on sys.path
+from _tiny import dataset, grpo_args  # the script's folder is on sys.path
 
 
 def fixed_completion(tok, step: int, row: int) -> list[int]:
@@ -36,7 +36,7 @@ def main():
     faulthandler.dump_traceback_later(240)
     from transformers import AutoTokenizer
 
-    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer, CorrectnessReward
+    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer, CorrectnessReward, leave_process_group
     from capo.verify import Verifier
 
     model_dir, out, est, per_device, steps = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3], *map(int, sys.argv[4:6])
@@ -70,7 +70,7 @@ def main():
     if rank == 0:
         model = tr.accelerator.unwrap_model(tr.model)
         torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, out / "params.pt")
-    leave_process_group(tr)
+    assert leave_process_group(tr), "DDP outlived the trainer's references"
 
 
 if __name__ == "__main__":

@@ -9,13 +9,13 @@ import pathlib
 import sys
 
 import torch
-from _tiny import dataset, grpo_args, leave_process_group, seven_reward  # the script's folder is on sys.path
+from _tiny import dataset, grpo_args, seven_reward  # the script's folder is on sys.path
 
 
 def main():
     from transformers import AutoTokenizer
 
-    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
+    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer, leave_process_group
 
     model_dir, out = sys.argv[1], pathlib.Path(sys.argv[2])
     saved = {}
@@ -41,7 +41,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     torch.save(saved, out / f"rank{rank}.pt")
     (out / f"rank{rank}.json").write_text(json.dumps({"world": tr.accelerator.num_processes}))
-    leave_process_group(tr)
+    assert leave_process_group(tr), "DDP outlived the trainer's references"
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def main():
     tr.update(batch)
     if tr.acc.is_main_process:
         torch.save(seen[0], out)
-    tr.leave_process_group()
+    assert tr.leave_process_group(), "DDP outlived the trainer's references"
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ from capo.adapters._common import (
 )
 from capo.core import MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, checks, needs_scores, resolve_noise_mask
 from capo.errors import CapoError, ConfigError
+from capo.processes import leave_process_group as _leave
 from capo.rollout.method_inputs import advantage_inputs, needed_data
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, noise_mask_thresholds, step_advantages
 from capo.verify import DEFAULT_ANSWER_FORMAT
@@ -71,7 +72,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("capo.adapters.trl needs TRL: pip install 'capo[trl]' (trl>=1.16,<1.17)") from e
 
 __all__ = ["BrierScoreReward", "CapoAdvantageConfig", "CapoGRPOTrainer", "CorrectnessReward", "LogScoreReward",
-           "PPOCReward", "RLCRReward", "TRL_INTERNALS", "capo_preset"]
+           "PPOCReward", "RLCRReward", "TRL_INTERNALS", "capo_preset", "leave_process_group"]
 
 # The TRL internals this adapter relies on (checked by tests/adapters/test_trl_internals.py).
 TRL_INTERNALS = {
@@ -549,3 +550,12 @@ class CapoGRPOTrainer(GRPOTrainer):
                 "reward function with CapoAdvantageConfig(verdict_reward=...)"
             )
         return v == 1, None
+
+
+def leave_process_group(trainer) -> bool:
+    """Call at the end of a script run with ``accelerate launch`` on several processes, after the last save: waits
+    for every process, leaves the process group and frees DDP before the group, so that the process can neither hang
+    in torch's teardown nor be aborted with its threads live (:func:`capo.processes.leave_process_group` says why).
+    The trainer cannot train on several processes afterwards. On one process: nothing. Returns whether DDP was freed
+    before the group."""
+    return _leave(trainer.accelerator, trainer.model_wrapped, lambda: setattr(trainer, "model_wrapped", trainer.model))

@@ -16,14 +16,11 @@ log-probs are not the trainer's own, each token's policy loss is weighted by tru
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import math
 import random
 import sys
 import time
-import warnings
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +46,7 @@ from capo.errors import CapoError, ConfigError
 from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs, train_top_layers
 from capo.rollout.lora import adapter_state, add_lora, load_adapter_state, merged_state_dict
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
+from capo.processes import leave_process_group
 from capo.rundir import Progress, run_lock
 from capo.tasks.prompts import with_prefix
 from capo.tasks.stochastic import stochastic_summary
@@ -132,29 +130,12 @@ class Trainer:
         if resume_from:
             self._restore(resume_from)
 
-    def leave_process_group(self) -> None:
-        """On several processes: wait for every process, leave the process group (accelerate's ``end_training``; a
-        rank that exits with its gloo / NCCL threads live is aborted by the C++ runtime, "terminate called without
-        an active exception"), and free the group's threads in the one order that cannot deadlock. The trainer
-        cannot train on several processes afterwards; its model is the plain module.
-
-        The group's last owner joins its threads when it lets go. DDP's reducer does so holding the GIL, while a
-        gloo thread may still be freeing the last gather's tensors, which needs the GIL: both wait forever
-        (pytorch#56297; about one two-process run in ten hung so on a loaded machine). So DDP goes first while a
-        handle on the group keeps it alive, and the handle last: torch's ProcessGroup binding releases the GIL in
-        its destructor."""
-        if self.world == 1:
-            return
-        group, ddp = torch.distributed.group.WORLD, weakref.ref(self.model)
-        self.acc.wait_for_everyone()
-        self.acc.end_training()
-        self.model = self.acc.unwrap_model(self.model)
-        self.acc.free_memory()  # the accelerator's own list of prepared models
-        gc.collect()
-        if ddp() is not None:  # pragma: no cover - something outside the trainer holds its DDP model
-            warnings.warn("the DDP model outlived leave_process_group(): leaving the process group may hang "
-                          "(pytorch#56297)", RuntimeWarning, stacklevel=2)
-        del group
+    def leave_process_group(self) -> bool:
+        """On several processes: wait for every process and leave the process group, DDP freed before the group
+        (:func:`capo.processes.leave_process_group` says why). The model is the plain module afterwards, and the
+        trainer cannot train on several processes again. Returns whether DDP was freed first."""
+        return leave_process_group(self.acc, self.model,
+                                   lambda: setattr(self, "model", self.acc.unwrap_model(self.model)))
 
     def _choose_trained(self) -> dict[str, int]:
         """Freeze what does not train (``model.train_top_layers``) or add LoRA adapters (``model.lora_rank``);
