@@ -280,3 +280,31 @@ def test_figures_of_one_model_against_the_reference_leave_out_the_forest_plot(tm
     assert main(["report", *[str(r.path) for r in runs], "--out", str(tmp_path / "r.html"), "--reference", "grpo",
                  "--figures", str(figs), "--n-boot", "20"]) == 0
     assert sorted(p.name for p in figs.iterdir()) == ["compare-acc_vs_auc.png", "compare-summary.json"]
+
+
+def test_a_difference_and_its_interval_describe_the_same_prompts(tmp_path):
+    """Model b was evaluated on 8 of model a's 12 prompts: the difference's value is taken over those 8, as its
+    interval is (it was each run's metrics.json value, over 12 prompts for a and 8 for b); with the same prompts in
+    every run the value stays metrics.json's."""
+    from capo.evaluation.metrics import compute_metrics
+    from capo.evaluation.run import atomic_write_text
+
+    a = fake_eval_run(tmp_path / "a", 0.3, 1)
+    b = fake_eval_run(tmp_path / "b", 0.1, 2)
+    rows = [json.loads(ln) for ln in (b / "generations.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if int(r["prompt_id"][1:]) < 8]
+    (b / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_text(b / "metrics.json", json.dumps({"config": {"model": "m", "k": 4}, **compute_metrics(rows, n_boot=0)}))
+    runs = [load_run(a, name="a"), load_run(b, name="b")]
+    c = cmpmod.compare(runs, n_boot=50, reference="b")
+    shared = [f"p{i}" for i in range(8)]
+    for key in ("auroc", "accuracy", "ece"):
+        want = (cmpmod._measures_on(cmpmod._load_seed(a), shared)[key]
+                - cmpmod._measures_on(cmpmod._load_seed(b), shared)[key])
+        got = c.diff("a", "b", key)
+        assert c.prompts == 8 and got[0] == pytest.approx(want, abs=1e-12), key
+    whole = runs[0].metrics["auroc"] - runs[1].metrics["auroc"]
+    assert c.diff("a", "b", "auroc")[0] != pytest.approx(whole, abs=1e-6)  # the old value, over 12 and 8 prompts
+    same = cmpmod.compare([runs[0], load_run(fake_eval_run(tmp_path / "c", 0.1, 2), name="c")], n_boot=50)
+    assert same.points == {} and same.diff("c", "a", "auroc")[0] == pytest.approx(
+        same.models[1].runs[0].metrics["auroc"] - runs[0].metrics["auroc"], abs=1e-12)

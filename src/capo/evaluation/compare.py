@@ -109,6 +109,8 @@ class Comparison:
     prompts: int  # prompts common to every model (the bootstrap resamples these)
     n_boot: int
     draws: dict[str, dict[str, torch.Tensor]]  # model -> measure -> [n_boot] values on the resampled prompts
+    # model -> measure -> value on the shared prompts, mean over seeds; only where some run holds other prompts too
+    points: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def seed_diff(self, a: str, b: str, key: str) -> dict | None:
         """Model a minus model b on ``key`` with the training seed as the unit: per-seed differences (runs paired by
@@ -126,12 +128,16 @@ class Comparison:
         return seed_paired_interval(diffs)
 
     def diff(self, a: str, b: str, key: str) -> tuple[float, float, float] | None:
-        """(value, low, high) of model a minus model b on ``key``: value from the full data (means over seeds),
-        interval from the paired bootstrap. None when either lacks the measure."""
-        ma, mb = self._model(a), self._model(b)
-        va, vb = ma.mean(key), mb.mean(key)
+        """(value, low, high) of model a minus model b on ``key`` over the prompts every model holds (means over
+        seeds), interval from the paired bootstrap of those prompts: the value from each run's metrics.json when
+        every run holds just those prompts, else recomputed on them (as each draw is). None when either lacks the
+        measure."""
+        va, vb = self._model(a).mean(key), self._model(b).mean(key)
         if va is None or vb is None:
             return None
+        pa, pb = self.points.get(a, {}).get(key), self.points.get(b, {}).get(key)
+        if pa is not None and pb is not None and math.isfinite(pa) and math.isfinite(pb):
+            va, vb = pa, pb
         d = self.draws.get(a, {}).get(key), self.draws.get(b, {}).get(key)
         if d[0] is None or d[1] is None:
             return va - vb, math.nan, math.nan
@@ -222,14 +228,19 @@ def _measures_on(seed: _Seed, drawn: list[str]) -> dict[str, float]:
     return {k: s.get(k, math.nan) for k, _, _ in MEASURES}
 
 
+def _on_prompts(m: Model, prompts: list[str]) -> dict[str, float]:
+    """Every measure of model ``m`` on ``prompts``: the mean over its seeds."""
+    per_seed = [_measures_on(s, prompts) for s in m.seeds]
+    return {k: sum(p[k] for p in per_seed) / len(per_seed) for k, _, _ in MEASURES}
+
+
 def _bootstrap(models: list[Model], prompts: list[str], n_boot: int, seed: int) -> dict:
     out = {m.name: {k: torch.empty(n_boot, dtype=torch.float64) for k, _, _ in MEASURES} for m in models}
     for b, draw in enumerate(cal.bootstrap_draws(len(prompts), n_boot, seed)):  # the core's resampling scheme
         drawn = [prompts[i] for i in draw.tolist()]
         for m in models:
-            per_seed = [_measures_on(s, drawn) for s in m.seeds]
-            for k, _, _ in MEASURES:
-                out[m.name][k][b] = sum(p[k] for p in per_seed) / len(per_seed)
+            for k, v in _on_prompts(m, drawn).items():
+                out[m.name][k][b] = v
     return out
 
 
@@ -251,7 +262,9 @@ def compare(evals: list, n_boot: int = 200, seed: int = 0, reference: str | None
     usable = [m for m in ms if all(s is not None for s in m.seeds)]
     common = sorted(set.intersection(*[set(s.rows_of) for m in usable for s in m.seeds])) if usable else []
     draws = _bootstrap(usable, common, n_boot, seed) if len(common) > 1 and n_boot > 0 else {}
-    return Comparison(ms, ref, len(common), n_boot, draws)
+    beyond = any(set(s.rows_of) != set(common) for m in usable for s in m.seeds)  # a run holds other prompts too
+    points = {m.name: _on_prompts(m, common) for m in usable} if draws and beyond else {}
+    return Comparison(ms, ref, len(common), n_boot, draws, points)
 
 
 def _fmt(v: float) -> str:
