@@ -51,3 +51,15 @@ def test_an_empty_box_is_no_answer_and_takes_the_fallback(fmt):
     assert extract_answer(r"\boxed{}", fmt) is None
     assert extract_answer(r"\boxed{ } after 5 steps", fmt) is None
     assert extract_answer(r"\boxed{ } after 5 steps", fmt, fallback_last_number=True) == "5"
+
+
+@pytest.mark.parametrize("s, want", [
+    ("3, 5", "3, 5"), ("1,2345", "1,2345"), ("12,34", "12,34"), ("1,000 000", "1,000 000"), ("0,5", "0,5"),
+    ("1,234,567", "1234567"), ("1 000 000", "1000000"), ("-1,234.50", "-1234.5"), ("$ 1,000", "1000"),
+    ("\u22121,000", "-1000"), ("- 5", "-5"),
+])
+def test_normalize_number_drops_only_thousands_separators(s, want):
+    """Commas and spaces go only between groups of three digits: a list (``#### 3, 5`` gave 35) or a European
+    decimal comma stays as written, so it is never graded as the number its digits run together into."""
+    assert normalize_number(s) == want
+    assert extract_answer(f"#### {s}", "gsm8k") == want

@@ -111,13 +111,20 @@ _SIGN = r"(?:(?<![\w.)\]}])[-\u2212])?"
 _NUMBER = re.compile(_SIGN + r"(?:\$\s*)?\d[\d,]*(?:\.\d+)?|" + _SIGN + r"\.\d+")
 
 
-def normalize_number(s: str) -> str:
-    """Normalise a numeric answer string: drop ``$``, thousands commas, spaces, a trailing period, ``.0+``.
+# a number whose digit groups, if any, are thousands: "1,234", "1 234 567" (one separator throughout); not "3, 5"
+_GROUPED = re.compile(r"-?\s*(?:\d{1,3}(?:([, ])\d{3})(?:\1\d{3})*|\d+)(?:\.\d+)?|-?\s*\.\d+")
 
-    Non-numeric strings are returned stripped but otherwise unchanged.
+
+def normalize_number(s: str) -> str:
+    """Normalise a numeric answer string: drop ``$``, thousands separators (commas or spaces between groups of
+    three digits), a trailing period, ``.0+``.
+
+    Anything else (a list such as ``3, 5``, an expression) is returned stripped but otherwise unchanged.
     """
-    t = s.strip().rstrip(".").strip()
-    t = t.replace("$", "").replace(",", "").replace(" ", "").replace("\u2212", "-")
+    t = s.strip().rstrip(".").strip().replace("$", "").replace("\u2212", "-").strip()
+    if not _GROUPED.fullmatch(t):
+        return s.strip()
+    t = t.replace(",", "").replace(" ", "")
     if re.fullmatch(r"-?\d+(?:\.\d+)?|-?\.\d+", t):
         if "." in t:
             t = t.rstrip("0").rstrip(".")
