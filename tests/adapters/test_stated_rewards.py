@@ -88,9 +88,11 @@ def test_verl_ppo_c_and_correctness_hand_computed():
     assert compute_score_ppo_c("math", "<answer>4</answer>", "4", {}, format_failure_reward=-2.0)["score"] == -2.0
 
     c = compute_score_correctness("math", r"so \boxed{4}", "4", {})
-    assert c == {"score": 1.0, "correct": 1.0, "pred": "4"}
-    assert compute_score_correctness("math", r"\boxed{5}", "4", {}) == {"score": 0.0, "correct": 0.0, "pred": "5"}
-    assert compute_score_correctness("math", "no answer", "4", {}) == {"score": 0.0, "correct": 0.0, "pred": ""}
+    assert c == {"score": 1.0, "correct": 1.0, "pred": "4", "answer_format": "auto"}
+    assert compute_score_correctness("math", r"\boxed{5}", "4", {}) == {"score": 0.0, "correct": 0.0, "pred": "5",
+                                                                            "answer_format": "auto"}
+    assert compute_score_correctness("math", "no answer", "4", {}) == {"score": 0.0, "correct": 0.0, "pred": "",
+                                                                             "answer_format": "auto"}
     # the answer format reaches the extraction ("auto" would read the box first, and no number without a marker)
     assert compute_score_correctness("gsm8k", "\\boxed{5}\n#### 4", "4", {}, answer_format="gsm8k")["score"] == 1.0
     assert compute_score_correctness("math", "it is 4", "4", {}, answer_format="last_number")["pred"] == "4"
@@ -188,7 +190,7 @@ def test_verl_rlcr_log_and_brier_scores_and_their_verifier(monkeypatch):
     assert compute_score_brier_score("s", "bad", "1", {}, format_failure_reward=-5.0)["score"] == -5.0
     assert compute_score_brier_score("s", "37", "1", {})["score"] == pytest.approx(-(0.63 ** 2), abs=1e-6)
     r = compute_score_brier_score("s", "37", "1", {})
-    assert set(r) == {"score", "correct", "pred", "confidence", "format_ok"} and r["format_ok"] == 1.0
+    assert set(r) == {"score", "correct", "pred", "answer_format", "confidence", "format_ok"} and r["format_ok"] == 1.0
     monkeypatch.setattr(rewards, "get_verifier", _AllCorrect)
     assert compute_score_correctness("math", r"\boxed{5}", "4", {})["score"] == 1.0
 

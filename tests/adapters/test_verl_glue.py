@@ -153,6 +153,28 @@ def test_per_row_values_of_the_wrong_length_or_all_missing_are_absent():
     assert est._ctx_values(ctx, "format_ok", 2) == [0.0, 1.0]
 
 
+
+def test_seed_grpo_clusters_use_the_format_the_reward_function_read_its_answers_in():
+    """capo's verl reward functions say which format "pred" was read in; the estimator hands it to the step, so on
+    facts (rlcr_short) SEED-GRPO's clusters are the short answers' normal forms, as in capo's trainer and TRL
+    (before, math-verify classes: "Paris." and "Paris" two clusters). One format per batch; none: math-verify."""
+    from capo.adapters.verl_plugin.rewards import compute_score_correctness, compute_score_rlcr
+
+    assert compute_score_rlcr("facts", "<answer>Paris</answer><confidence>0.9</confidence>", "Paris",
+                              answer_format="rlcr_short")["answer_format"] == "rlcr_short"
+    assert compute_score_correctness("m", "\\boxed{4}", "4")["answer_format"] == "auto"
+    opts, _ = est._options({}, "seed_grpo", None)
+    base = {"pred": ["Paris", "Paris.", "Lyon", "Paris", "x", "y", "x", "y"], "correct": [1.0] * 8}
+    for formats, want in [(["rlcr_short"] * 8, "rlcr_short"), ([None] * 8, None), ({}, None)]:
+        nt = {**base, **({"answer_format": formats} if formats != {} else {})}
+        ctx = _ctx({"old_log_probs": LOGP}, nt, run=CapoRun(verifier="v"))
+        b, _ = est._step_batch(ctx, "capo_seed_grpo", opts, _tok(REWARDS), MASK, list(UID))
+        assert b.answer_format == want, formats
+    nt = {**base, "answer_format": ["rlcr_short"] * 7 + ["auto"]}
+    with pytest.raises(ConfigError, match="several formats .auto, rlcr_short."):
+        est._step_batch(_ctx({"old_log_probs": LOGP}, nt, run=CapoRun(verifier="v")), "capo_seed_grpo", opts,
+                        _tok(REWARDS), MASK, list(UID))
+
 def test_verdicts_above_one_half_are_correct_and_a_missing_one_is_not():
     ctx = _ctx(non_tensor={"correct": [1.0, 0.5, None, 0.51, 0.0, True]})
     got = est._verdicts(ctx, torch.zeros(6), need=True, who="capo")

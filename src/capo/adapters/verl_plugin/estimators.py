@@ -208,13 +208,24 @@ def _step_batch(ctx, verl_name: str, opts, token_level_rewards, response_mask, i
     answers = None if preds is None else [None if preds[i] is None or str(preds[i]) == "" else str(preds[i])
                                           for i in rows.tolist()]
     fmt = _floats(_ctx_values(ctx, "format_ok", n), rows)
+    answer_format = _answer_format(ctx, n) if answers else None
     batch = StepBatch(rewards=rewards[rows], group_size=g, mask=response_mask[rows],
                       correct=None if correct is None else correct[rows], token_logp=None if lp is None else lp[rows],
                       ref_token_logp=None if ref is None else ref[rows], answers=answers,
                       confidence=_floats(_ctx_values(ctx, "confidence", n), rows),
                       format_ok=None if fmt is None else fmt > 0.5,
-                      verifier=ctx.run.verifier() if answers else None)
+                      verifier=ctx.run.verifier() if answers else None, answer_format=answer_format)
     return batch, rows
+
+
+def _answer_format(ctx, n: int) -> str | None:
+    """The answer format capo's reward function read "pred" in (its ``answer_format`` key; None: another reward
+    function, math-verify classes). One batch, one format: rows graded in several formats are refused."""
+    formats = {str(f) for f in _ctx_values(ctx, "answer_format", n) or [] if f is not None}
+    if len(formats) > 1:
+        raise ConfigError(f"the batch's answers were read in several formats ({', '.join(sorted(formats))}): "
+                          "SEED-GRPO's clusters need one rule per batch; use one answer_format for every data source")
+    return formats.pop() if formats else None
 
 
 def _estimate(verl_name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,

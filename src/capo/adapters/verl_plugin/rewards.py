@@ -35,7 +35,9 @@ get_verifier = _Verifier()
 
 def _score(kind: str, solution_str: str, ground_truth, **kw) -> dict[str, Any]:
     b = score_texts([solution_str], [str(ground_truth)], kind=kind, verifier=get_verifier(), **kw)
-    out = {"score": b.rewards[0], "correct": float(b.correct[0]), "pred": b.answers[0] or ""}
+    # answer_format: the format "pred" was read in, so SEED-GRPO's clusters (the estimator) use the same rule
+    out = {"score": b.rewards[0], "correct": float(b.correct[0]), "pred": b.answers[0] or "",
+           "answer_format": kw.get("answer_format", DEFAULT_ANSWER_FORMAT)}
     if kind != "correctness":
         out |= {"confidence": b.confidence[0], "format_ok": float(b.format_ok[0])}
     return out
