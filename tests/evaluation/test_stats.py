@@ -193,3 +193,51 @@ def test_two_sample_interval_edges():
     r = two_sample_interval([0.1, None, 0.2, math.nan], [0.5, math.inf, 0.5, 0.6])
     assert (r["n_a"], r["n_b"]) == (2, 3)
     assert two_sample_interval([0.1, None], [0.5, 0.6]) is None and two_sample_interval([0.1, 0.2], [None, 0.6]) is None
+
+
+def test_paired_t_power_is_statsmodels_where_finite_and_the_integral_where_not():
+    """Where statsmodels' power is finite the chi-square integral gives the same number (checked on a grid); at
+    effect sizes where scipy's noncentral t gives NaN it still gives one: 6 sd with 2 seeds is 0.4944 (a t with 1 df
+    needs |t| > 12.71 and the noncentrality is 8.49); and power rises with n."""
+    import warnings
+
+    from statsmodels.stats.power import TTestPower
+
+    from capo.evaluation import stats as st
+
+    compared = 0
+    for es in (0.1, 0.3, 1.0, 2.0, 3.0, 4.5, 6.0):
+        for n in (2, 3, 5, 20, 100):
+            with warnings.catch_warnings(record=True):
+                want = float(TTestPower().power(effect_size=es, nobs=n, alpha=0.05))
+            got = st.paired_t_power(es, n)
+            assert math.isfinite(got) and 0 < got <= 1 + 1e-9, (es, n)
+            if math.isfinite(want):
+                compared += 1
+                assert got == want and st.power_by_integral(es, n) == pytest.approx(want, abs=1e-7), (es, n)
+    assert compared >= 20
+    assert math.isnan(float(TTestPower().power(effect_size=6.0, nobs=2, alpha=0.05)))  # the gap this fills
+    assert st.paired_t_power(6.0, 2) == pytest.approx(0.4944, abs=5e-4)
+    assert st.paired_t_power(6.0, 2) < st.paired_t_power(6.0, 3) < 1
+
+
+@pytest.mark.parametrize("effect, sd, want", [
+    (0.03, 0.1, 90),  # 89 seeds: power 0.7993, 90: 0.8038 (tests/test_sweep.py)
+    (0.05, 0.0073079591032949465, 3),  # the solver said 2.000005; 2 seeds have power 0.55
+    (0.05, 0.05 / 6.0, 3),  # the solver gives NaN (effect 6 sd), which was read as "2 suffice": 2 give 0.49
+    (0.05, 0.05 / 12.0, 2),  # 2 seeds do suffice at 12 sd
+    (0.02, 0.02, 10),  # 1 sd: 10 seeds have power 0.803, 9 fewer
+])
+def test_seeds_for_power_is_the_fewest_seeds_with_the_power(effect, sd, want):
+    from capo.evaluation.stats import paired_t_power, seeds_for_power
+
+    n = seeds_for_power(effect, sd)
+    assert n == want
+    assert paired_t_power(effect / sd, n) >= 0.8 and (n == 2 or paired_t_power(effect / sd, n - 1) < 0.8)
+
+
+def test_seeds_for_power_refuses_an_sd_of_zero():
+    from capo.evaluation.stats import seeds_for_power
+
+    with pytest.raises(ValueError, match="sd > 0"):
+        seeds_for_power(0.05, 0.0)

@@ -8,6 +8,8 @@
   (scipy) of the per-seed differences, same seeds for both models; :func:`two_sample_interval`, Welch's t-interval
   (scipy) of a difference of two independent samples' means (a method's seeds against repeated evaluation draws of
   one fixed model, e.g. the initial one).
+- How many seeds a paired comparison needs: :func:`seeds_for_power`, the smallest n whose two-sided paired t-test
+  has the power asked for (:func:`paired_t_power`: statsmodels' ``TTestPower``, checked where it fails).
 - Bootstrap intervals over prompts come from :func:`capo.core.calibration.bootstrap_ci` (the core stays torch-only;
   tests check it against ``scipy.stats.bootstrap``); ``capo eval``'s from :class:`capo.evaluation.bootstrap.
   QuestionBootstrap`, the same draws and percentile rule computed from per-question sums (tested against it).
@@ -75,3 +77,56 @@ def two_sample_interval(a, b, *, alpha: float = 0.05) -> dict | None:
     ci = r.confidence_interval(confidence_level=1 - alpha)
     return {"mean": sum(xa) / len(xa) - sum(xb) / len(xb), "low": float(ci.low), "high": float(ci.high),
             "p": float(r.pvalue), "df": float(r.df), "n_a": len(xa), "n_b": len(xb)}
+
+
+def paired_t_power(effect_size: float, n: int, *, alpha: float = 0.05) -> float:
+    """Power of the two-sided one-sample (paired) t-test at level ``alpha`` with ``n`` differences whose mean is
+    ``effect_size`` standard deviations from 0: P(|T| > t_crit) with T noncentral t (n - 1 df, noncentrality
+    ``effect_size * sqrt(n)``). statsmodels' ``TTestPower.power``; where that is not finite (scipy's noncentral t gives
+    NaN for large noncentralities: effect sizes above ~4, i.e. an sd a quarter of the effect or less) the same
+    probability by integrating the normal tail over the chi-square of the sd (scipy ``quad``)."""
+    from statsmodels.stats.power import TTestPower
+
+    p = float(TTestPower().power(effect_size=effect_size, nobs=n, alpha=alpha))
+    return p if math.isfinite(p) else power_by_integral(effect_size, n, alpha=alpha)
+
+
+def power_by_integral(effect_size: float, n: int, *, alpha: float = 0.05) -> float:
+    """:func:`paired_t_power` computed as E_V[P(|Z + nc| > t_crit sqrt(V / df))], V ~ chi2(df), Z standard normal:
+    the noncentral t's tail without scipy's noncentral t (tested equal to statsmodels where that is finite)."""
+    from scipy import integrate, stats
+
+    df, nc = n - 1, effect_size * math.sqrt(n)
+    tc = float(stats.t.ppf(1 - alpha / 2, df))
+
+    def given_chi2(v: float) -> float:
+        c = tc * math.sqrt(v / df)
+        return (stats.norm.sf(c - nc) + stats.norm.cdf(-c - nc)) * stats.chi2.pdf(v, df)
+
+    return float(integrate.quad(given_chi2, 0, math.inf, limit=200)[0])
+
+
+def seeds_for_power(effect: float, sd: float, *, power: float = 0.8, alpha: float = 0.05,
+                    most: int = 100_000) -> int | None:
+    """The fewest training seeds n >= 2 whose paired t-test detects a true mean difference ``effect`` with power at
+    least ``power``, when per-seed differences have standard deviation ``sd`` (> 0). Starts from statsmodels'
+    ``solve_power`` rounded up and moves by whole seeds until n has the power and n - 1 does not: the solver's root
+    can be off (it gives 2.000005 where 2 seeds have power 0.55, and NaN for effects over ~4 sd where 2 seeds may
+    still fall short). None above ``most`` seeds."""
+    import warnings
+
+    from statsmodels.stats.power import TTestPower
+
+    if not sd > 0 or not effect > 0:
+        raise ValueError(f"need effect > 0 and sd > 0, got effect={effect}, sd={sd}")
+    es = effect / sd
+    with warnings.catch_warnings(record=True):  # the solver warns where it fails to converge; the loop below decides
+        guess = float(TTestPower().solve_power(effect_size=es, alpha=alpha, power=power))
+    n = max(2, math.ceil(guess)) if math.isfinite(guess) and guess < most else 2
+    while n > 2 and paired_t_power(es, n - 1, alpha=alpha) >= power:
+        n -= 1
+    while paired_t_power(es, n, alpha=alpha) < power:
+        n += 1
+        if n > most:
+            return None
+    return n

@@ -7,7 +7,6 @@ adjustment from statsmodels."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 
@@ -92,23 +91,15 @@ def paired(records: dict, method: str, reference: str, measure: str, effect: flo
 def seed_paired(diffs, effect: float) -> dict:
     """Per-seed differences -> mean, sd, 95% t-interval and p (capo.evaluation.stats.seed_paired_interval, the one
     implementation the report uses too) and the seeds a paired t-test needs for ``effect`` at 80% power: the smallest
-    whole number of seeds with at least that power (the solver's n rounded up). A non-finite difference (a measure a
-    seed could not compute) is left out of every number, the count and the mean included."""
-    from statsmodels.stats.power import TTestPower
-
-    from capo.evaluation.stats import seed_paired_interval
+    whole number of seeds with at least that power (capo.evaluation.stats.seeds_for_power). A non-finite difference
+    (a measure a seed could not compute) is left out of every number, the count and the mean included."""
+    from capo.evaluation.stats import seed_paired_interval, seeds_for_power
 
     d = [float(x) for x in diffs if math.isfinite(float(x))]
     out = {"n_seeds": len(d), "diffs": d, "mean": float(np.mean(d)) if d else None}
     r = seed_paired_interval(d)
     if r is not None:
-        need = None
-        if r["sd"] > 0:
-            # the solver warns (and returns NaN) when 2 seeds already suffice; record=True keeps it silent even when
-            # statsmodels' first import of its warning class adds an "always" filter inside this block
-            with warnings.catch_warnings(record=True):
-                need = float(TTestPower().solve_power(effect_size=effect / r["sd"], alpha=0.05, power=0.8))
-            need = None if math.isnan(need) else math.ceil(need - 1e-9)  # 10.27 -> 11: 10 would fall short of 80%
+        need = seeds_for_power(effect, r["sd"]) if r["sd"] > 0 else None  # None: sd 0, no test needs more seeds
         out |= {"sd": r["sd"], "low": r["low"], "high": r["high"], "p": r["p"], "seeds_needed": need}
     return out
 

@@ -9,7 +9,7 @@ Prints, and writes to OUT/summary.md and OUT/summary.json:
   tests, and at 5% some exclude 0 by chance); each method is paired with the reference on the seeds both
   finished (so two methods may be read on different seeds: the table says how many);
 - the power analysis: how many seeds a paired t-test needs to detect a difference of ``effect`` (default 0.03) with
-  80% power at the 5% level, given the observed sd of the paired difference (statsmodels `TTestPower`, rounded up);
+  80% power at the 5% level, given the observed sd of the paired difference (`capo.evaluation.stats.seeds_for_power`);
 - with the sweep's base records (`base.json`, spec `base: true`; `base-drawD.json` too with `base: N`): each method's
   change from the start, final - base (the initial model under the same evaluation): with one draw a 95% t-interval
   over the method's seeds, with several Welch's t-interval of the seed mean minus the draws' mean;
