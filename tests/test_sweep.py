@@ -912,3 +912,40 @@ def test_a_base_record_of_another_start_is_refused_by_the_report(tmp_path, capsy
     err = capsys.readouterr().err
     assert "base.json is not the start of grpo-seed1: they differ in preset, eval, data.dataset, model.path" in err
     assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.slow
+def test_a_runner_stopped_by_sigterm_stops_its_jobs_training(tmp_path):
+    """`kill RUNNER` (SIGTERM): the job's `capo train` stops with it (it went on training without its runner, which
+    would never write the record, and held the run folder's lock against the next runner); the runner exits 143,
+    writes no record and starts no other job."""
+    import signal
+    import subprocess
+    import time
+
+    body = {**SPEC, "steps": 100000, "methods": {"grpo": {"algo.name": "grpo"}}, "seeds": [3, 4]}
+    spec_path = _write(tmp_path, body)
+    runner_p = subprocess.Popen(
+        [sys.executable, "-m", "capo.cli", "sweep", "run", str(spec_path), "--jobs", "1", "--runs-root",
+         str(tmp_path / "runs"), "--records-root", str(tmp_path / "records")],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lock = tmp_path / "runs" / "tiny" / "grpo-seed3" / ".lock"
+    pid, deadline = None, time.monotonic() + 300  # a condition to wait for, not a timing: the train process starts
+    while pid is None and time.monotonic() < deadline and runner_p.poll() is None:
+        text = lock.read_text() if lock.exists() else ""
+        pid = int(text.split("pid ")[1].rstrip(")\n")) if "capo train (pid" in text else None
+        time.sleep(0.5)
+    assert pid is not None, runner_p.communicate(timeout=60)[0][-2000:]
+    os.kill(runner_p.pid, signal.SIGTERM)
+    out, _ = runner_p.communicate(timeout=120)
+    try:
+        assert runner_p.returncode == 128 + signal.SIGTERM, out[-2000:]
+        with pytest.raises(ProcessLookupError):  # the runner reaped its job's process before it exited
+            os.kill(pid, 0)
+    finally:  # a failure must not leave a 100000-step training behind
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not (tmp_path / "records").exists() or not any((tmp_path / "records").rglob("*.json"))
+    assert not (tmp_path / "runs" / "tiny" / "grpo-seed4").exists()  # the next job never started

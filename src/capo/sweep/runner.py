@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -56,14 +58,59 @@ KEEP_HELP = ("what a finished job's run folder keeps of its checkpoints once its
 EVAL_FLAGS = {"problems": "--limit", "k": "-k", "batch_size": "--batch-size", "seed": "--seed"}  # spec eval -> flag
 
 
+class _Children:
+    """The ``capo`` subprocesses this runner's jobs wait on, so that a runner stopped by a signal or an error stops them
+    too: left alone, a job's ``capo train`` went on training without its runner (no record would ever be written)
+    and held its run folder's lock against the next runner."""
+
+    def __init__(self):
+        self.lock, self.live, self.stopping = threading.Lock(), set(), False
+
+    def reset(self) -> None:
+        """A new sweep in this process (``capo sweep run`` once per spec; tests): children may start again."""
+        with self.lock:
+            self.stopping = False
+
+    def start(self, cmd: list[str], **kw) -> subprocess.Popen:
+        with self.lock:
+            if self.stopping:
+                raise RuntimeError("the sweep is stopping: no new `capo` process")
+            p = subprocess.Popen(cmd, **kw)
+            self.live.add(p)
+            return p
+
+    def done(self, p: subprocess.Popen) -> None:
+        with self.lock:
+            self.live.discard(p)
+
+    def stop(self) -> None:
+        """SIGTERM to every live child (it exits at once; its run resumes from its last checkpoint), and no new one."""
+        with self.lock:
+            self.stopping = True
+            for p in self.live:
+                if p.poll() is None:
+                    p.terminate()
+
+
+CHILDREN = _Children()
+
+
 def _capo(args: list[str], log: Path) -> None:
     """Run one ``capo`` subcommand in a subprocess (this Python, one thread per job), appending its output to log."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "a") as f:
-        r = subprocess.run([sys.executable, "-m", "capo.cli", *args], stdout=f, stderr=subprocess.STDOUT, env=env)
-    if r.returncode != 0:
-        raise RuntimeError(f"`capo {' '.join(args[:1])}` failed (exit {r.returncode}); see {log}")
+        p = CHILDREN.start([sys.executable, "-m", "capo.cli", *args], stdout=f, stderr=subprocess.STDOUT, env=env)
+        try:
+            code = p.wait()
+        finally:
+            CHILDREN.done(p)
+    if code != 0:
+        raise RuntimeError(f"`capo {' '.join(args[:1])}` failed (exit {code}); see {log}")
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds run_sweep, which stops the jobs' processes on its way out
 
 
 def _holder(lock: Path) -> str | None:
@@ -491,11 +538,21 @@ def run_sweep(name: str, all_jobs: list[Job], n_jobs: int, commit: bool, max_run
     n_done = sum(s == "done" for s in states.values())
     print(f"sweep {name}: {len(all_jobs)} jobs, {n_done} done, {len(todo)} to run now with {n_jobs} job(s) "
           "at a time", flush=True)
-    failed = 0
-    with ThreadPoolExecutor(max_workers=n_jobs) as pool:
+    CHILDREN.reset()
+    failed, pool = 0, ThreadPoolExecutor(max_workers=n_jobs)
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set a signal handler
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
+    try:
         futures = {pool.submit(run_job, j, keep): j for j in todo}
         for fut in as_completed(futures):
             failed += _report_job(futures[fut], fut, commit)
+    except BaseException:  # SIGTERM, Ctrl-C or an error: the jobs' `capo` processes stop with the runner
+        CHILDREN.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # jobs not started never start
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return 1 if failed else 0
 
 
