@@ -551,8 +551,8 @@ def run_sweep(name: str, all_jobs: list[Job], n_jobs: int, commit: bool, max_run
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # jobs not started never start
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        if main_thread:  # a handler not set from Python reads back as None
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     return 1 if failed else 0
 
 

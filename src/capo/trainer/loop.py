@@ -43,10 +43,10 @@ from capo.core import (
 )
 from capo.core.calibration import summarize
 from capo.errors import CapoError, ConfigError
+from capo.processes import leave_process_group
 from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs, train_top_layers
 from capo.rollout.lora import adapter_state, add_lora, load_adapter_state, merged_state_dict
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
-from capo.processes import leave_process_group
 from capo.rundir import Progress, run_lock
 from capo.tasks.prompts import with_prefix
 from capo.tasks.stochastic import stochastic_summary

@@ -124,14 +124,12 @@ def normalize_number(s: str) -> str:
     t = s.strip().rstrip(".").strip().replace("$", "").replace("\u2212", "-").strip()
     if not _GROUPED.fullmatch(t):
         return s.strip()
-    t = t.replace(",", "").replace(" ", "")
-    if re.fullmatch(r"-?\d+(?:\.\d+)?|-?\.\d+", t):
-        if "." in t:
-            t = t.rstrip("0").rstrip(".")
-        if t in ("", "-", "-0"):  # ".0" and "-.0" lose every digit; "-0" and "-0.0" keep a sign
-            t = "0"
-        return t
-    return s.strip()
+    t = t.replace(",", "").replace(" ", "")  # now -?digits[.digits] or -?.digits
+    if "." in t:
+        t = t.rstrip("0").rstrip(".")
+    if t in ("", "-", "-0"):  # ".0" and "-.0" lose every digit; "-0" and "-0.0" keep a sign
+        t = "0"
+    return t
 
 
 def extract_gsm8k(text: str | None) -> str | None:
