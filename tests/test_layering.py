@@ -20,7 +20,8 @@ ALLOWED = {
     "sweep": {"evaluation", "trainer"},  # runs `capo train` / `capo eval` in subprocesses; reads their outputs
     "cli": set(ORDER),
 }
-LEAVES = {"errors.py": set(), "processes.py": set(), "rundir.py": {"errors"}, "settings.py": set()}  # top-level modules any layer may use
+# top-level modules any layer may use, and what of capo each imports
+LEAVES = {"errors.py": set(), "processes.py": set(), "rundir.py": {"errors"}, "settings.py": set()}
 FORBIDDEN_IN_CORE = {"transformers", "trl", "verl", "accelerate", "datasets", "math_verify", "matplotlib"}
 
 

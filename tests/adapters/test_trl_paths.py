@@ -14,7 +14,6 @@ import os
 import pathlib
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -30,7 +29,7 @@ HERE = pathlib.Path(__file__).parent
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "CAPO_TEST_DEVICE": "cpu"}  # the multi-process runs' environment
 
 
-from _launch import free_port  # noqa: E402
+from _launch import accelerate_launch  # noqa: E402
 from _tiny import DEVICE, TOL, cpu_copy, dataset as _dataset, raw_token_logps, reference_model, seven_reward  # noqa: E402
 
 
@@ -358,11 +357,9 @@ def test_two_processes_equal_one(tiny_model_dir, tmp_path):
     """TRL on 2 processes (accelerate launch, gloo on CPU): each process's advantages are its slice of capo core
     on the whole gathered batch, recomputed here from the full batch in one process."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **CPU_ONLY}
-    accel = pathlib.Path(sys.executable).parent / "accelerate"
     out = tmp_path / "two"
-    subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                    str(HERE / "trl_two_process.py"), tiny_model_dir, str(out)], check=True, env=env, timeout=600)
+    subprocess.run([*accelerate_launch(2), str(HERE / "trl_two_process.py"), tiny_model_dir, str(out)], check=True,
+                   env=env, timeout=600)
     ranks = [torch.load(out / f"rank{r}.pt") for r in (0, 1)]
     from transformers import AutoModelForCausalLM
 
@@ -464,12 +461,8 @@ def test_peft_pretrained_adapter_reference_is_trls_ref_adapter(tiny_model_dir, t
 
 def _launch(procs: int, model_dir: str, out: pathlib.Path, est: str, per_device: int) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **CPU_ONLY}
-    accel = pathlib.Path(sys.executable).parent / "accelerate"
-    multi = ["--multi_gpu"] if procs > 1 else []
-    subprocess.run([str(accel), "launch", *multi, "--num_processes", str(procs), "--num_machines", "1",
-                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                    str(HERE / "trl_train_processes.py"), model_dir, str(out), est, str(per_device), "3"],
-                   check=True, env=env, timeout=600)
+    subprocess.run([*accelerate_launch(procs), str(HERE / "trl_train_processes.py"), model_dir, str(out), est,
+                    str(per_device), "3"], check=True, env=env, timeout=600)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(procs)]
     assert all(r["world"] == procs for r in ranks)
     rows = {}  # (step, global row) -> (prompt, completion, advantage)

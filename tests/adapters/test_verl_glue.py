@@ -153,7 +153,6 @@ def test_per_row_values_of_the_wrong_length_or_all_missing_are_absent():
     assert est._ctx_values(ctx, "format_ok", 2) == [0.0, 1.0]
 
 
-
 def test_seed_grpo_clusters_use_the_format_the_reward_function_read_its_answers_in():
     """capo's verl reward functions say which format "pred" was read in; the estimator hands it to the step, so on
     facts (rlcr_short) SEED-GRPO's clusters are the short answers' normal forms, as in capo's trainer and TRL
@@ -174,6 +173,7 @@ def test_seed_grpo_clusters_use_the_format_the_reward_function_read_its_answers_
     with pytest.raises(ConfigError, match="several formats .auto, rlcr_short."):
         est._step_batch(_ctx({"old_log_probs": LOGP}, nt, run=CapoRun(verifier="v")), "capo_seed_grpo", opts,
                         _tok(REWARDS), MASK, list(UID))
+
 
 def test_verdicts_above_one_half_are_correct_and_a_missing_one_is_not():
     ctx = _ctx(non_tensor={"correct": [1.0, 0.5, None, 0.51, 0.0, True]})

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _launch import free_port  # tests/ is on sys.path (its conftest.py)
+from _launch import accelerate_launch  # tests/ is on sys.path (its conftest.py)
 from capo.errors import ConfigError
 from capo.core.presets import ALGORITHMS
 from capo.trainer.config import load_config
@@ -230,10 +230,8 @@ def test_two_processes_equal_one(tiny_model, tmp_path):
     subprocess.run([sys.executable, str(HERE / "update_once.py"), tiny_model, str(one)], check=True, env=env,
                    timeout=300)
     two = tmp_path / "two.pt"
-    accel = Path(sys.executable).parent / "accelerate"
-    subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                    str(HERE / "update_once.py"), tiny_model, str(two)], check=True, env=env, timeout=300)
+    subprocess.run([*accelerate_launch(2), str(HERE / "update_once.py"), tiny_model, str(two)], check=True, env=env,
+                   timeout=300)
     a, b = torch.load(one), torch.load(two)  # the gradient each optimizer step received (after all-reduce)
     assert a.abs().max() > 1e-4
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(a.abs().max()))
@@ -250,11 +248,8 @@ def test_two_processes_with_unequal_rows_equal_one(tiny_model, tmp_path, dropped
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     subprocess.run([sys.executable, str(HERE / "update_once.py"), tiny_model, str(one), "0", dropped], check=True,
                    env=env, timeout=300)
-    accel = Path(sys.executable).parent / "accelerate"
-    subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                    str(HERE / "update_once.py"), tiny_model, str(two), "0", dropped], check=True, env=env,
-                   timeout=300)
+    subprocess.run([*accelerate_launch(2), str(HERE / "update_once.py"), tiny_model, str(two), "0", dropped],
+                   check=True, env=env, timeout=300)
     a, b = torch.load(one), torch.load(two)
     assert a.abs().max() > 1e-4
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(a.abs().max()))
@@ -292,11 +287,9 @@ def test_cli_bad_config_exit_code(tmp_path):
 def test_accelerate_launch_two_processes_trains(tiny_model, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2` on CPU (gloo) runs the CLI end to end and writes one run
     directory."""
-    accel = Path(sys.executable).parent / "accelerate"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([str(accel), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                        "-m", "capo.cli", "train", "--model.path", tiny_model, "--run.out_dir", str(tmp_path / "ddp"),
+    p = subprocess.run([*accelerate_launch(2), "-m", "capo.cli", "train", "--model.path", tiny_model,
+                        "--run.out_dir", str(tmp_path / "ddp"),
                         "--run.steps", "2", "--rollout.prompts_per_step", "4", "--rollout.group_size", "4",
                         "--rollout.max_new_tokens", "8", "--data.n_train", "32", "--data.n_eval", "4",
                         "--run.eval_samples", "2", "--run.progress", "false", "--algo.name", "capo"],
