@@ -308,3 +308,34 @@ def test_a_difference_and_its_interval_describe_the_same_prompts(tmp_path):
     same = cmpmod.compare([runs[0], load_run(fake_eval_run(tmp_path / "c", 0.1, 2), name="c")], n_boot=50)
     assert same.points == {} and same.diff("c", "a", "auroc")[0] == pytest.approx(
         same.models[1].runs[0].metrics["auroc"] - runs[0].metrics["auroc"], abs=1e-12)
+
+
+def test_the_seed_interval_describes_the_prompts_the_difference_does(tmp_path):
+    """Run grpo-seed1 was evaluated on 8 of the 12 prompts: every run's per-seed value in the seed interval is taken
+    over those 8, as the difference's value is (it was each run's metrics.json, over 12 prompts for three runs and 8
+    for one); a model without generations to recompute from keeps metrics.json on both sides."""
+    from capo.evaluation.metrics import compute_metrics
+    from capo.evaluation.run import atomic_write_text
+
+    dirs = {f"{m}-seed{s}": fake_eval_run(tmp_path / f"{m}-seed{s}", shift, 10 * s + i)
+            for i, (m, shift) in enumerate((("capo", 0.3), ("grpo", 0.1))) for s in (0, 1)}
+    cut = dirs["grpo-seed1"]
+    rows = [r for r in map(json.loads, (cut / "generations.jsonl").read_text().splitlines())
+            if int(r["prompt_id"][1:]) < 8]
+    (cut / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_text(cut / "metrics.json", json.dumps({"config": {"model": "m", "k": 4}, **compute_metrics(rows, n_boot=0)}))
+    runs = [load_run(d, name=n) for n, d in dirs.items()]
+    shared = [f"p{i}" for i in range(8)]
+    on = {n: cmpmod._measures_on(cmpmod._load_seed(d), shared) for n, d in dirs.items()}
+    for n_boot in (0, 30):
+        c = cmpmod.compare(runs, n_boot=n_boot, reference="grpo")
+        for key in ("auroc", "accuracy", "brier"):
+            per_seed = [on[f"capo-seed{s}"][key] - on[f"grpo-seed{s}"][key] for s in (0, 1)]
+            got = c.seed_diff("capo", "grpo", key)
+            assert got["n"] == 2 and got["mean"] == pytest.approx(sum(per_seed) / 2, abs=1e-12), key
+            assert c.diff("capo", "grpo", key)[0] == pytest.approx(got["mean"], abs=1e-12), key
+    whole = [runs[s].metrics["auroc"] - runs[2 + s].metrics["auroc"] for s in (0, 1)]
+    assert got["mean"] != pytest.approx(sum(whole) / 2, abs=1e-6)  # the old value, over 12 and 8 prompts
+    (dirs["capo-seed0"] / "generations.jsonl").unlink()  # capo cannot be recomputed: metrics.json on both sides
+    c = cmpmod.compare([load_run(d, name=n) for n, d in dirs.items()], n_boot=0, reference="grpo")
+    assert c.seed_diff("capo", "grpo", "auroc")["mean"] == pytest.approx(sum(whole) / 2, abs=1e-12)

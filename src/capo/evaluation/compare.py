@@ -109,15 +109,18 @@ class Comparison:
     prompts: int  # prompts common to every model (the bootstrap resamples these)
     n_boot: int
     draws: dict[str, dict[str, torch.Tensor]]  # model -> measure -> [n_boot] values on the resampled prompts
-    # model -> measure -> value on the shared prompts, mean over seeds; only where some run holds other prompts too
-    points: dict[str, dict[str, float]] = field(default_factory=dict)
+    # model -> each run's (in the order of Model.runs) measure -> value on the shared prompts; only where some run
+    # holds other prompts too (else each run's metrics.json is over just those prompts)
+    points: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
     def seed_diff(self, a: str, b: str, key: str) -> dict | None:
         """Model a minus model b on ``key`` with the training seed as the unit: per-seed differences (runs paired by
         their ``-seedN``; a model of one run without a training seed, e.g. the base, is subtracted from every seed)
-        and their t-interval (:func:`capo.evaluation.stats.seed_paired_interval`). None with fewer than 2 paired
-        seeds, or when a model has two runs of one seed (which of them pairs is not known)."""
-        va, vb = self._by_seed(a, key), self._by_seed(b, key)
+        and their t-interval (:func:`capo.evaluation.stats.seed_paired_interval`), each run's value over the prompts
+        every model holds, as :meth:`diff`'s. None with fewer than 2 paired seeds, or when a model has two runs of one
+        seed (which of them pairs is not known)."""
+        shared = self._on_shared(a, key) is not None and self._on_shared(b, key) is not None
+        va, vb = self._by_seed(a, key, shared), self._by_seed(b, key, shared)
         if va is None or vb is None:
             return None
         if len(vb) == 1 and not next(iter(vb)).isdigit():
@@ -135,9 +138,9 @@ class Comparison:
         va, vb = self._model(a).mean(key), self._model(b).mean(key)
         if va is None or vb is None:
             return None
-        pa, pb = self.points.get(a, {}).get(key), self.points.get(b, {}).get(key)
-        if pa is not None and pb is not None and math.isfinite(pa) and math.isfinite(pb):
-            va, vb = pa, pb
+        pa, pb = self._on_shared(a, key), self._on_shared(b, key)
+        if pa is not None and pb is not None:
+            va, vb = sum(pa) / len(pa), sum(pb) / len(pb)
         d = self.draws.get(a, {}).get(key), self.draws.get(b, {}).get(key)
         if d[0] is None or d[1] is None:
             return va - vb, math.nan, math.nan
@@ -161,10 +164,18 @@ class Comparison:
     def _model(self, name: str) -> Model:
         return next(m for m in self.models if m.name == name)
 
-    def _by_seed(self, name: str, key: str) -> dict | None:
-        """Training seed -> the value of ``key`` of model ``name``'s run (None when two runs share a seed)."""
+    def _on_shared(self, name: str, key: str) -> list[float] | None:
+        """Each of model ``name``'s runs' ``key`` over the prompts every model holds; None where every run holds
+        just those prompts (metrics.json is over them) or a value is not finite."""
+        vals = [p.get(key) for p in self.points.get(name, [])]
+        return vals if vals and all(v is not None and math.isfinite(v) for v in vals) else None
+
+    def _by_seed(self, name: str, key: str, shared: bool = False) -> dict | None:
+        """Training seed -> the value of ``key`` of model ``name``'s run: over the prompts every model holds with
+        ``shared``, else its metrics.json's (None when two runs share a seed)."""
         runs = self._model(name).runs
-        out = {seed_of(r.name): r.metrics.get(key) for r in runs}
+        vals = self._on_shared(name, key) if shared else [r.metrics.get(key) for r in runs]
+        out = {seed_of(r.name): v for r, v in zip(runs, vals)}
         return out if len(out) == len(runs) else None
 
 
@@ -234,6 +245,14 @@ def _on_prompts(m: Model, prompts: list[str]) -> dict[str, float]:
     return {k: sum(p[k] for p in per_seed) / len(per_seed) for k, _, _ in MEASURES}
 
 
+def _shared_points(models: list[Model], common: list[str]) -> dict[str, list[dict[str, float]]]:
+    """Each run's measures over the prompts every model holds, where some run holds other prompts too; else {}
+    (each run's metrics.json is already over just those prompts)."""
+    if not common or all(set(s.rows_of) == set(common) for m in models for s in m.seeds):
+        return {}
+    return {m.name: [_measures_on(s, common) for s in m.seeds] for m in models}
+
+
 def _bootstrap(models: list[Model], prompts: list[str], n_boot: int, seed: int) -> dict:
     out = {m.name: {k: torch.empty(n_boot, dtype=torch.float64) for k, _, _ in MEASURES} for m in models}
     for b, draw in enumerate(cal.bootstrap_draws(len(prompts), n_boot, seed)):  # the core's resampling scheme
@@ -262,9 +281,7 @@ def compare(evals: list, n_boot: int = 200, seed: int = 0, reference: str | None
     usable = [m for m in ms if all(s is not None for s in m.seeds)]
     common = sorted(set.intersection(*[set(s.rows_of) for m in usable for s in m.seeds])) if usable else []
     draws = _bootstrap(usable, common, n_boot, seed) if len(common) > 1 and n_boot > 0 else {}
-    beyond = any(set(s.rows_of) != set(common) for m in usable for s in m.seeds)  # a run holds other prompts too
-    points = {m.name: _on_prompts(m, common) for m in usable} if draws and beyond else {}
-    return Comparison(ms, ref, len(common), n_boot, draws, points)
+    return Comparison(ms, ref, len(common), n_boot, draws, _shared_points(usable, common))
 
 
 def _fmt(v: float) -> str:

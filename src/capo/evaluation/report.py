@@ -417,8 +417,8 @@ def _paired_table(cmp) -> str:
     return (f"<h2>Paired differences against {html.escape(cmp.reference)}</h2><p class='muted'>prompts: 95% "
             f"bootstrap interval, the same {cmp.prompts} prompts resampled for both models ({cmp.n_boot} draws, mean "
             "over seeds; bold: it excludes 0) -- it says nothing about retraining with another seed. seeds (where a "
-            "model has 2 or more training seeds): 95% t-interval over the per-seed differences, the training seed "
-            "as the unit (n seeds) -- the interval to compare methods by.</p><table class='metrics paired'><thead><tr><th class='l'>difference</th>"
+            "model has 2 or more training seeds): 95% t-interval over the per-seed differences on the same prompts, "
+            "the training seed as the unit (n seeds) -- the interval to compare methods by.</p><table class='metrics paired'><thead><tr><th class='l'>difference</th>"
             f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
