@@ -353,6 +353,30 @@ def test_verdict_reward_must_be_binary(tiny_model_dir, tmp_path):
         tr.train()
 
 
+def test_reward_functions_beside_the_verdicts_are_said_not_to_change_capos_update(tiny_model_dir, tmp_path):
+    """CAPO ranks the verdicts: a second reward function (a length bonus) changes TRL's logged rewards, not the
+    update, and constructing the trainer warns so, naming it (as ``capo train`` notes its own reward's shaping);
+    GRPO reads the summed reward, and one function alone is the verdicts: no warning."""
+    import warnings
+
+    from capo.adapters.trl import CapoAdvantageConfig
+
+    def verifier(completions, **kw):
+        return seven_reward(completions)
+
+    def length_bonus(completions, **kw):
+        return [len(c) / 100 for c in completions]
+
+    capo = CapoAdvantageConfig(advantage="capo", noise_mask="off", verdict_reward="verifier")
+    with pytest.warns(UserWarning, match=r"length_bonus do not change the update: advantage 'capo' ranks responses "
+                                         r"by the verifier's verdicts.*come from verifier"):
+        _trainer(tiny_model_dir, tmp_path, capo, reward=[verifier, length_bonus])
+    for cfg, reward in ((CapoAdvantageConfig(advantage="grpo"), [verifier, length_bonus]), (capo, [verifier])):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="CapoGRPOTrainer: reward function")
+            _trainer(tiny_model_dir, tmp_path, cfg, reward=reward)
+
+
 def test_two_processes_equal_one(tiny_model_dir, tmp_path):
     """TRL on 2 processes (accelerate launch, gloo on CPU): each process's advantages are its slice of capo core
     on the whole gathered batch, recomputed here from the full batch in one process."""

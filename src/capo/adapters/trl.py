@@ -46,6 +46,7 @@ import contextlib
 import copy
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +63,7 @@ from capo.adapters._common import (
 from capo.core import MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, checks, needs_scores, resolve_noise_mask
 from capo.errors import CapoError, ConfigError
 from capo.processes import leave_process_group as _leave
-from capo.rollout.method_inputs import advantage_inputs, needed_data
+from capo.rollout.method_inputs import advantage_inputs, needed_data, summed_reward_unread
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, noise_mask_thresholds, step_advantages
 from capo.verify import DEFAULT_ANSWER_FORMAT
 
@@ -319,6 +320,7 @@ class CapoGRPOTrainer(GRPOTrainer):
         if self.capo.verdict_reward is not None and self.capo.verdict_reward not in names:
             raise ConfigError(f"CapoGRPOTrainer: verdict_reward={self.capo.verdict_reward!r} is not one of the reward "
                               f"functions: {', '.join(names)}")
+        self._capo_note_unread_rewards(names)
         self.capo_last_batch: dict[str, Any] | None = None
         self._capo_rewards_per_func: torch.Tensor | None = None
         self._capo_ref = None  # own frozen reference model (beta == 0, not PEFT)
@@ -335,6 +337,19 @@ class CapoGRPOTrainer(GRPOTrainer):
                     f"ref_model=<model or path> (the frozen base model), or pass `model` as a path{off}."
                 )
             self._capo_ref = self._capo_prepare_ref(ref_model)
+
+    def _capo_note_unread_rewards(self, names: list[str]) -> None:
+        """Warn when reward functions beside the verdicts' cannot change the update (CAPO ranks the verdicts:
+        :func:`capo.rollout.method_inputs.summed_reward_unread`), as ``capo train`` notes its own reward's shaping;
+        legal, since TRL's logged rewards still show them, but training with and without them is the same."""
+        why = summed_reward_unread(self.capo.advantage, None, "correctness")
+        own = [n for n, f in zip(names, self.reward_funcs) if isinstance(f, _TextReward)]
+        source = own[:1] or [self.capo.verdict_reward or names[0]]
+        others = [n for n in names if n not in source]
+        if why is not None and others:
+            warnings.warn(f"CapoGRPOTrainer: reward function(s) {', '.join(others)} do not change the update: {why} "
+                          f"(the verdicts come from {source[0]}); they show in TRL's logged rewards only",
+                          stacklevel=3)
 
     # -- reference model ----------------------------------------------------------------------------------------
     def _capo_is_peft(self) -> bool:
