@@ -844,7 +844,7 @@ def test_a_flipped_default_does_not_change_how_an_older_record_reads(monkeypatch
 def test_every_key_a_committed_record_lacks_reads_as_what_it_ran_with():
     """Each training setting missing from a committed record's config is bookkeeping or listed in PREDATING (the
     behaviour before the knob): a knob added later must say what the records before it ran with."""
-    from capo.sweep.spec import BOOKKEEPING
+    from capo.rundir import BOOKKEEPING
 
     from capo.trainer.config import TrainConfig
 

@@ -1,7 +1,8 @@
 """Run-directory helpers shared by ``capo train``, ``capo eval`` and ``capo demo``: an exclusive lock that names
 the command holding the folder, atomic writes, JSONL reading that survives a torn last line, fast JSON lines (the
 standard library's values, read and written by orjson where it gives the same), the progress bar, and a training
-run's checkpoint folders (:func:`list_checkpoints`).
+run's checkpoint folders (:func:`list_checkpoints`) and the settings of one that change no result
+(:data:`BOOKKEEPING`).
 
 A leaf utility like :mod:`capo.errors`: any layer may import it; it imports nothing of capo but the errors.
 """
@@ -31,6 +32,16 @@ __all__ = ["Progress", "atomic_write_text", "json_line", "json_loads", "list_che
 
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19  # 19 digits in a row, after _DIGITS_TO_ZERO
+
+# A training run's knobs that change neither the method nor the sampling distribution, so no result: where a run
+# writes, how often it saves, threads, the KV-cache layout and decoding loop, gradient-accumulation micro-batches, the
+# extra step-0 evaluation (which leaves the training untouched: tests/trainer). A resumed run may change them
+# (:func:`capo.trainer.config.resume_changes`); a sweep's record or run folder whose settings differ from a job's only
+# in these is the job's (:func:`capo.sweep.spec.same_settings`). Micro-batches are bookkeeping except for a
+# batch-dependent loss (:func:`capo.trainer.config.bookkeeping`).
+MICRO_BATCH = "optim.micro_batch_size"
+BOOKKEEPING = ("run.out_dir", "run.save_every", "run.keep_checkpoints", "run.resume", "run.progress", "run.threads",
+               "run.eval_at_start", "rollout.kv_cache", "rollout.decode", MICRO_BATCH)
 
 
 def _long_digit_run(text: str | bytes) -> bool:

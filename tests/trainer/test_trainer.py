@@ -181,6 +181,25 @@ def test_resuming_with_other_settings_is_refused_and_leaves_the_run_as_it_was(ti
     assert "name: grpo" in (run / "config.yaml").read_text()
 
 
+def test_a_resume_may_change_the_knobs_that_change_no_result(tmp_path):
+    """The knobs that change no result (capo.rundir.BOOKKEEPING: the KV-cache layout, the decoding loop,
+    micro-batches) are a resume, as they are one job to capo sweep; micro-batches not for Clip-Cov, which chooses its
+    tokens within each micro-batch."""
+    from capo.rollout.engine import DECODERS, KV_CACHES
+    from capo.trainer.config import dump_yaml, resume_changes
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for loss, refused in (("ppo_clip", []), ("clip_cov", ["optim.micro_batch_size: 8 -> 4"])):
+        base = {"model.path": "default", "run.out_dir": str(run), **SMALL, "algo.loss": loss, "optim.micro_batch_size": 8}
+        (run / "config.yaml").write_text(dump_yaml(load_config(None, base)))
+        other = {"rollout.kv_cache": KV_CACHES[1], "rollout.decode": DECODERS[1], "optim.micro_batch_size": 4,
+                 "run.steps": 9, "run.on_bad_sample": "fail"}
+        assert resume_changes(run, load_config(None, {**base, **other})) == refused, loss
+        assert resume_changes(run, load_config(None, {**base, "rollout.temperature": 0.5})) == [
+            "rollout.temperature: 1.0 -> 0.5"]
+
+
 def test_eval_at_start_logs_step_0_and_changes_no_training_number(tiny_model, tmp_path):
     """run.eval_at_start evaluates the starting model first (a step-0 row of eval/* only); it draws from its own
     random stream, so every training metric and the final weights equal a run without it."""

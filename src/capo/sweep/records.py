@@ -8,10 +8,11 @@ import json
 from pathlib import Path
 
 from capo.errors import DataError, is_int
-from capo.sweep.spec import BASE, BOOKKEEPING, MICRO_BATCH, bookkeeping
+from capo.rundir import BOOKKEEPING, MICRO_BATCH
+from capo.sweep.spec import BASE
 
 # Settings that may differ between the records of one comparison: the method itself (every `algo.*` key), the seed,
-# and the knobs that change neither the method nor the sampling distribution (:data:`capo.sweep.spec.BOOKKEEPING`:
+# and the knobs that change neither the method nor the sampling distribution (:data:`capo.rundir.BOOKKEEPING`:
 # where a run writes, how often it saves, threads, the KV-cache layout and decoding loop, gradient-accumulation
 # micro-batches, the extra step-0 evaluation). Everything else must be equal. (Micro-batches change a batch-dependent
 # loss's result: one method's seeds must then share them, :func:`_check_one_algorithm`.)
@@ -115,7 +116,9 @@ def load_records(*folders: Path) -> dict[str, dict[int, dict]]:
 def _check_one_algorithm(method: str, recs: list[tuple[Path, dict]]) -> None:
     """Raise :class:`DataError` when two seeds of one method ran other algorithm settings (``algo.*``, free between
     methods): a method edited in its spec after some seeds ran, or the same name given to two methods by two sweeps.
-    For a batch-dependent loss the micro-batch size is one of them (:func:`capo.sweep.spec.bookkeeping`)."""
+    For a batch-dependent loss the micro-batch size is one of them (:func:`capo.trainer.config.bookkeeping`)."""
+    from capo.trainer.config import bookkeeping
+
     def algo(rec: dict) -> dict:
         config = rec.get("config") or {}
         out = {**setting_defaults((), ("algo",)), **flat_config(config, (), ("algo",))}

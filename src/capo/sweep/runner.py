@@ -39,7 +39,7 @@ from pathlib import Path
 from capo.errors import DataError
 from capo.rundir import read_jsonl, read_jsonl_rows, yaml_loads
 from capo.sweep.records import differing_keys, flat_config, setting_defaults
-from capo.sweep.spec import BASE, Job, bookkeeping, record_state, same_settings
+from capo.sweep.spec import BASE, Job, record_state, same_settings
 
 TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "train/masked_frac",
                 "train/masked_frac_correct", "train/masked_frac_incorrect", "calib/auc_mean",
@@ -295,9 +295,11 @@ def _eval_args(s, out: Path) -> list[str]:
 
 def run_dir_problem(job: Job, cfg: dict) -> str | None:
     """Why the job must not train or evaluate in its run folder, or None (a new folder, or one started with this
-    job's settings up to its bookkeeping knobs, :func:`capo.sweep.spec.bookkeeping`): the folder's mark names
+    job's settings up to its bookkeeping knobs, :func:`capo.trainer.config.bookkeeping`): the folder's mark names
     another resolved training config or final evaluation; a folder without a mark that holds training output is
     judged by its ``config.yaml``."""
+    from capo.trainer.config import bookkeeping
+
     d = job.run_dir
     mark = d / RUN_SETTINGS
     if mark.exists():

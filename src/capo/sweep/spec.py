@@ -26,27 +26,6 @@ SPEC_KEYS = ("name", "preset", "steps", "overrides", "methods", "seeds", "eval",
 REQUIRED_KEYS = ("name", "preset", "methods", "seeds")
 # a sweep's and a method's name is a folder's and a file's name: runs/sweeps/NAME/METHOD-seedS, records/NAME/...
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-# Knobs that change neither the method nor the sampling distribution, so no result: where a run writes, how often it
-# saves, threads, the KV-cache layout and decoding loop, gradient-accumulation micro-batches, the extra step-0
-# evaluation (which leaves the training untouched: tests/trainer). A record or run folder whose settings differ from a
-# job's only in these is the job's (:func:`same_settings`); records of one comparison may differ in them and in the
-# method and seed (:data:`capo.sweep.records.FREE`). Micro-batches are bookkeeping except for a batch-dependent loss
-# (:func:`bookkeeping`).
-MICRO_BATCH = "optim.micro_batch_size"
-BOOKKEEPING = ("run.out_dir", "run.save_every", "run.keep_checkpoints", "run.resume", "run.progress", "run.threads",
-               "run.eval_at_start", "rollout.kv_cache", "rollout.decode", MICRO_BATCH)
-
-
-def bookkeeping(config: dict | None) -> tuple[str, ...]:
-    """:data:`BOOKKEEPING` for a run of the resolved training ``config``: without ``optim.micro_batch_size`` when
-    the run's policy loss selects tokens within each micro-batch (Clip-Cov, KL-Cov:
-    :func:`capo.trainer.config.micro_batches_change_result`), where the micro-batch size changes the result."""
-    from capo.trainer.config import micro_batches_change_result
-
-    loss = ((config or {}).get("algo") or {}).get("loss")
-    if micro_batches_change_result(loss):
-        return tuple(k for k in BOOKKEEPING if k != MICRO_BATCH)
-    return BOOKKEEPING
 
 
 @dataclass(frozen=True)
@@ -184,7 +163,9 @@ def same_settings(stored: dict, job: Job) -> bool:
     """Whether a record (or a run folder's settings mark) belongs to ``job``: the same settings hash, or the same
     settings once the bookkeeping overrides are left out (the hash covers them too; it is kept as it was so
     that committed records keep theirs). Which overrides are bookkeeping is read from the stored run's resolved
-    config (:func:`bookkeeping`: micro-batches count for a batch-dependent loss)."""
+    config (:func:`capo.trainer.config.bookkeeping`: micro-batches count for a batch-dependent loss)."""
+    from capo.trainer.config import bookkeeping
+
     if stored.get("settings_hash") == job.settings_hash:
         return True
     if not isinstance(stored.get("settings"), dict):

@@ -28,7 +28,7 @@ from capo.core import (
 from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError, is_real
-from capo.rundir import yaml_dumps, yaml_loads
+from capo.rundir import BOOKKEEPING, MICRO_BATCH, yaml_dumps, yaml_loads
 from capo.rollout.engine import DECODERS, ENGINES, KV_CACHES, check_engine
 from capo.rollout.logprobs import ATTENTIONS
 from capo.rollout.method_inputs import needed_data, summed_reward_unread, verdicts_only
@@ -608,15 +608,25 @@ def dump_yaml(cfg: TrainConfig) -> str:
     return yaml_dumps(json.loads(json.dumps(cfg.to_dict())), sort_keys=False)
 
 
-# what a resumed run may change: how long it trains, when it evaluates and saves, and how it runs; nothing that
-# changes the update (evaluations draw from their own random stream, so they leave the training numbers alone)
-RESUMABLE = frozenset(f"run.{k}" for k in ("out_dir", "steps", "eval_every", "eval_at_start", "eval_samples",
-                                           "save_every", "keep_checkpoints", "resume", "threads", "on_bad_sample",
-                                           "progress"))
+# what a resumed run may change besides :func:`bookkeeping`: how long it trains, when and how it evaluates (evaluations
+# draw from their own random stream, so they leave the training numbers alone), and what it does with a sample it
+# cannot score
+RESUMABLE = ("run.steps", "run.eval_every", "run.eval_samples", "run.on_bad_sample")
+
+
+def bookkeeping(config: dict | None) -> tuple[str, ...]:
+    """:data:`capo.rundir.BOOKKEEPING` for a run of the resolved training ``config`` (a dict): without
+    ``optim.micro_batch_size`` when the run's policy loss selects tokens within each micro-batch (Clip-Cov, KL-Cov:
+    :func:`micro_batches_change_result`), where the micro-batch size changes the result."""
+    loss = ((config or {}).get("algo") or {}).get("loss")
+    if micro_batches_change_result(loss):
+        return tuple(k for k in BOOKKEEPING if k != MICRO_BATCH)
+    return BOOKKEEPING
 
 
 def resume_changes(run_dir: Path, cfg: TrainConfig) -> list[str]:
-    """``SECTION.FIELD: old -> new`` for each setting of ``cfg`` outside :data:`RESUMABLE` that differs from the run
+    """``SECTION.FIELD: old -> new`` for each setting of ``cfg`` outside :func:`bookkeeping` and :data:`RESUMABLE`
+    that differs from the run
     folder's ``config.yaml`` (the settings its checkpoints were trained with): resuming with any of them would
     continue one run under another's name. A setting the file does not hold (written by an older capo) is not
     compared; no file, nothing to compare."""
@@ -629,9 +639,10 @@ def resume_changes(run_dir: Path, cfg: TrainConfig) -> list[str]:
         raise ConfigError(f"{path}: unreadable ({e}); it says what the run's checkpoints were trained with: move "
                           "the run folder aside or choose another run.out_dir") from None
     new, out = yaml_loads(dump_yaml(cfg)), []
+    free = {*bookkeeping(new), *RESUMABLE}
     for sec, vals in (stored if isinstance(stored, dict) else {}).items():
         for k, old in (vals if isinstance(vals, dict) else {}).items():
             name = f"{sec}.{k}"
-            if name not in RESUMABLE and k in new.get(sec, {}) and new[sec][k] != old:
+            if name not in free and k in new.get(sec, {}) and new[sec][k] != old:
                 out.append(f"{name}: {json.dumps(old)} -> {json.dumps(new[sec][k])}")
     return out
