@@ -67,6 +67,40 @@ def test_adaptive_ece_is_equal_mass():
     assert mce(f, y, n_bins=4, strategy="quantile") == pytest.approx(0.65, abs=1e-12)
 
 
+
+def test_equal_mass_bins_hold_n_over_bins_where_a_quantile_lands_on_a_value():
+    """31 distinct confidences, 10 bins: quantile k sits at position 3k exactly, so every bin but the last holds 3
+    (the last closed: 4). At linspace's level 0.30000000000000004 the 4th edge landed past q[9] and moved it down: bins
+    [3, 3, 4, 2, ...], ECE 0.2923 for 0.2480 (found by an audit, 2026-12-02)."""
+    from capo.core.calibration import reliability_curve
+
+    q = np.arange(1, 32) / 32.0
+    c = (np.arange(31) % 3 == 0).astype(int)
+    assert reliability_curve(q, c, n_bins=10, strategy="quantile").bin_count.tolist() == [3] * 9 + [4]
+    idx = np.minimum(np.arange(31) // 3, 9)
+    want = sum(abs(c[idx == b].sum() - q[idx == b].sum()) for b in range(10)) / 31
+    assert ece(q, c, n_bins=10, strategy="quantile") == pytest.approx(want, abs=1e-15)
+    assert debiased_l2_ce(q, c, n_bins=10, strategy="quantile") == 0.0  # every bin's gap under its noise (was 0.0376)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 400), st.sampled_from([2, 3, 5, 7, 10, 15, 20]), st.integers(0, 2**31 - 1))
+def test_equal_mass_edges_are_the_exact_quantiles(n, bins, seed):
+    """Edge k is the k / bins quantile with linear interpolation, computed in exact rationals: the sorted value at
+    position k (n - 1) / bins where that is whole, else the interpolation between its neighbours (to 1 ulp)."""
+    from fractions import Fraction
+
+    from capo.core.calibration import reliability_curve
+
+    q = np.random.default_rng(seed).integers(0, 64, n) / 64.0  # ties included
+    edges = reliability_curve(q, np.zeros(n, int), n_bins=bins, strategy="quantile").bin_edges.tolist()
+    v = sorted(q.tolist())
+    for k, got in enumerate(edges):
+        pos = Fraction(k * (n - 1), bins)
+        lo = int(pos)
+        want = Fraction(v[lo]) + (pos - lo) * (Fraction(v[min(lo + 1, n - 1)]) - Fraction(v[lo]))
+        assert got == float(want) if pos.denominator == 1 else abs(got - float(want)) <= 1e-15, (k, got, want)
+
 # ---------------------------------------------------------------------------------------------------------------
 # debiased L2 calibration error
 # ---------------------------------------------------------------------------------------------------------------

@@ -196,13 +196,19 @@ def _bin_edges(conf: torch.Tensor, src_dtype: torch.dtype, n_bins: int, strategy
 
     uniform: e_k = k / n_bins rounded to the input's floating precision (so a float32 0.7 sits on the 0.7 edge),
     followed by a repeated 1.0: n_bins + 2 edges, the last bin [1, 1] holding confidences exactly 1.0 (torchmetrics).
-    quantile: the n_bins + 1 quantiles (linear interpolation) of the confidences, e_0 = min, e_{n_bins} = max.
+    quantile: the n_bins + 1 quantiles (linear interpolation) of the confidences, e_0 = min, e_{n_bins} = max. The
+    position of quantile k / n_bins among the N sorted values, k (N - 1) / n_bins, is taken in integers: where it is
+    whole the edge is that value exactly (``torch.quantile`` at ``linspace`` levels put 0.30000000000000004 (N - 1)
+    past it and the value into the bin below: N = 31, 10 bins).
     """
     if strategy == "uniform":
         e = (torch.arange(n_bins + 1, dtype=F64, device=conf.device) / n_bins).to(src_dtype).to(F64)
         return torch.cat([e, e[-1:]])
-    q = torch.linspace(0, 1, n_bins + 1, dtype=F64, device=conf.device)
-    return torch.quantile(conf, q)
+    v = conf.sort().values
+    pos = torch.arange(n_bins + 1, device=conf.device) * (v.numel() - 1)
+    lo, rem = pos // n_bins, pos % n_bins
+    hi = (lo + 1).clamp(max=v.numel() - 1)
+    return v[lo] + (rem.to(F64) / n_bins) * (v[hi] - v[lo])
 
 
 def _binned(conf: torch.Tensor, correct: torch.Tensor, edges: torch.Tensor):
