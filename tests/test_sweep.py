@@ -2,6 +2,7 @@
 report's statistics are hand-computed here."""
 
 import json
+import math
 import os
 import pathlib
 import sys
@@ -383,6 +384,18 @@ def test_change_from_several_base_draws_is_welchs_interval_hand_computed(tmp_pat
     assert "| grpo | auc_mean | 3 | -0.100 [-0.213, +0.013] | 0.050 | 0.0645 |" in out
     assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "out1"), "--base-draws", "1"]) == 0
     assert "one draw of the base evaluation" in capsys.readouterr().out
+
+
+def test_a_seed_without_a_number_counts_nowhere_in_the_change_from_several_base_draws():
+    """A NaN final (a measure a seed could not compute) is left out of the mean, the sd and the count, as the
+    one-draw change and the seed-paired differences leave it out (it gave mean NaN over "4" seeds beside an interval
+    over the other three)."""
+    recs = {"grpo": {s_: {"final": {"accuracy": v}} for s_, v in ((1, 0.5), (2, math.nan), (3, 0.6), (4, 0.55))}}
+    bases = [{"final": {"accuracy": 0.30}}, {"final": {"accuracy": 0.32}}]
+    d = analysis.from_base(recs, bases, 0.03)["grpo"]["accuracy"]
+    assert d["n_seeds"] == 3 and d["mean"] == pytest.approx(0.55 - 0.31, abs=1e-12)
+    assert d["sd"] == pytest.approx(0.05, abs=1e-12) and d["low"] < d["mean"] < d["high"]
+    assert analysis.mean_or_none([0.5, math.nan, None]) == 0.5 and analysis.sd_or_none([0.5, math.nan]) is None
 
 
 def test_base_draws_must_have_their_own_evaluation_seeds(tmp_path):

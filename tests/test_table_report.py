@@ -39,6 +39,19 @@ def test_paired_differences_hand_computed(tmp_path):
     assert "| dr_grpo | +0.117 [" in table.markdown(s)
 
 
+def test_the_per_seed_table_puts_each_value_under_its_own_seed(tmp_path):
+    """GRPO ran seeds 1-3, Dr. GRPO 2-3: the table's columns are seeds 1-3 and Dr. GRPO's seed-1 cell is empty (it
+    filled by position: GRPO's seed-1 ECE sat under "seed 2" in a header of Dr. GRPO's seeds)."""
+    for seed, ece in ((1, 0.11), (2, 0.22), (3, 0.33)):
+        _write(tmp_path, "grpo", seed, ece)
+    for seed, ece in ((3, 0.03), (2, 0.02)):
+        _write(tmp_path, "dr_grpo", seed, ece)
+    md = table.markdown(table.summarize(table.load(tmp_path), "grpo"))
+    per_seed = md[md.index("Per seed (ECE):"):].splitlines()
+    assert "| method | seed 1 | seed 2 | seed 3 |" in per_seed
+    assert "| grpo | 0.110 | 0.220 | 0.330 |" in per_seed and "| dr_grpo | - | 0.020 | 0.030 |" in per_seed
+
+
 def test_report_writes_data_then_figure_and_refuses_bad_input(tmp_path, capsys):
     recs = tmp_path / "recs"
     recs.mkdir()

@@ -206,8 +206,8 @@ def test_paired_t_power_is_statsmodels_where_finite_and_the_integral_where_not()
     from capo.evaluation import stats as st
 
     compared = 0
-    for es in (0.1, 0.3, 1.0, 2.0, 3.0, 4.5, 6.0):
-        for n in (2, 3, 5, 20, 100):
+    for es in (0.05, 0.1, 0.3, 1.0, 2.0, 3.0, 4.5, 6.0):
+        for n in (2, 3, 5, 20, 100, 200, 1000, 10_000):
             with warnings.catch_warnings(record=True):
                 want = float(TTestPower().power(effect_size=es, nobs=n, alpha=0.05))
             got = st.paired_t_power(es, n)
@@ -219,6 +219,9 @@ def test_paired_t_power_is_statsmodels_where_finite_and_the_integral_where_not()
     assert math.isnan(float(TTestPower().power(effect_size=6.0, nobs=2, alpha=0.05)))  # the gap this fills
     assert st.paired_t_power(6.0, 2) == pytest.approx(0.4944, abs=5e-4)
     assert st.paired_t_power(6.0, 2) < st.paired_t_power(6.0, 3) < 1
+    # large samples where statsmodels is NaN: the integral over [0, inf) missed the chi-square's narrow peak (4e-11)
+    for es, n in ((0.5, 300), (0.3, 1000), (0.05, 100_000)):
+        assert st.paired_t_power(es, n) == pytest.approx(1.0, abs=1e-9), (es, n)
 
 
 @pytest.mark.parametrize("effect, sd, want", [
@@ -234,6 +237,20 @@ def test_seeds_for_power_is_the_fewest_seeds_with_the_power(effect, sd, want):
     n = seeds_for_power(effect, sd)
     assert n == want
     assert paired_t_power(effect / sd, n) >= 0.8 and (n == 2 or paired_t_power(effect / sd, n - 1) < 0.8)
+
+
+def test_more_seeds_than_the_search_takes_are_said_so_not_read_as_two(tmp_path):
+    """An effect of 0.0036 sd needs ~600,000 seeds: seeds_for_power says None (above SEEDS_MOST) at once, and the
+    summary table prints "> 100000", not the "<= 2" of an sd of 0 (it printed "<= 2" after walking seed by seed)."""
+    from capo.evaluation.stats import SEEDS_MOST, paired_t_power, seeds_for_power
+    from capo.sweep.analysis import seed_paired
+    from capo.sweep.tables import _n
+
+    assert seeds_for_power(0.002, 0.55) is None and paired_t_power(0.002 / 0.55, SEEDS_MOST) < 0.8
+    assert seeds_for_power(0.002, 0.55, most=10**7) == pytest.approx(593_700, rel=0.01)
+    d = seed_paired([0.5, -0.5, 0.6, -0.61], 0.002)
+    assert d["seeds_needed"] is None and _n(d) == f"> {SEEDS_MOST}"
+    assert _n(seed_paired([0.1, 0.1, 0.1], 0.002)) == "<= 2"  # sd 0
 
 
 def test_seeds_for_power_refuses_an_sd_of_zero():

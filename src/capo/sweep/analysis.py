@@ -55,6 +55,9 @@ def from_base(records: dict, bases: list[dict], effect: float) -> dict:
             if len(b) == 1:
                 out[m][k] = {"seeds": sorted(by_seed), "base_draws": 1, **seed_paired([x - b[0] for x in a], effect)}
                 continue
+            a, b = _finite(a), _finite(b)  # a measure a seed or draw could not compute counts nowhere, as seed_paired
+            if not a or not b:
+                continue
             w = two_sample_interval(a, b)
             out[m][k] = {"seeds": sorted(by_seed), "base_draws": len(b), "n_seeds": len(a),
                          "mean": float(np.mean(a) - np.mean(b)),
@@ -91,16 +94,19 @@ def paired(records: dict, method: str, reference: str, measure: str, effect: flo
 def seed_paired(diffs, effect: float) -> dict:
     """Per-seed differences -> mean, sd, 95% t-interval and p (capo.evaluation.stats.seed_paired_interval, the one
     implementation the report uses too) and the seeds a paired t-test needs for ``effect`` at 80% power: the smallest
-    whole number of seeds with at least that power (capo.evaluation.stats.seeds_for_power). A non-finite difference
-    (a measure a seed could not compute) is left out of every number, the count and the mean included."""
-    from capo.evaluation.stats import seed_paired_interval, seeds_for_power
+    whole number of seeds with at least that power (capo.evaluation.stats.seeds_for_power; None with sd 0, which no
+    test needs more seeds for, or above ``SEEDS_MOST``, said by ``seeds_over``). A non-finite difference (a measure a
+    seed could not compute) is left out of every number, the count and the mean included."""
+    from capo.evaluation.stats import SEEDS_MOST, seed_paired_interval, seeds_for_power
 
     d = [float(x) for x in diffs if math.isfinite(float(x))]
     out = {"n_seeds": len(d), "diffs": d, "mean": float(np.mean(d)) if d else None}
     r = seed_paired_interval(d)
     if r is not None:
-        need = seeds_for_power(effect, r["sd"]) if r["sd"] > 0 else None  # None: sd 0, no test needs more seeds
+        need = seeds_for_power(effect, r["sd"]) if r["sd"] > 0 else None
         out |= {"sd": r["sd"], "low": r["low"], "high": r["high"], "p": r["p"], "seeds_needed": need}
+        if need is None and r["sd"] > 0:
+            out["seeds_over"] = SEEDS_MOST
     return out
 
 
@@ -147,12 +153,16 @@ def _has(records, m, ref, k) -> bool:
     return all(r["final"].get(k) is not None for x in (m, ref) for r in records[x].values())
 
 
+def _finite(v) -> list[float]:
+    return [float(x) for x in v if x is not None and math.isfinite(float(x))]
+
+
 def mean_or_none(v):
-    v = [x for x in v if x is not None]
+    v = _finite(v)
     return float(np.mean(v)) if v else None
 
 
 def sd_or_none(v):
-    v = [x for x in v if x is not None]
+    v = _finite(v)
     return float(np.std(v, ddof=1)) if len(v) > 1 else None
 

@@ -67,11 +67,12 @@ def markdown(s: dict) -> str:
         cells = [f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]; p {x['p']:.2g}, Holm {x['p_holm']:.2g}"
                  if x.get("low") is not None else "n/a" for x in (d[k] for k in MEASURES)]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines += ["", "Per seed (ECE):", "", "| method | " + " | ".join(
-        f"seed {x}" for x in next(iter(s["methods"].values()))["seeds"]) + " |",
-        "|---|" + "---|" * len(next(iter(s["methods"].values()))["seeds"])]
+    seeds = sorted({x for v in s["methods"].values() for x in v["seeds"]})  # every method's, each in its column
+    lines += ["", "Per seed (ECE):", "", "| method | " + " | ".join(f"seed {x}" for x in seeds) + " |",
+              "|---|" + "---|" * len(seeds)]
     for m, v in s["methods"].items():
-        lines.append(f"| {m} | " + " | ".join(f"{x:.3f}" for x in v["ece"]) + " |")
+        ece = dict(zip(v["seeds"], v["ece"]))
+        lines.append(f"| {m} | " + " | ".join(f"{ece[x]:.3f}" if x in ece else "-" for x in seeds) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -75,7 +75,7 @@ def markdown(s: dict) -> str:
         for k, d in by_k.items():
             if "sd" in d:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
-                             f"| {d['sd']:.3f} | {d['p']:.3g} | {d['p_holm']:.3g} | {_n(d['seeds_needed'])} |")
+                             f"| {d['sd']:.3f} | {d['p']:.3g} | {d['p_holm']:.3g} | {_n(d)} |")
     return "\n".join(_glance_lines(s) + lines + _from_base_lines(s) + _along_curve_lines(s.get("along_curve") or {})) \
         + "\n"
 
@@ -171,8 +171,12 @@ def _f(x) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def _n(x) -> str:
-    return "<= 2" if x is None else f"{x:.0f}"
+def _n(d: dict) -> str:
+    """Seeds needed: a number, "> N" above the search's limit, "<= 2" where the sd is 0."""
+    x = d.get("seeds_needed")
+    if x is None:
+        return f"> {d['seeds_over']}" if d.get("seeds_over") else "<= 2"
+    return f"{x:.0f}"
 
 
 def _ms(m, sd) -> str:
