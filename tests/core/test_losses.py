@@ -58,6 +58,33 @@ def test_padding_never_contributes_even_if_garbage():
         assert torch.isfinite(val), name
 
 
+def test_a_losss_metrics_pool_over_rows_by_the_count_its_registration_declares():
+    """Every row-local loss's metrics are means over real tokens, or over responses with a token for the keys its
+    registration declares per_response (GSPO's sequence clip fraction): so the two halves of a batch, weighted by
+    those counts, give the whole batch's value -- what a trainer combining micro-batches relies on. A declared key
+    that is no metric, or a per-response metric left undeclared, fails here."""
+    torch.manual_seed(3)
+    n, t = 8, 6
+    logp = torch.randn(n, t, **f64) * 0.3 - 1
+    old = logp + 0.4 * torch.randn(n, t, **f64)
+    adv = torch.randn(n, **f64)
+    mask = (torch.arange(t)[None, :] < torch.tensor([6, 1, 3, 6, 2, 5, 1, 4])[:, None]).long()
+    rewards = torch.rand(n, **f64)
+    halves = (torch.arange(0, 3), torch.arange(3, n))  # 10 and 25 tokens, 3 and 5 responses: unequal shares
+    for name in POLICY_LOSSES.names():
+        if POLICY_LOSSES.batch_dependent(name):
+            continue  # its token selection reads the other rows: no split gives the whole batch's value
+        extra = (lambda ix: {"rewards": rewards[ix]}) if name == "c2gspg" else (lambda ix: {})
+        _, whole = policy_loss(name, logp, old, adv, mask, **extra(slice(None)))
+        per_response = POLICY_LOSSES.per_response(name)
+        assert per_response <= set(whole), name
+        parts = [(policy_loss(name, logp[ix], old[ix], adv[ix], mask[ix], **extra(ix))[1], mask[ix]) for ix in halves]
+        for key, v in whole.items():
+            w = [float((m.sum(-1) > 0).sum()) if key in per_response else float(m.sum()) for _, m in parts]
+            pooled = sum(float(mt[key]) * wi for (mt, _), wi in zip(parts, w)) / sum(w)
+            assert pooled == pytest.approx(float(v), rel=1e-12, abs=1e-12), (name, key)
+
+
 def test_gspo_hand_computed_and_token_variant_equivalence():
     torch.manual_seed(1)
     logp = torch.randn(4, 5, **f64).requires_grad_()

@@ -187,8 +187,9 @@ def test_importance_ratio_uses_the_batchs_old_logprobs(monkeypatch):
     out = tr.update(make_batch(old_logp=THETA - E))
     r = torch.exp(E)
     torch.testing.assert_close(grads[0], M * -ADV[:, None] * r / 8, rtol=1e-6, atol=1e-7)
-    assert out["policy/ratio_mean"] == pytest.approx(0.5 * float((r * M)[:2].sum() / 5 + (r * M)[2:].sum() / 3),
-                                                     rel=1e-6)  # the micro-batches' means, weighted by rows
+    # the step's mean over its 8 real tokens, the micro-batches (5 and 3 tokens) pooled: not their means weighted by
+    # rows, 0.5 (sum / 5 + sum / 3), which changed with the micro-batch size
+    assert out["policy/ratio_mean"] == pytest.approx(float((r * M).sum() / 8), rel=1e-6)
 
 
 def test_loss_kwargs_reach_the_policy_loss(monkeypatch):

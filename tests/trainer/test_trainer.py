@@ -1,6 +1,7 @@
 """Trainer: smoke runs per algorithm, grad-accumulation and 1-vs-2-process invariance, exact resume, bad config."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -119,6 +120,61 @@ def test_grad_accumulation_invariance(tiny_model, tmp_path, algo, extra):
         # gradient entries into parameter differences of ~lr * 1e-3, so they get a looser bound.
         tol = 1e-6 if i == 0 else 1e-4
         torch.testing.assert_close(a, b, rtol=1e-5, atol=tol * float(a.abs().max()))
+
+
+@pytest.mark.parametrize("algo,extra", [("grpo", {"algo.kl_coef": 0.1}), ("gspo", {})])
+def test_policy_metrics_are_means_over_a_steps_tokens_whatever_the_micro_batch_size(tiny_model, tmp_path, algo,
+                                                                                       extra):
+    """Four responses cut to one token: micro-batches of 4 and 8 responses hold unequal token counts, and the
+    logged policy/* means (per token; GSPO's per response) equal one batch's, policy/entropy the token mean of the
+    training forward's entropy (found by an audit: a mean of micro-batch means weighted by rows logged 3.455 and
+    3.595 for 3.607)."""
+    logged, want = {}, None
+    for micro in (0, 4, 8):
+        tr = Trainer(cfg_for(tiny_model, tmp_path / f"m{micro}", **{
+            "algo.name": algo, "rollout.prompts_per_step": 4, "optim.micro_batch_size": micro, "run.resume": False,
+            **extra}))
+        with torch.no_grad():
+            tr.acc.unwrap_model(tr.model).lm_head.weight.mul_(6)  # token entropies that differ
+        ro, g, rewards = _fixed_batch(tr)
+        ro.response_mask[:4, 1:] = 0
+        ro.gen_logp[:4, 1:] = 0
+        batch, _ = tr.advantages(ro, g, rewards, tr.logprobs(tr.ref, ro) if tr.ref is not None else None, None)
+        if want is None:
+            with torch.no_grad():
+                rows_ = torch.arange(16)[batch.active]
+                _, ent = tr._forward(tr.model, ro, rows_, with_entropy=True)
+                m = ro.response_mask[rows_].float()
+                want = float((ent * m).sum() / m.sum())
+        logged[micro] = {k: v for k, v in tr.update(batch).items() if k.startswith("policy/") and k != "policy/lr"}
+    assert logged[0]["policy/entropy"] == pytest.approx(want, rel=1e-6)
+    assert algo != "grpo" or "policy/kl" in logged[0]
+    for micro in (4, 8):
+        assert logged[micro].keys() == logged[0].keys()
+        for k, v in logged[0].items():
+            assert logged[micro][k] == pytest.approx(v, rel=1e-5, abs=1e-7), (micro, k)
+
+
+def test_a_skipped_optimizer_step_counts_in_no_policy_mean(tiny_model, tmp_path):
+    """Two mini-batches, the second's gradient NaN (its advantages NaN): the step is skipped and the logged means are
+    the first step's alone -- ratio 1 (the first update of the batch), the entropy of its rows' tokens (they were the
+    sum of both steps over one: ratio 2.0, entropy 9.27 for 4.64)."""
+    import dataclasses
+
+    tr = Trainer(cfg_for(tiny_model, tmp_path / "r", **{"algo.name": "grpo", "rollout.prompts_per_step": 4,
+                                                        "optim.mini_batches": 2, "run.resume": False}))
+    ro, g, rewards = _fixed_batch(tr)
+    batch, _ = tr.advantages(ro, g, rewards, None, tr.logprobs(tr.model, ro))
+    first, second = tr._mini_batches(torch.arange(16)[batch.active])
+    with torch.no_grad():
+        _, ent = tr._forward(tr.model, ro, first, with_entropy=True)
+        m = ro.response_mask[first].float()
+    adv = batch.advantages.clone()
+    adv[second] = float("nan")
+    out = tr.update(dataclasses.replace(batch, advantages=adv))
+    assert out["policy/updates"] == 1 and out["policy/skipped_updates"] == 1
+    assert out["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5) and math.isfinite(out["policy/loss"])
+    assert out["policy/entropy"] == pytest.approx(float((ent * m).sum() / m.sum()), rel=1e-6)
 
 
 def record_grads(tr):
@@ -254,6 +310,15 @@ def test_two_processes_equal_one(tiny_model, tmp_path):
     a, b = torch.load(one), torch.load(two)  # the gradient each optimizer step received (after all-reduce)
     assert a.abs().max() > 1e-4
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(a.abs().max()))
+    _same_policy_metrics(one, two)
+
+
+def _same_policy_metrics(one, two):
+    """The logged policy/* of both runs agree: every process's tokens pooled (they were the main process's own)."""
+    a, b = (json.loads(Path(f"{x}.json").read_text()) for x in (one, two))
+    assert a.keys() == b.keys() and {"policy/entropy", "policy/clip_frac", "policy/ratio_mean"} <= a.keys()
+    for k, v in a.items():
+        assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
 
 
 @pytest.mark.slow
@@ -272,6 +337,7 @@ def test_two_processes_with_unequal_rows_equal_one(tiny_model, tmp_path, dropped
     a, b = torch.load(one), torch.load(two)
     assert a.abs().max() > 1e-4
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(a.abs().max()))
+    _same_policy_metrics(one, two)
 
 
 @pytest.mark.parametrize("override,message", [

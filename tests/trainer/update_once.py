@@ -1,12 +1,14 @@
 """One deterministic update, for the 1-process vs 2-process invariance test (run under `accelerate launch`).
 
 Every process builds the same global rollout batch (same seed, same model), keeps its own share of the groups,
-computes advantages on it, and makes one optimizer step; rank 0 writes the updated parameters to OUT.
+computes advantages on it, and makes one optimizer step; rank 0 writes the gradient the optimizer received to OUT
+and the update's logged policy/* values to OUT.json.
 Usage: python update_once.py MODEL_DIR OUT_FILE [micro_batch_size] [dropped groups, e.g. 0,1]
 Dropped groups (global indices 0-3) take no part in the update, as a group filter or the numerical guard leaves them:
 the processes then hold different numbers of rows, or one holds none.
 """
 
+import json
 import sys
 
 import torch
@@ -53,9 +55,11 @@ def main():
         return step(*args, **kwargs)
 
     tr.opt.step = wrapped
-    tr.update(batch)
+    logged = tr.update(batch)
     if tr.acc.is_main_process:
         torch.save(seen[0], out)
+        with open(out + ".json", "w") as f:
+            json.dump({k: v for k, v in logged.items() if k.startswith("policy/")}, f)
     assert tr.leave_process_group(), "DDP outlived the trainer's references"
 
 

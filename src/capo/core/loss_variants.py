@@ -134,7 +134,8 @@ def kl_cov_loss(
     return loss, metrics
 
 
-@POLICY_LOSSES.register("c2gspg", reads=("rewards",))
+@POLICY_LOSSES.register("c2gspg", reads=("rewards",),
+                       per_response=("clip_frac", "ratio_mean", "bce", "conf_mean"))
 def c2gspg_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,

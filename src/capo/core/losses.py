@@ -102,7 +102,7 @@ def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.T
     return zero_pad(logp - old_logp, m).sum(-1) / m.sum(-1).clamp(min=1)
 
 
-@POLICY_LOSSES.register("gspo")
+@POLICY_LOSSES.register("gspo", per_response=("clip_frac", "ratio_mean"))
 def gspo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -134,7 +134,7 @@ def gspo_loss(
     return zero_pad(seq_loss[:, None].expand_as(logp), m), metrics
 
 
-@POLICY_LOSSES.register("gspo_token")
+@POLICY_LOSSES.register("gspo_token", per_response=("clip_frac", "ratio_mean"))
 def gspo_token_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,

@@ -24,16 +24,19 @@ class Registry(Generic[F]):
         self._fns: dict[str, F] = {}
         self._reads: dict[str, frozenset[str]] = {}
         self._batch_dependent: set[str] = set()
+        self._per_response: dict[str, frozenset[str]] = {}
 
-    def register(self, name: str, *, reads: tuple[str, ...] = (), batch_dependent: bool = False
-                 ) -> Callable[[F], F]:
+    def register(self, name: str, *, reads: tuple[str, ...] = (), batch_dependent: bool = False,
+                 per_response: tuple[str, ...] = ()) -> Callable[[F], F]:
         """Decorator. ``reads``: the per-response inputs the function uses beyond the uniform signature's required
         ones (e.g. ``("scores",)``; CAPO's ``correct``, ``partners``, ``lengths``; ACE's ``confidence_shift``), so the
         engines know what to compute and what to pass: the one place this is said (callers read :meth:`reads`, never
         the signature). Each must be a keyword parameter of the function. ``batch_dependent``: a row's result
         depends on the other rows of the call beyond its group (Clip-Cov's and KL-Cov's token covariances and
         selection), so how a batch is split into calls (micro-batches, processes) changes the result
-        (:meth:`batch_dependent`)."""
+        (:meth:`batch_dependent`). ``per_response``: the logged metrics of a policy loss that are means over the
+        responses with a real token (GSPO's sequence clip fraction); the others are means over real tokens, so a
+        trainer combining micro-batches weights each by the right count (:meth:`per_response`)."""
         def deco(fn: F) -> F:
             if name in self._fns:
                 raise ValueError(f"duplicate {self.kind} name {name!r}: already registered to {self._fns[name]!r}")
@@ -44,6 +47,7 @@ class Registry(Generic[F]):
             self._reads[name] = frozenset(reads)
             if batch_dependent:
                 self._batch_dependent.add(name)
+            self._per_response[name] = frozenset(per_response)
             return fn
 
         return deco
@@ -67,6 +71,12 @@ class Registry(Generic[F]):
         registration): splitting a batch into micro-batches or processes then changes the result."""
         self.get(name)
         return name in self._batch_dependent
+
+    def per_response(self, name: str) -> frozenset[str]:
+        """The metrics of ``name`` that are means over responses with a real token, not over real tokens (declared at
+        registration)."""
+        self.get(name)
+        return self._per_response[name]
 
     def names(self) -> list[str]:
         return sorted(self._fns)

@@ -29,6 +29,7 @@ import torch
 from accelerate import Accelerator
 
 from capo.core import (
+    POLICY_LOSSES,
     REWARDS,
     StepResult,
     aggregate,
@@ -53,7 +54,7 @@ from capo.tasks.stochastic import stochastic_summary
 from capo.trainer import checkpoint as ckpt
 from capo.trainer.config import TrainConfig, dump_yaml, resume_changes
 from capo.trainer.data import load_problems, render_prompts
-from capo.trainer.logging import MetricsLogger, progress_info
+from capo.trainer.logging import MetricsLogger, PolicyMeans, progress_info
 from capo.trainer.user_reward import load_user_reward, user_rewards
 from capo.verify import Verdict, Verifier
 
@@ -314,7 +315,7 @@ class Trainer:
         rows = torch.arange(len(batch.advantages), device=batch.active.device)[batch.active]
         # the old log-probs the loss saw, for the mismatch metric (without old_logp: the micro-steps' own)
         old_seen = batch.old_logp if batch.old_logp is not None else torch.zeros_like(ro.gen_logp)
-        sums: dict[str, float] = {}
+        means, loss_total, grad_total, ran = PolicyMeans(), 0.0, 0.0, False
         n_updates = skipped = 0
         minis = self._mini_batches(rows)  # the same split every epoch
         for _ in range(c.optim.ppo_epochs):
@@ -322,6 +323,7 @@ class Trainer:
                 n_tok = self.acc.reduce(ro.response_mask[mb].sum().float(), "sum").item()
                 n_seq = self.acc.reduce(torch.tensor(float(len(mb)), device=self.acc.device), "sum").item()
                 micros = self._micro_batches(mb) or [None]  # None: no row here, a zero-weight step for the all-reduce
+                step_loss = 0.0
                 for k, idx in enumerate(micros):
                     sync = k == len(micros) - 1
                     if idx is None:
@@ -331,22 +333,23 @@ class Trainer:
                         loss, m, old = self._micro_step(batch, idx, n_seq, n_tok)
                     if batch.old_logp is None:
                         old_seen[idx] = old.to(old_seen)
-                    sums["policy/loss"] = sums.get("policy/loss", 0.0) + loss  # global denominators: parts sum
-                    for key, v in m.items():
-                        sums[key] = sums.get(key, 0.0) + v * len(idx) / len(mb)
+                    step_loss, ran = step_loss + loss, True  # global denominators: the parts sum
+                    means.add(m)
                 norm = float(self.acc.clip_grad_norm_(self.model.parameters(), c.optim.max_grad_norm or float("inf")))
                 if math.isfinite(norm):
-                    sums["policy/grad_norm"] = sums.get("policy/grad_norm", 0.0) + norm
+                    loss_total, grad_total, n_updates = loss_total + step_loss, grad_total + norm, n_updates + 1
                     self.opt.step()
-                    n_updates += 1
-                else:  # never let a NaN/inf gradient reach the parameters
+                else:  # never let a NaN/inf gradient reach the parameters; its metrics count nowhere
                     skipped += 1
+                means.end_step(taken=math.isfinite(norm))
                 self.sched.step()
                 self.opt.zero_grad(set_to_none=True)
-        if "policy/loss" in sums or self.world > 1:  # every process reduces, those without a row too
-            sums["policy/loss"] = self.acc.reduce(torch.tensor(sums.get("policy/loss", 0.0), device=self.acc.device),
-                                                  "sum").item()
-        out = {k: v / max(n_updates, 1) for k, v in sums.items()}
+        out = means.result(self.acc)
+        if ran or self.world > 1:  # every process reduces, those without a row too
+            total = self.acc.reduce(torch.tensor(loss_total, device=self.acc.device), "sum").item()
+            out["policy/loss"] = total / n_updates if n_updates else float("nan")
+        if n_updates:
+            out["policy/grad_norm"] = grad_total / n_updates
         out["policy/lr"] = self.sched.get_last_lr()[0]
         out["policy/updates"] = n_updates
         out["policy/skipped_updates"] = skipped
@@ -362,7 +365,8 @@ class Trainer:
         return {"rollout/logprob_diff_mean": mean, "rollout/logprob_diff_max": float(peak)}
 
     def _micro_step(self, batch: UpdateBatch, idx, n_seq, n_tok) -> tuple[float, dict, torch.Tensor]:
-        """Forward + backward of rows ``idx`` -> (loss, metrics, the old log-probs the loss used)."""
+        """Forward + backward of rows ``idx`` -> (loss, metrics, the old log-probs the loss used); each metric as
+        (its mean over the rows' real tokens or responses, that count), for :class:`PolicyMeans`."""
         c, a, ro = self.cfg, self.cfg.algo, batch.ro
         self.model.train()
         mask = ro.response_mask[idx]
@@ -381,10 +385,12 @@ class Trainer:
         loss = aggregate(loss_tok, mask, a.aggregation, **agg)
         self.acc.backward(loss * self.world)  # DDP averages gradients over processes; we want their sum
         mf = mask.float()
-        out = {f"policy/{k}": float(v) for k, v in lm.items()}
-        out["policy/entropy"] = float((entropy * mf).sum() / mf.sum().clamp(min=1))
+        tokens, responses = float(mf.sum()), float((mf.sum(-1) > 0).sum())
+        per_response = POLICY_LOSSES.per_response(a.loss)
+        out = {f"policy/{k}": (float(v), responses if k in per_response else tokens) for k, v in lm.items()}
+        out["policy/entropy"] = (float((entropy * mf).sum() / mf.sum().clamp(min=1)), tokens)
         if kl is not None:
-            out["policy/kl"] = float((kl.detach() * mf).sum() / mf.sum().clamp(min=1))
+            out["policy/kl"] = (float((kl.detach() * mf).sum() / mf.sum().clamp(min=1)), tokens)
         return float(loss.detach()), out, old
 
     def _zero_step(self, batch: UpdateBatch) -> None:
