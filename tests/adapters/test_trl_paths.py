@@ -341,6 +341,23 @@ def test_unscored_rows_are_no_partners(tiny_model_dir, tmp_path):
                 scored_fn=lambda rec: ~unscored(rec["texts"]))
 
 
+@pytest.mark.parametrize("advantage", ["grpo", "capo"])
+def test_an_evaluation_of_one_generation_per_prompt_keeps_trls_zero_advantages(tiny_model_dir, tmp_path, advantage):
+    """TRL evaluates with num_generations_eval=1 (advantage 0): there is no group to rank within, and the adapter
+    leaves TRL's zeros (it stopped the evaluation with "group_size must be >= 2"; found by an audit)."""
+    from transformers import AutoTokenizer
+
+    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer
+
+    cfg = CapoAdvantageConfig(advantage=advantage, noise_mask="off")
+    tr = CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=seven_reward, processing_class=AutoTokenizer.from_pretrained(
+        tiny_model_dir), args=_args(tmp_path, num_generations_eval=1, per_device_eval_batch_size=4, max_steps=0),
+        train_dataset=_dataset(), capo=cfg)
+    out = tr.evaluate(_dataset(4))
+    assert "eval_reward" in out and tr.capo_last_batch is None
+    assert not any(k.startswith("eval_calib/") for k in out)
+
+
 def test_verdict_reward_must_be_binary(tiny_model_dir, tmp_path):
     from capo.adapters.trl import CapoAdvantageConfig
 

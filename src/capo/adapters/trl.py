@@ -441,6 +441,9 @@ class CapoGRPOTrainer(GRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         g = self.num_generations if mode == "train" else self.num_generations_eval
+        if g < 2:  # TRL allows one generation per prompt in evaluation, advantage 0: no group to rank within
+            self.capo_last_batch = None
+            return out
         cfg, acc = self.capo, self.accelerator
         bs = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         rpf = self._capo_rewards_per_func  # [N, F] gathered
