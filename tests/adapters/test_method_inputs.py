@@ -250,6 +250,9 @@ def test_presets_reach_the_adapters_or_say_why():
     assert {"actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov",
             "actor_rollout_ref.actor.policy_loss.ppo_kl_coef=1.0"} <= set(kl)
     assert "reward.custom_reward_function.name=compute_score_ppo_c" in preset_overrides("ppo_c")
+    # CISPO: verl's own loss mode; no lower bound is verl's clip_ratio_low 1 (r >= 0 never reaches it), eps_high 4
+    assert {"actor_rollout_ref.actor.policy_loss.loss_mode=cispo", "actor_rollout_ref.actor.clip_ratio_low=1.0",
+            "actor_rollout_ref.actor.clip_ratio_high=4.0"} <= set(preset_overrides("cispo"))
     # capo's whole-sequence variant: CAPO's estimator with score "sum" at tau 1, the quantile mask kept
     cs, grpo_cs, _ = capo_preset("capo_sum")
     assert (cs.advantage, cs.advantage_kwargs, cs.noise_mask) == ("capo", {"tau": 1.0, "score": "sum"}, "quantile")

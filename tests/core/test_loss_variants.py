@@ -163,9 +163,11 @@ def _verl_config(**policy_loss):
                            policy_loss=SimpleNamespace(**policy_loss))
 
 
-@pytest.mark.parametrize("mode", ["clip_cov", "kl_cov"])
+@pytest.mark.parametrize("mode", ["clip_cov", "kl_cov", "cispo"])
 def test_agrees_with_verl(mode):
-    """Same tensors through verl's loss and ours: the token-mean loss and its gradient w.r.t. every log-prob."""
+    """Same tensors through verl's loss and ours: the token-mean loss and its gradient w.r.t. every log-prob. CISPO
+    as the verl preset runs it (verl_plugin.preset_overrides): capo's defaults, no lower bound (verl's
+    clip_ratio_low 1) and eps_high 4."""
     core_algos = _verl()
     if core_algos is None:
         pytest.skip("verl is not importable")
@@ -182,11 +184,18 @@ def test_agrees_with_verl(mode):
         ref, _ = fn(old, logp, adv[:, None].expand_as(logp), mask, "token-mean", cfg)
         ours, m = clip_cov_loss(logp, old, adv, mask, clip_ratio=0.01, cov_low=0.5, cov_high=5.0, seed=3)
         assert float(m["cov_clip_frac"]) > 0  # the comparison exercises the random removal
-    else:
+    elif mode == "kl_cov":
         cfg = _verl_config(kl_cov_ratio=0.01, ppo_kl_coef=1.0)
         ref, _ = fn(old, logp, adv[:, None].expand_as(logp), mask, "token-mean", cfg)
         ours, m = kl_cov_loss(logp, old, adv, mask, kl_ratio=0.01, kl_coef=1.0)
         assert float(m["kl_cov_frac"]) > 0
+    else:
+        cfg = _verl_config()
+        cfg.clip_ratio_low, cfg.clip_ratio_high = 1.0, 4.0
+        old = logp.detach() + 1.0 * torch.randn(n, t_len, generator=g)  # ratios past the cap 5
+        ref, _ = fn(old, logp, adv[:, None].expand_as(logp), mask, "token-mean", cfg)
+        ours, m = policy_loss("cispo", logp, old, adv, mask)
+        assert float(m["clip_frac"]) > 0
     ours = aggregate(ours, mask, "token-mean")
     g_ref = torch.autograd.grad(ref, logp)[0]
     g_ours = torch.autograd.grad(ours, logp)[0]

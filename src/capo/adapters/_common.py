@@ -149,7 +149,7 @@ _UNREACHABLE = {
             "DAPO's overlong shaping: TRL has no soft overlong penalty; run it with `capo train`"),
     },
     "verl": {
-        "loss": lambda v: None if v in ("ppo_clip", "clip_cov", "kl_cov", "gspo") else (
+        "loss": lambda v: None if v in ("ppo_clip", "clip_cov", "kl_cov", "gspo", "cispo") else (
             f"policy loss {v!r}: verl's policy-loss functions receive only log-probs, advantages and the mask, "
             "not the rewards this loss reads" if v == "c2gspg" else f"policy loss {v!r} has no verl equivalent"),
         "group_filter": lambda v: None if not v else (

@@ -24,8 +24,9 @@ def preset_overrides(name: str) -> list[str]:
     """verl command-line overrides that run the ``algo.name`` preset ``name`` (``capo.core.presets.ALGORITHMS``)
     with capo's estimator and reward; ConfigError for a preset verl cannot run (c2gspg: verl's policy-loss functions
     never see the rewards its calibration term reads; DAPO's shaping: use verl's own settings). PPO-clip maps to
-    verl's "vanilla" loss mode, clip_cov / kl_cov to verl's own loss modes of that name (equal to capo's on the same
-    tensors: tests/core/test_loss_variants.py::test_agrees_with_verl), the aggregation to ``loss_agg_mode``."""
+    verl's "vanilla" loss mode, clip_cov / kl_cov / gspo / cispo to verl's own loss modes of that name (equal to
+    capo's on the same tensors: tests/core/test_loss_variants.py::test_agrees_with_verl; CISPO's missing lower bound
+    is verl's clip_ratio_low 1, whose bound r >= 0 never binds), the aggregation to ``loss_agg_mode``."""
     p = engine_preset(name, "verl")
     verl_est = {core: v for v, core in ESTIMATORS.items()}[p["advantage"]]
     params = inspect.signature(POLICY_LOSSES.get(p["loss"])).parameters
@@ -34,7 +35,8 @@ def preset_overrides(name: str) -> list[str]:
     out = [f"algorithm.adv_estimator={verl_est}",
            f"{actor}.policy_loss.loss_mode={'vanilla' if p['loss'] == 'ppo_clip' else p['loss']}",
            f"{actor}.loss_agg_mode={p['aggregation']}",
-           f"{actor}.clip_ratio_low={lk.get('eps_low', 0.2)}", f"{actor}.clip_ratio_high={lk.get('eps_high', 0.2)}",
+           f"{actor}.clip_ratio_low={1.0 if lk.get('eps_low', 0.2) is None else lk.get('eps_low', 0.2)}",
+           f"{actor}.clip_ratio_high={lk.get('eps_high', 0.2)}",
            f"reward.custom_reward_function.path={REWARD_FILE}",
            f"reward.custom_reward_function.name=compute_score_{p['reward']}",
            f"+algorithm.capo.reward={p['reward']}"]
