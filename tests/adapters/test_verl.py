@@ -480,7 +480,7 @@ def test_method_input_estimators_through_verl_compute_advantage():
 
 
 @pytest.mark.parametrize("name", ["ace", "seed_grpo", "gdpo", "unlikeliness", "ngrpo", "clip_cov", "kl_cov", "ppo_c",
-                                  "capo"])
+                                  "capo", "gspo", "cispo"])
 def test_preset_overrides_compose_with_verls_config(name):
     """Every override capo.adapters.verl_plugin.preset_overrides(name) gives exists in verl's config, and names an
     estimator, a policy loss and a reward function that verl can find."""
@@ -499,6 +499,9 @@ def test_preset_overrides_compose_with_verls_config(name):
     get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
     if name == "kl_cov":  # capo's kl_coef default (1) is not verl's (0.1): the override sets it
         assert cfg.actor_rollout_ref.actor.policy_loss.ppo_kl_coef == 1.0
+    if name == "cispo":  # no lower bound: clip_ratio_low 1 (r >= 0 never reaches it); capo's eps_high 4
+        actor = cfg.actor_rollout_ref.actor
+        assert (actor.clip_ratio_low, actor.clip_ratio_high) == (1.0, 4.0)
     fn = cfg.reward.custom_reward_function
     score = load_extern_object(module_path=fn.path, object_name=fn.name)
     assert score("m", "<answer>7</answer>", "7", {})["correct"] == 1
