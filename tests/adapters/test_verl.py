@@ -545,8 +545,11 @@ def test_policy_losses_agree_with_verls(mode):
         ours, m = kl_cov_loss(logp, old, adv, mask, kl_ratio=0.01, kl_coef=1.0)
         assert float(m["kl_cov_frac"]) > 0
     else:
-        cfg = _verl_config()
-        cfg.clip_ratio_low, cfg.clip_ratio_high = 1.0, 4.0
+        from verl.workers.config import ActorConfig
+
+        cfg = ActorConfig.__new__(ActorConfig)  # verl's cispo asserts an ActorConfig; it reads these fields only
+        for k, v in dict(clip_ratio=0.2, clip_ratio_low=1.0, clip_ratio_high=4.0, global_batch_info={}).items():
+            object.__setattr__(cfg, k, v)
         old = logp.detach() + 1.0 * torch.randn(n, t_len, generator=g)  # ratios past the cap 5
         ref, _ = fn(old, logp, adv[:, None].expand_as(logp), mask, "token-mean", cfg)
         ours, m = policy_loss("cispo", logp, old, adv, mask)
