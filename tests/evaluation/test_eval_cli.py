@@ -76,6 +76,29 @@ def test_resume_with_different_settings_is_refused(tiny_model_dir, tiny_dataset,
     assert (out / "generations.jsonl").read_text() == row  # nothing lost
 
 
+def test_a_resume_under_another_precision_or_token_recording_is_refused(tiny_model_dir, tiny_dataset, tmp_path,
+                                                                          capsys):
+    """bf16 autocast samples other tokens and --no-token-stats records no per-token fields: a run cut and resumed
+    with another of either mixed its rows and rewrote config.json (AUC-mean 0.722 -> 0.778; 8 of 10 estimators gone;
+    found by an audit). Resumed as it started, the run completes, its load time summed over both sessions."""
+    full = tmp_path / "full"
+    assert main(eval_argv(tiny_model_dir, tiny_dataset, full, "--no-token-stats")) == 0
+    lines = (full / "generations.jsonl").read_text().splitlines(keepends=True)
+    for flags, key in ((["--autocast", "on"], "autocast"), ([], "token_stats")):
+        part = tmp_path / f"part-{key}"
+        part.mkdir()
+        (part / "config.json").write_text((full / "config.json").read_text())
+        (part / "generations.jsonl").write_text("".join(lines[:4]))
+        extra = [*flags, *([] if key == "token_stats" else ["--no-token-stats"])]
+        assert main(eval_argv(tiny_model_dir, tiny_dataset, part, *extra)) == 2
+        assert "different settings" in (err := capsys.readouterr().err) and key in err, err
+        assert (part / "generations.jsonl").read_text() == "".join(lines[:4])
+    part = tmp_path / "part-token_stats"
+    (part / "timing.json").write_text(json.dumps({"load_model_s": 100.0}))
+    assert main(eval_argv(tiny_model_dir, tiny_dataset, part, "--no-token-stats")) == 0
+    assert json.loads((part / "metrics.json").read_text())["metrics"]["time_load_model_s"] > 100.0
+
+
 def test_a_folder_refused_before_its_first_row_takes_the_corrected_command(tiny_model_dir, tiny_dataset, tmp_path):
     """A run refused after it wrote its settings but before any row (e.g. a response budget beyond the model's
     context) holds nothing to resume: the corrected command runs there instead of being refused as "different

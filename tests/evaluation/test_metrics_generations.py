@@ -211,6 +211,11 @@ def test_generations_file_end_to_end(tmp_path):
         ({"text": "x", "gold": "1", "mean_logprob": -1}, r"line 2: missing field 'prompt_id'"),
         ({"prompt_id": "p", "text": "x", "gold": "1", "mean_logprob": -1, "confidence": 2}, r"line 2: 'confidence' must be"),
         ({"prompt_id": "q", "sample_idx": 0, "text": "x", "gold": "1", "mean_logprob": -1}, r"line 2: duplicate"),
+        ({"prompt_id": "p", "text": "x", "gold": "1", "token_logprobs": [-1, -1, -1], "n_tokens": 10},
+         r"line 2: 'n_tokens' is 10 but 'token_logprobs' has 3 entries"),  # was replaced by 3 silently
+        ({"prompt_id": "p", "text": "x", "gold": "1", "mean_logprob": -1, "token_entropy": [1, 1, 1],
+          "token_kl_uniform": [1, 1, 1, 9, 9]},  # read through the entropy list's mask, silently
+         r"line 2: 'token_kl_uniform' has 5 entries but 'token_entropy' has 3"),
     ],
 )
 def test_generations_file_errors(tmp_path, capsys, row, match):
@@ -223,6 +228,29 @@ def test_generations_file_errors(tmp_path, capsys, row, match):
     err = capsys.readouterr().err
     assert re.search(match, err), err
     assert not (out / "metrics.json").exists()
+
+
+def test_rows_are_scored_in_sampling_order_wherever_they_stand_in_the_file(tmp_path, capsys):
+    """Each prompt: sample 0 right, sample 1 wrong, equally confident (a tie). The votes go to the earlier sample
+    whatever the file's order (they went to the earlier line: 1.0 one way, 0.0 the other; found by an audit); and
+    --limit / -k, which select nothing here, are refused."""
+    rows = [{"prompt_id": f"p{p}", "sample_idx": j, "text": f"\\boxed{{{3 if j == 0 else 7}}}", "gold": "3",
+             "mean_logprob": -0.5, "n_tokens": 4} for p in range(6) for j in (0, 1)]
+    flipped = [r for p in range(6) for r in (rows[2 * p + 1], rows[2 * p])]
+    got = []
+    for name, rs in (("fwd", rows), ("rev", flipped)):
+        out = tmp_path / name
+        assert main(["eval", "--generations", str(write_gen(tmp_path / f"{name}.jsonl", rs)), "--out", str(out),
+                     "--verify-workers", "1", "--n-boot", "0", "--no-progress"]) == 0
+        m = json.loads((out / "metrics.json").read_text())["metrics"]
+        got.append({k: m[k] for k in ("accuracy", "majority_vote", "perplexity_consistency", "max_confidence_lpm")})
+    assert got[0] == got[1] == {"accuracy": 0.5, "majority_vote": 1.0, "perplexity_consistency": 1.0,
+                                "max_confidence_lpm": 1.0}
+    capsys.readouterr()
+    for flags in (["--limit", "2"], ["-k", "1"]):
+        assert main(["eval", "--generations", str(tmp_path / "fwd.jsonl"), "--out", str(tmp_path / "x"), *flags]) == 2
+        assert f"{flags[0]} choose what is generated; --generations generates nothing" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_bad_token_list_is_named_and_valid_ones_pass_row_by_row(tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -36,6 +37,7 @@ def run(args) -> int:
 
     if args.model and args.generations:
         raise ConfigError("--model and --generations are mutually exclusive: give one")
+    _generation_settings(args)
     _extraction_settings(args)
     s = from_namespace(EvalSettings, args)
     validate_settings(s)  # before loading anything
@@ -81,6 +83,17 @@ def _print_groups(out: Path) -> None:
         print(f"  {name:16s} {int(g['n_groups'])} prompts: accuracy {f('accuracy')}  AUC-mean {f('auc_mean')} "
               f"({int(g['auc_mean_groups'] or 0)})  AUROC {f('auroc')}  ECE {f('ece')}"
               + (f"  verbal ECE {f('verbal_ece')}" if "verbal_ece" in g else ""))
+
+
+def _generation_settings(args) -> None:
+    """--limit and -k choose what is generated: with --generations nothing is, and they would read as a selection of
+    the file's rows that never happens (every row is scored). Refused there; -k takes its default elsewhere."""
+    given = [flag for flag, v in (("--limit", args.limit), ("-k", args.k)) if v is not None]
+    if args.generations and given:
+        raise ConfigError(f"{' and '.join(given)} choose what is generated; --generations generates nothing and "
+                          "scores every row of its file: select the rows in the file instead")
+    if args.k is None:
+        args.k = next(f.default for f in dataclasses.fields(EvalSettings) if f.name == "k")
 
 
 # how answers are extracted from a response; recorded in a run's config.json and reused when its generations are

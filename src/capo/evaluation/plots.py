@@ -178,8 +178,9 @@ def plot_paired(panels: dict[str, dict[str, tuple[float, float, float]]], refere
 
 def plot_reliability_panels(runs: dict[str, dict], path: Path | None = None, key: str = "reliability",
                             title: str = "confidence exp(lpm)") -> bytes:
-    """One reliability panel per run: accuracy per confidence bin (bars at the bin's mean confidence) with a Wilson
-    95% interval and the bin's response count printed above; the diagonal is perfect calibration."""
+    """One reliability panel per run: accuracy per confidence bin (each bar spans its bin; the bin of confidences
+    exactly 1, [1, 1], a thin bar at 1) with a Wilson 95% interval and the bin's response count printed above; the
+    diagonal is perfect calibration."""
     names = [n for n, c in runs.items() if c.get(key)]
     cols = min(4, max(1, len(names)))
     rows = max(1, -(-len(names) // cols))
@@ -194,7 +195,7 @@ def plot_reliability_panels(runs: dict[str, dict], path: Path | None = None, key
             if not n or acc is None:
                 continue
             lo, hi = proportion_interval(acc * n, n)
-            ax.bar((lo_e + hi_e) / 2, acc, width=(hi_e - lo_e) * 0.9, color=f"C{i}", alpha=0.55)
+            ax.bar((lo_e + hi_e) / 2, acc, width=max(hi_e - lo_e, 0.02) * 0.9, color=f"C{i}", alpha=0.55)
             ax.errorbar([(lo_e + hi_e) / 2], [acc], yerr=_bar(acc, lo, hi), color="k", lw=0.8, capsize=2)
             ax.text((lo_e + hi_e) / 2, min(hi + 0.02, 0.97), str(n), ha="center", fontsize=6)
         ax.set_xlim(0, 1)

@@ -65,9 +65,9 @@ GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "to
                    "seed", "chat_template", "system_prompt", "response_prefix", "prompt_field", "answer_field",
                    "dataset_answer_format",
                    "answer_format", "fallback_last_number",  # these two: rows store their extracted answers
-                   "engine")
+                   "engine", "autocast", "token_stats")  # bf16 samples other tokens; token stats: what rows record
 # settings added later: what a run directory written before them used
-OLD_DEFAULTS = {"engine": "hf", "response_prefix": ""}
+OLD_DEFAULTS = {"engine": "hf", "response_prefix": "", "token_stats": False}  # no per-token stats before them
 
 
 DEFAULT_MAX_NEW_TOKENS = 512  # the response budget when neither --max-new-tokens nor a shipped model sets one
@@ -100,7 +100,7 @@ class EvalSettings:
     answer_field: str = opt("answer", "gold-answer field of a JSONL/parquet dataset", group="input")
     dataset_answer_format: str = opt("plain", "how the gold answer is stored in a JSONL/parquet dataset",
                                      choices=FILE_ANSWER_FORMATS, group="input")
-    k: int = opt(4, "responses sampled per prompt", flag="-k")
+    k: int = opt(4, "responses sampled per prompt", flag="-k", cli_default=None)
     temperature: float = opt(1.0, "sampling temperature; 0 = greedy")
     top_p: float = opt(1.0, "nucleus sampling threshold")
     max_new_tokens: int | None = opt(None, "maximum response length. Default: for a model capo ships, its task's "
@@ -511,7 +511,7 @@ def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, 
     t_load = time.perf_counter()
     engine = engine if engine is not None else make_engine(s)
     tok = engine.tokenizer
-    timing["load_model_s"] = time.perf_counter() - t_load
+    timing["load_model_s"] = timing.get("load_model_s", 0.0) + time.perf_counter() - t_load  # over resumed sessions
     system = s.system_prompt if s.system_prompt is not None else default_system(s.answer_format)
     per_batch = max(1, s.batch_size // s.k)
     with Progress(len(problems) * s.k, len(done), label="capo eval", unit="resp", enabled=progress) as prog, \
@@ -619,6 +619,9 @@ def _row_logprobs(r: dict, where: str, pid: str, checked: dict[str, bool]) -> tu
         raise DataError(f"{where}: 'n_tokens' must be a whole number >= 0, got {n_tokens!r}")
     if tl is not None:
         _token_list(r, "token_logprobs", where, checked)
+        if n_tokens is not None and n_tokens != len(tl):
+            raise DataError(f"{where}: 'n_tokens' is {n_tokens} but 'token_logprobs' has {len(tl)} entries (one per "
+                            "response token)")
         return float(sum(tl)), (float(sum(tl)) / len(tl) if tl else None), len(tl)
     if r.get("mean_logprob") is not None:
         if not _num(r["mean_logprob"]):
@@ -648,6 +651,9 @@ def _row_token_stats(r: dict, where: str, n_tokens: int | None, checked: dict[st
         floats = _token_list(r, f, where, checked)
         if n_tokens is not None and len(floats) != n_tokens:
             raise DataError(f"{where}: {f!r} has {len(floats)} entries but the response has {n_tokens} tokens")
+        if n_tokens is None and out and len(floats) != len(first := next(iter(out.values()))):
+            raise DataError(f"{where}: {f!r} has {len(floats)} entries but {next(iter(out))!r} has {len(first)}; "
+                            "the per-token lists of a response have one entry per token")
         out[f] = floats
     return out
 
@@ -676,7 +682,8 @@ def _check_row_types(r: dict, where: str) -> None:
 
 
 def _read_generations(path: Path) -> list[dict]:
-    """Validated rows of a --generations file (schema: docs/generations-schema.md); DataError naming the line."""
+    """Validated rows of a --generations file (schema: docs/generations-schema.md); DataError naming the line. In
+    sampling order: prompts in the order of their first row, each prompt's rows by ``sample_idx``."""
     from capo.tasks.datasets import iter_jsonl
 
     if not path.exists():
@@ -709,7 +716,10 @@ def _read_generations(path: Path) -> list[dict]:
                      "tokens": _row_token_stats(r, where, n_tokens, checked)})
     if not norm:
         raise DataError(f"generations file {path} has no rows")
-    return norm
+    first: dict[str, int] = {}
+    for x in norm:
+        first.setdefault(x["pid"], len(first))
+    return sorted(norm, key=lambda x: (first[x["pid"]], x["idx"]))  # sampling order: the votes' ties read it
 
 
 def run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
