@@ -122,7 +122,11 @@ def test_comparison_pairs_runs_by_training_seed():
     assert d["n"] == 3 and d["mean"] == pytest.approx(0.2) and d["sd"] == pytest.approx(0.1)
     b = cmp.seed_diff("capo", "base", "auc_mean")  # 0.20, 0.26, 0.23
     assert b["mean"] == pytest.approx((0.20 + 0.26 + 0.23) / 3)
-    assert cmp.seed_diff("base", "grpo", "auc_mean") is None  # one seed: no interval over seeds
+    r = cmp.seed_diff("base", "grpo", "auc_mean")  # the base stands for every seed on either side: -0.10, -0.06, 0.07
+    assert r["n"] == 3 and r["mean"] == pytest.approx(0.50 - (0.60 + 0.56 + 0.43) / 3)
+    cmp.models[1] = Model("grpo", runs=grpo.runs[:2])  # seeds 0 and 1 against capo's 0-2: no interval beside a mean
+    assert cmp.seed_diff("capo", "grpo", "auc_mean") is None  # over all of capo's seeds (found by an audit)
+    assert cmp.seed_diff("capo", "capo", "auc_mean")["n"] == 3
 
 
 def test_one_resampling_scheme_same_draws_as_before():

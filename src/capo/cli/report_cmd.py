@@ -24,7 +24,7 @@ class ReportSettings:
     reference: str | None = opt(None, "the model the paired differences are taken against: a run name without its "
                                 "-seedN suffix, e.g. grpo (default: base when there is one, else the first model)",
                                 metavar="MODEL")
-    n_boot: int = opt(200, "bootstrap draws of every paired interval over prompts (with --reference)")
+    n_boot: int = opt(200, "bootstrap draws of every paired interval over prompts")
     tables: bool = opt(False, "also print the comparison as Markdown: each measure's mean (sd over seeds) per "
                        "model, each model minus the reference with its paired interval, the conclusion (needs "
                        "--reference)")
@@ -73,12 +73,12 @@ def run(ns) -> int:
         seen.add(name)
         runs.append(load_run(Path(d), name=name, n_examples=args.examples))
     cmp = None
-    if args.reference is not None:
+    evals = [r for r in runs if r.kind == "eval"]
+    if args.reference is not None and not evals:
+        raise ConfigError("--reference needs at least one eval run (a folder with metrics.json)")
+    if evals:  # the page's paired intervals take --n-boot with or without --reference
         from capo.evaluation.compare import compare
 
-        evals = [r for r in runs if r.kind == "eval"]
-        if not evals:
-            raise ConfigError("--reference needs at least one eval run (a folder with metrics.json)")
         cmp = compare(evals, n_boot=args.n_boot, reference=args.reference)
     out = write_report(runs, Path(args.out), title=args.title, comparison=cmp)
     _comparison_outputs(cmp, runs, args)

@@ -117,16 +117,18 @@ class Comparison:
         """Model a minus model b on ``key`` with the training seed as the unit: per-seed differences (runs paired by
         their ``-seedN``; a model of one run without a training seed, e.g. the base, is subtracted from every seed)
         and their t-interval (:func:`capo.evaluation.stats.seed_paired_interval`), each run's value over the prompts
-        every model holds, as :meth:`diff`'s. None with fewer than 2 paired seeds, or when a model has two runs of one
-        seed (which of them pairs is not known)."""
+        every model holds, as :meth:`diff`'s. A model of one run without a training seed (the base) is paired with
+        every seed of the other, on either side. None with fewer than 2 paired seeds, when the two models ran
+        different seeds (the interval would be over other runs than :meth:`diff`'s mean), or when a model has two
+        runs of one seed (which of them pairs is not known)."""
         shared = self._on_shared(a, key) is not None and self._on_shared(b, key) is not None
         va, vb = self._by_seed(a, key, shared), self._by_seed(b, key, shared)
         if va is None or vb is None:
             return None
-        if len(vb) == 1 and not next(iter(vb)).isdigit():
-            (only,) = vb.values()
-            vb = {s: only for s in va}
-        diffs = [va[s] - vb[s] for s in sorted(set(va) & set(vb), key=str)
+        va, vb = _spread(va, vb), _spread(vb, va)
+        if set(va) != set(vb):  # an interval over the seeds both ran would not describe the difference beside it
+            return None
+        diffs = [va[s] - vb[s] for s in sorted(va, key=str)
                  if isinstance(va[s], (int, float)) and isinstance(vb[s], (int, float))]
         return seed_paired_interval(diffs)
 
@@ -164,6 +166,22 @@ class Comparison:
     def _model(self, name: str) -> Model:
         return next(m for m in self.models if m.name == name)
 
+    def values(self, key: str) -> dict[str, float]:
+        """Model -> its value of ``key``, the mean over its runs: over the prompts every model holds when each model
+        has them there (some run holds other prompts too), else each run's metrics.json; the values the headline
+        ranks, as :meth:`diff` subtracts them. Models without the measure are left out."""
+        shared = {m.name: self._on_shared(m.name, key) for m in self.models}
+        if self.points and all(v is not None for v in shared.values()):
+            return {n: sum(v) / len(v) for n, v in shared.items()}
+        return {m.name: v for m in self.models if (v := m.mean(key)) is not None}
+
+    def run_values(self, name: str, key: str) -> list:
+        """Each of model ``name``'s runs' ``key``, over the shared prompts as :meth:`values` takes them."""
+        shared = {m.name: self._on_shared(m.name, key) for m in self.models}
+        if self.points and all(v is not None for v in shared.values()):
+            return shared[name]
+        return [r.metrics.get(key) for r in self._model(name).runs]
+
     def _on_shared(self, name: str, key: str) -> list[float] | None:
         """Each of model ``name``'s runs' ``key`` over the prompts every model holds; None where every run holds
         just those prompts (metrics.json is over them) or a value is not finite."""
@@ -177,6 +195,14 @@ class Comparison:
         vals = self._on_shared(name, key) if shared else [r.metrics.get(key) for r in runs]
         out = {seed_of(r.name): v for r, v in zip(runs, vals)}
         return out if len(out) == len(runs) else None
+
+
+def _spread(v: dict, other: dict) -> dict:
+    """A model's values by training seed; a single run without a seed (the base) stands for every seed of ``other``."""
+    if len(v) == 1 and not next(iter(v)).isdigit():
+        (only,) = v.values()
+        return {s: only for s in other}
+    return v
 
 
 def _load_seed(run_dir: Path) -> _Seed | None:
@@ -305,7 +331,7 @@ def _versus_reference(cmp: Comparison, key: str, label: str, sign: int = 1,
     """(plain, html) sentence: the model with the highest (``sign`` 1) or lowest (-1) value of ``key`` against the
     reference, by how much, and whether the paired interval excludes 0; when the reference is that model, the
     runner-up against it (``runner_up``), or nothing."""
-    vals = sorted(((m.mean(key), m.name) for m in cmp.models if m.mean(key) is not None), key=lambda t: -sign * t[0])
+    vals = sorted(((v, n) for n, v in cmp.values(key).items()), key=lambda t: -sign * t[0])
     if len(vals) < 2 or cmp.reference not in {n for _, n in vals} or (vals[0][1] == cmp.reference and not runner_up):
         return None
     best_v, best = vals[0]

@@ -445,11 +445,13 @@ def paired_panels(cmp) -> dict:
 
 def _acc_auc_points(cmp) -> dict:
     pts = {}
+    accs, aucs = cmp.values("accuracy"), cmp.values("auc_mean")  # over the prompts the draws resample
     for m in cmp.models:
-        acc, auc = m.mean("accuracy"), m.mean("auc_mean")
+        acc, auc = accs.get(m.name), aucs.get(m.name)
         if acc is None or auc is None:
             continue
-        p = {"acc": acc, "auc": auc, "seeds": [(r.metrics["accuracy"], r.metrics["auc_mean"]) for r in m.runs]}
+        p = {"acc": acc, "auc": auc,
+             "seeds": list(zip(cmp.run_values(m.name, "accuracy"), cmp.run_values(m.name, "auc_mean")))}
         dr = cmp.draws.get(m.name)
         if dr is not None:
             for key, short in (("accuracy", "acc"), ("auc_mean", "auc")):
@@ -481,7 +483,8 @@ def markdown_tables(cmp) -> str:
     """A comparison as Markdown: every :data:`METHODS_TABLE` measure's mean (sd over seeds) per model; each model
     minus the reference with its 95% paired bootstrap interval over prompts (bold: the interval excludes 0); the
     generated conclusion (:func:`compare.headline`)."""
-    lines = [f"{len(cmp.models)} models, {cmp.prompts} shared held-out prompts; mean (sd over seeds)", "",
+    own = " (each run's metrics.json, over its own prompts: they differ)" if cmp.points else ""
+    lines = [f"{len(cmp.models)} models, {cmp.prompts} shared held-out prompts; mean (sd over seeds){own}", "",
              "| model | seeds | " + " | ".join(h for _, h in METHODS_TABLE) + " |",
              "|---|---|" + "---|" * len(METHODS_TABLE)]
     for m in cmp.models:
@@ -495,8 +498,12 @@ def markdown_tables(cmp) -> str:
         cells = []
         for key, _, _ in compare.MEASURES:
             d = cmp.diff(name, cmp.reference, key)
+            n = cmp.prompts_between(name, cmp.reference, key)
             text = "-" if d is None else f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
-            cells.append(f"**{text}**" if d is not None and (d[1] > 0 or d[2] < 0) else text)
+            if d is not None and compare.too_few(n):  # no reading names a winner there (docs/metrics.md)
+                text = f"{d[0]:+.3f} (from {n} prompts: too few to compare)"
+            cells.append(f"**{text}**" if d is not None and not compare.too_few(n) and (d[1] > 0 or d[2] < 0)
+                         else text)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines + ["", compare.headline(cmp)[0]]) + "\n"
 
