@@ -339,3 +339,19 @@ def test_the_seed_interval_describes_the_prompts_the_difference_does(tmp_path):
     (dirs["capo-seed0"] / "generations.jsonl").unlink()  # capo cannot be recomputed: metrics.json on both sides
     c = cmpmod.compare([load_run(d, name=n) for n, d in dirs.items()], n_boot=0, reference="grpo")
     assert c.seed_diff("capo", "grpo", "auroc")["mean"] == pytest.approx(sum(whole) / 2, abs=1e-12)
+
+
+def test_two_evaluations_of_one_training_run_are_one_seed(tmp_path):
+    """Two checkpoints of grpo-seed0 (the report labels the second "grpo-seed0 (2)") are one training seed: the
+    tables count 1 seed of 2 runs and the headline says they are averaged (it said "2 training seeds", their spread
+    "sd over seeds"; found by an audit)."""
+    from capo.evaluation.report import markdown_tables
+
+    runs = [load_run(fake_eval_run(tmp_path / "b", 0.0, 1), name="base"),
+            load_run(fake_eval_run(tmp_path / "g1", 0.2, 2), name="grpo-seed0"),
+            load_run(fake_eval_run(tmp_path / "g2", 0.3, 3), name="grpo-seed0 (2)")]
+    c = cmpmod.compare(runs, n_boot=20, reference="base")
+    assert cmpmod.training_seeds(c.models[1]) == 1
+    assert "grpo: several evaluations of one seed, averaged" in cmpmod.headline(c)[0]
+    assert "mean over up to" not in cmpmod.headline(c)[0]
+    assert "| grpo | 1 (2 runs) |" in markdown_tables(c)

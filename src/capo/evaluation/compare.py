@@ -29,7 +29,7 @@ from capo.tasks import stochastic as stochastic_task
 from capo.tasks.stochastic import stochastic_summary
 
 __all__ = ["MEASURES", "MIN_PROMPTS", "Model", "Comparison", "compare", "headline", "model_name", "prompts_behind",
-           "paired_columns", "run_columns", "seed_of", "too_few"]
+           "paired_columns", "run_columns", "seed_of", "too_few", "training_seeds"]
 
 # (metrics key, readable name, +1 = higher is better / -1 = lower is better): the measures the headline covers
 MEASURES = [
@@ -72,6 +72,12 @@ def seed_of(run_name: str) -> str:
     """The training seed of a run name (``"capo-seed3"`` -> ``"3"``), or the name itself."""
     m = re.search(r"-seed(\d+)", run_name)
     return m.group(1) if m else run_name
+
+
+def training_seeds(m: Model) -> int:
+    """How many training seeds model ``m``'s runs are (two checkpoints of one run, ``grpo-seed0`` and
+    ``grpo-seed0 (2)``, are one seed)."""
+    return len({seed_of(r.name) for r in m.runs})
 
 
 def model_name(run_name: str) -> str:
@@ -381,10 +387,12 @@ def headline(cmp: Comparison) -> tuple[str, str]:
         if s:
             plain.append(s[0])
             htm.append(s[1])
-    n_seeds = max((len(m.runs) for m in cmp.models), default=0)
+    n_seeds = max((training_seeds(m) for m in cmp.models), default=0)
+    repeats = [m.name for m in cmp.models if training_seeds(m) < len(m.runs)]
+    again = f" ({', '.join(repeats)}: several evaluations of one seed, averaged)" if repeats else ""
     tail = (f"{len(cmp.models)} models on {cmp.prompts} shared held-out prompts"
-            f"{f', mean over up to {n_seeds} training seeds' if n_seeds > 1 else ''}; intervals: 95% bootstrap over "
-            f"prompts ({cmp.n_boot} draws), not over training seeds.")
+            f"{f', mean over up to {n_seeds} training seeds' if n_seeds > 1 else ''}{again}; intervals: 95% "
+            f"bootstrap over prompts ({cmp.n_boot} draws), not over training seeds.")
     return " ".join(plain + [tail]), " ".join(htm + [html.escape(tail)])
 
 

@@ -488,7 +488,8 @@ def markdown_tables(cmp) -> str:
              "| model | seeds | " + " | ".join(h for _, h in METHODS_TABLE) + " |",
              "|---|---|" + "---|" * len(METHODS_TABLE)]
     for m in cmp.models:
-        lines.append(f"| {m.name} | {len(m.runs)} | "
+        runs = "" if compare.training_seeds(m) == len(m.runs) else f" ({len(m.runs)} runs)"  # checkpoints of one
+        lines.append(f"| {m.name} | {compare.training_seeds(m)}{runs} | "
                      + " | ".join(_mean_sd([r.metrics.get(k) for r in m.runs]) for k, _ in METHODS_TABLE) + " |")
     lines += ["", f"Paired difference vs {cmp.reference} (model - {cmp.reference}; 95% bootstrap interval over the "
               f"{cmp.prompts} prompts, {cmp.n_boot} draws, mean over seeds; **bold**: the interval excludes 0)", "",
