@@ -5,7 +5,9 @@ import json
 import math
 import os
 import pathlib
+import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -274,7 +276,8 @@ def test_a_job_held_by_a_live_process_is_skipped_and_a_dead_ones_lock_is_taken_o
     assert runner.claim(jobs[1]) is None
     assert (jobs[1].run_dir / "sweep.lock").read_text() == f"{os.getpid()}@{host}"
     assert runner.claim(jobs[1]) == f"{os.getpid()}@{host}"
-    assert sorted(p.name for p in jobs[1].run_dir.iterdir()) == ["sweep.lock"]  # nothing else left behind
+    # nothing else left behind but the takeover's flock file (kept: removing a lock file others may wait on races)
+    assert sorted(p.name for p in jobs[1].run_dir.iterdir()) == [".sweep.lock.takeover", "sweep.lock"]
 
 
 def test_a_lock_is_never_seen_empty(tmp_path, monkeypatch):
@@ -584,7 +587,7 @@ def test_a_run_finished_under_another_records_folder_is_copied_not_evaluated_aga
     assert runner.run_job(job)["wall_s"] == 2331.1
     assert job.record.read_text() == kept
     assert (f"note: grpo-seed3: copied the record its run folder keeps ({job.run_dir / runner.RUN_RECORD}), without "
-            "training or evaluating; to run the job anew, delete that file too") in capsys.readouterr().out
+            "training or evaluating; to run the job anew, move its whole run folder aside") in capsys.readouterr().out
     job.record.unlink()
     (job.run_dir / runner.RUN_RECORD).write_text(kept.replace(job.settings_hash, "0" * 16))
     monkeypatch.setattr(runner, "_capo", lambda *a: (_ for _ in ()).throw(RuntimeError("trains again")))
@@ -925,6 +928,88 @@ def test_a_base_record_of_another_start_is_refused_by_the_report(tmp_path, capsy
     err = capsys.readouterr().err
     assert "base.json is not the start of grpo-seed1: they differ in preset, eval, data.dataset, model.path" in err
     assert not (tmp_path / "no").exists()
+
+
+def test_two_runners_finding_one_stale_lock_never_both_take_it(tmp_path, monkeypatch):
+    """A lock left by a dead runner: this process judges it stale and, in that moment, a second runner claims the
+    job. The second waits for the judgement and finds this one holding the job (both took it: the second unlinked
+    the first's fresh lock; found by an audit). The job's lock is removed only by its holder."""
+    import socket
+    from types import SimpleNamespace
+
+    run = tmp_path / "job"
+    run.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (run / runner.LOCK).write_text(f"{dead.pid}@{socket.gethostname()}")
+    job = SimpleNamespace(run_dir=run)
+    other, judge = [], runner._holder
+    code = ("import sys; from pathlib import Path; from types import SimpleNamespace; from capo.sweep import runner; "
+            "print(runner.claim(SimpleNamespace(run_dir=Path(sys.argv[1]))))")
+
+    def judged_while_another_claims(lock):
+        if not other:
+            other.append(subprocess.Popen([sys.executable, "-c", code, str(run)], stdout=subprocess.PIPE, text=True,
+                                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}))
+            time.sleep(1.0)  # the other runner reaches the stale lock meanwhile
+        return judge(lock)
+
+    monkeypatch.setattr(runner, "_holder", judged_while_another_claims)
+    assert runner.claim(job) is None
+    out, _ = other[0].communicate(timeout=60)
+    assert out.strip() == f"{os.getpid()}@{socket.gethostname()}"  # the other runner left the job to this one
+    (run / runner.LOCK).write_text("12345@elsewhere")  # taken by another host meanwhile: not this process's to free
+    runner.release(job)
+    assert (run / runner.LOCK).exists()
+
+
+def test_an_evaluation_of_other_weights_at_the_final_checkpoints_path_is_never_resumed(tmp_path, capsys):
+    """capo eval knows a model by its path: a final checkpoint trained again there (other weights) found the first
+    model's rows and resumed them, one evaluation of two models (found by an audit). The eval folder is marked with
+    the weights' sha256; rows of other or unknown weights are moved aside, those of the same weights kept."""
+    from types import SimpleNamespace
+
+    run = tmp_path / "grpo-seed1"
+    ckpt = run / "checkpoints" / "step-000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"first weights")
+    job = SimpleNamespace(run_dir=run, method="grpo", name="grpo-seed1")
+    out = runner.eval_folder(job, str(ckpt))
+    (out / "generations.jsonl").write_text('{"prompt_id": "p0"}\n')  # a partial evaluation, killed
+    assert runner.eval_folder(job, str(ckpt)) == out and (out / "generations.jsonl").exists()  # same weights: kept
+    (ckpt / "model.safetensors").write_bytes(b"trained again")
+    assert runner.eval_folder(job, str(ckpt)) == out and not (out / "generations.jsonl").exists()
+    (aside,) = run.glob("eval.replaced-*")
+    assert (aside / "generations.jsonl").read_text() == '{"prompt_id": "p0"}\n'  # moved, not lost
+    assert "held responses of other weights" in capsys.readouterr().out
+    mark = json.loads((out / runner.EVALUATED).read_text())
+    assert mark["weights_sha256"] == runner.weights_digest(ckpt) != json.loads((aside / runner.EVALUATED).read_text())[
+        "weights_sha256"]
+
+
+def test_a_base_record_sampled_otherwise_than_the_training_records_is_refused(tmp_path, capsys):
+    """The base's evaluation samples as the preset trains (temperature, top-p, budget, bf16): a base draw from before
+    the preset's temperature was edited is not the start of records sampled at the new one, and two draws sampled
+    differently are not one base (both were pooled, the change from the start over a mix; found by an audit)."""
+    def cfg(t):
+        return {"model": {"path": "word_problems"}, "data": {"dataset": "word_problems"},
+                "rollout": {"temperature": t}}
+
+    settings = {"preset": "word_problems", "eval": {"problems": 100, "k": 8, "seed": 0}}
+    for s_, auc in ((1, 0.70), (2, 0.75)):
+        rec = {**_record("grpo", s_, 0.5, auc), "config": cfg(0.5), "settings": settings}
+        (tmp_path / f"grpo-seed{s_}.json").write_text(json.dumps(rec))
+    base = {**_record("base", None, 0.3, 0.8), "curves": {}, "config": cfg(1.0), "settings": settings}
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "no")]) == 2
+    assert "base.json is not the start of grpo-seed1: they differ in eval" in capsys.readouterr().err
+    (tmp_path / "base.json").write_text(json.dumps({**base, "config": cfg(0.5)}))
+    draw = {**base, "config": cfg(1.0), "settings": {**settings, "eval": {**settings["eval"], "seed": 1}}}
+    (tmp_path / "base-draw1.json").write_text(json.dumps(draw))
+    assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "no2")]) == 2
+    assert "base records differ in eval" in capsys.readouterr().err
+    (tmp_path / "base-draw1.json").write_text(json.dumps({**draw, "config": cfg(0.5)}))
+    assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "ok")]) == 0
 
 
 @pytest.mark.slow

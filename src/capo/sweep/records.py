@@ -149,7 +149,8 @@ def load_base(*folders: Path, trained: tuple[Path, dict] | None = None) -> list[
                   if p.stem == BASE or p.stem.startswith(f"{BASE}-draw")]
     if not found:
         return []
-    _check_same([(p, _without_eval_seed(r)) for p, r in found], "base records", sections=("model", "data"))
+    _check_same([(p, _sampled_as(_without_eval_seed(r))) for p, r in found], "base records",
+                sections=("model", "data"))
     if trained is not None:
         _check_start(found[0], trained)
     first = Path(found[0][0]).parent
@@ -160,11 +161,25 @@ def load_base(*folders: Path, trained: tuple[Path, dict] | None = None) -> list[
     return [r for _, r in sorted(draws, key=lambda d: d[0])]
 
 
+# the training settings a record's final evaluation samples with beside its data and model (capo.evaluation.run.
+# settings_as_trained): a base record evaluated under others is not the training records' start
+SAMPLED_AS = ("model.autocast_bf16", "rollout.temperature", "rollout.top_p", "rollout.max_new_tokens")
+
+
+def _sampled_as(rec: dict) -> dict:
+    """``rec`` with :data:`SAMPLED_AS` as settings of its evaluation, where the comparisons of base records read."""
+    cfg = {**setting_defaults((), ("model", "rollout")), **flat_config(rec.get("config") or {}, (), ("model", "rollout"))}
+    settings = rec.get("settings") or {}
+    ev = {**(settings.get("eval") or {}), **{k: cfg.get(k) for k in SAMPLED_AS}}
+    return {**rec, "settings": {**settings, "eval": ev}}
+
+
 def _check_start(base: tuple[Path, dict], trained: tuple[Path, dict]) -> None:
     """Raise :class:`DataError` when a base record is not the start of a training record: another preset, final
-    evaluation (seed aside), device, initial model, prompt rendering or data."""
+    evaluation (seed aside; its sampling, :data:`SAMPLED_AS`, included), device, initial model, prompt rendering or
+    data."""
     def start(rec: dict) -> dict:
-        c = comparable(_without_eval_seed(rec), sections=("model", "data"))
+        c = comparable(_sampled_as(_without_eval_seed(rec)), sections=("model", "data"))
         keep = ("model.path", "model.chat_template")
         return {**c, "config": {k: v for k, v in c["config"].items() if k.startswith("data.") or k in keep}}
 

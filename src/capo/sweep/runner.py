@@ -25,6 +25,8 @@ the mark is judged by the ``config.yaml`` its last ``capo train`` wrote.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -37,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from capo.errors import DataError
-from capo.rundir import read_jsonl, read_jsonl_rows, yaml_loads
+from capo.rundir import atomic_write_text, read_jsonl, read_jsonl_rows, yaml_loads
 from capo.sweep.records import differing_keys, flat_config, setting_defaults
 from capo.sweep.spec import BASE, Job, record_state, same_settings
 
@@ -47,6 +49,7 @@ TRAIN_SERIES = ("train/accuracy", "train/reward_mean", "train/response_len", "tr
                 "policy/entropy", "policy/kl", "time/step")
 RUN_RECORD = "record.json"  # a finished run's record, kept in its run folder too (read by checkouts sharing the folder)
 LOCK = "sweep.lock"
+EVALUATED = "evaluated.json"  # in RUN_DIR/eval: the model and the sha256 of the weights its rows are of
 RUN_SETTINGS = "settings.json"  # the run folder's settings mark: the job's settings, their hash and resolved config
 CODE_LOG = "code.jsonl"  # in the run folder: the code each `capo` subprocess of the job started under, a line each
 # what a finished job's run folder keeps once its record is written (``capo sweep run --keep``, ``capo sweep prune``)
@@ -144,21 +147,54 @@ def claim(job: Job) -> str | None:
     job.run_dir.mkdir(parents=True, exist_ok=True)
     lock = job.run_dir / LOCK
     mine = job.run_dir / f".{LOCK}.{os.getpid()}"
-    mine.write_text(f"{os.getpid()}@{socket.gethostname()}")
+    mine.write_text(_me())
     try:
         for _ in range(2):
             try:
                 os.link(mine, lock)
             except FileExistsError:
-                holder = _holder(lock)
-                if holder is not None:
-                    return holder
-                lock.unlink(missing_ok=True)  # stale: its process died
-                continue
+                with _takeover(job):  # one process at a time decides a lock is stale and replaces it
+                    holder = _holder(lock)
+                    if holder is not None:
+                        return holder
+                    lock.unlink(missing_ok=True)  # stale: its process died
+                    try:
+                        os.link(mine, lock)
+                    except FileExistsError:
+                        continue
+                    return None
             return None
         return _holder(lock) or "another process (the lock changed hands twice)"
     finally:
         mine.unlink(missing_ok=True)
+
+
+def _me() -> str:
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+@contextlib.contextmanager
+def _takeover(job: Job):
+    """An exclusive ``flock`` on ``RUN_DIR/.LOCK.takeover`` while a stale lock is judged and replaced: two runners
+    that both found the lock stale each took it (the second unlinked the first's fresh lock; found by an audit)."""
+    import fcntl
+
+    with open(job.run_dir / f".{LOCK}.takeover", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def release(job: Job) -> None:
+    """Remove the job's lock if this process still holds it (never another's that took a lock it judged stale)."""
+    lock = job.run_dir / LOCK
+    try:
+        if lock.read_text().strip() == _me():
+            lock.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def run_job(job: Job, keep: str = DEFAULT_KEEP) -> dict | str:
@@ -181,7 +217,7 @@ def run_job(job: Job, keep: str = DEFAULT_KEEP) -> dict | str:
             print(f"  note: {job.name}'s checkpoints were not pruned to --keep {keep}: {e}", flush=True)
         return record
     finally:
-        (job.run_dir / LOCK).unlink(missing_ok=True)
+        release(job)
 
 
 def corrupt_record(job: Job, why: str) -> str:
@@ -202,7 +238,7 @@ def _train_eval_record(job: Job) -> dict:
     if text:  # finished by a process with another records folder, or its record was deleted here
         _write_record(job.record, text)
         print(f"  note: {job.name}: copied the record its run folder keeps ({job.run_dir / RUN_RECORD}), without "
-              "training or evaluating; to run the job anew, delete that file too", flush=True)
+              "training or evaluating; to run the job anew, move its whole run folder aside", flush=True)
         return json.loads(text)
     resolved = resolved_config(job)
     problem = run_dir_problem(job, resolved)
@@ -215,12 +251,53 @@ def _train_eval_record(job: Job) -> dict:
         note_code(job, "train")
     cfg, model = _train(job, log)
     note_code(job, "eval")
-    _capo(_eval_args(eval_settings(job, cfg, model), job.run_dir / "eval"), log)
+    _capo(_eval_args(eval_settings(job, cfg, model), eval_folder(job, model)), log)
     record = build_record(job, cfg, time.perf_counter() - t0)
     text = json.dumps(record, separators=(",", ":")) + "\n"
     _write_record(job.run_dir / RUN_RECORD, text)
     _write_record(job.record, text)
     return record
+
+
+def eval_folder(job: Job, model: str) -> Path:
+    """``RUN_DIR/eval`` for the final evaluation of ``model``. ``capo eval`` knows a model by its path, and a
+    checkpoint trained again at that path (a job started over with ``run.resume: false`` after a kill during its
+    evaluation, a training step that is not bit-reproducible) has other weights: the folder is marked with the
+    sha256 of the weights it evaluates (:data:`EVALUATED`), and rows of other weights, or of unknown ones, are moved
+    aside (``eval.replaced-TIME``), never resumed (they mixed two models' responses in one evaluation)."""
+    out = job.run_dir / "eval"
+    if job.method == BASE:  # the preset's initial model: nothing trains it
+        return out
+    digest = weights_digest(Path(model))
+    gen = out / "generations.jsonl"
+    if gen.exists() and gen.stat().st_size > 0:
+        try:
+            then = json.loads((out / EVALUATED).read_text()).get("weights_sha256")
+        except (OSError, ValueError, AttributeError):
+            then = None
+        if then != digest:
+            stamp = time.strftime('%Y%m%d-%H%M%S')
+            aside = next(d for i in range(1000) if not (d := out.with_name(f"eval.replaced-{stamp}{f'-{i}' if i else ''}"))
+                         .exists())
+            out.rename(aside)
+            print(f"  note: {job.name}: {out} held responses of {'other' if then else 'unknown'} weights than "
+                  f"{model}'s; moved to {aside}, evaluating anew", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / EVALUATED, json.dumps({"model": model, "weights_sha256": digest}))
+    return out
+
+
+def weights_digest(model_dir: Path) -> str | None:
+    """sha256 over a checkpoint's weight files (``*.safetensors``, else ``*.bin``), in name order; None without."""
+    files = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def train_flags(job: Job) -> dict[str, str]:
@@ -516,7 +593,7 @@ def prune_sweep(all_jobs: list[Job], keep: str) -> int:
         try:
             freed = prune_checkpoints(j, keep)
         finally:
-            (j.run_dir / LOCK).unlink(missing_ok=True)
+            release(j)
         if freed:
             print(f"  {j.name}: freed {freed / 2**30:.2f} GiB")
         total += freed
