@@ -75,6 +75,10 @@ def test_normalize_number(s, want):
 
 def test_extract_last_number():
     assert extract_last_number("it costs $1,200.50 in total, then 3.") == "3"
+    # a comma after the number is punctuation, not part of it ("42," was read and graded against 42 as wrong)
+    assert extract_last_number("So the total is 42, which is even") == "42"
+    assert extract_last_number("about 1,000, so") == "1000" and extract_last_number("7, I think") == "7"
+    assert extract_last_number("pick 3,5") == "3,5"  # a list stays a list (not thousands)
     assert extract_last_number("answer -7") == "-7"
     assert extract_last_number("none") is None
     # a hyphen or an operator between numbers is no minus sign; U+2212 is one (a review's cases)

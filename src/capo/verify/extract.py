@@ -108,7 +108,8 @@ _GSM8K = re.compile(r"####\s*([^\n]*)")
 # a minus sign only where it cannot be a hyphen or an operator between numbers ("pages 10-12" ends in 12, "20 - 2"
 # in 2), ASCII or U+2212; a dollar sign may be followed by a space
 _SIGN = r"(?:(?<![\w.)\]}])[-\u2212])?"
-_NUMBER = re.compile(_SIGN + r"(?:\$\s*)?\d[\d,]*(?:\.\d+)?|" + _SIGN + r"\.\d+")
+# commas only between digits: "42, which" ends at 42 (it read "42,", graded wrong; found by an audit)
+_NUMBER = re.compile(_SIGN + r"(?:\$\s*)?\d+(?:,\d+)*(?:\.\d+)?|" + _SIGN + r"\.\d+")
 
 
 # a number whose digit groups, if any, are thousands: "1,234", "1 234 567" (one separator throughout); not "3, 5"
