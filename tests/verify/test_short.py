@@ -53,6 +53,8 @@ def test_max_words_is_the_bound():
     ("An", "an"),  # an article alone is kept: only a leading article before a word is dropped
     ("Reykjavík", "reykjavik"),
     ("FE", "fe"),
+    ("U.S.", "us"), ("The U.S.A.", "usa"), ("U.K.", "uk"),  # dotted abbreviations ("u s" matched no alias)
+    ("Washington, D.C.", "washington dc"),
 ])
 def test_normalize_short(raw, want):
     assert normalize_short(raw) == want
@@ -67,6 +69,7 @@ def test_normalize_short(raw, want):
     ("Ouagadougou, which", "Ouagadougou", True),  # the part before the first comma
     ("Washington, D.C.", "Washington|Washington, D.C.|Washington DC", True),
     ("The United States", "United States|USA", True),  # the article
+    ("The U.S.", "United States|US|USA", True),  # a dotted abbreviation of an alias
     ("Lyon", "Paris", False),
     ("Paris France", "Paris", False),  # no partial credit
     ("Fe", "Fe", True),

@@ -11,8 +11,9 @@ A gold answer for these formats is one string holding every accepted alternative
    response, a refusal ("I don't know", "not sure", "unknown", ...), a long sentence, a sentence cut before its
    answer ("The capital of Peru is") -- is not an answer (``None``: the verdict is UNPARSABLE, never correct).
    "Paris is the capital of France" reads as "the capital of France" and is judged wrong: the reading is literal.
-2. :func:`normalize_short` folds case, accents (NFKD, combining marks dropped), apostrophes, other punctuation
-   (to spaces), ``&`` (to "and"), "saint" (to "st") and a leading article ("the", "a", "an").
+2. :func:`normalize_short` folds case, accents (NFKD, combining marks dropped), dotted abbreviations ("U.S." to
+   "us"), apostrophes, other punctuation (to spaces), ``&`` (to "and"), "saint" (to "st") and a leading article
+   ("the", "a", "an").
 3. The answer is correct when its normal form, or that of its part before the first comma ("Ouagadougou, which"
    read as "Ouagadougou"), equals the normal form of any alternative of the gold.
 
@@ -39,6 +40,7 @@ _EMPHASIS = re.compile(r"[*_`\"“”‘’«»]+")
 _STATES = re.compile(r"(?:\s(?:is|are|was)\s|:\s*)")
 _ARTICLE = re.compile(r"^(?:the|a|an) ")
 _PUNCT = re.compile(r"[^\w ]+")
+_DOTTED = re.compile(r"(?<!\w)(?:[a-z]\.){2,}")  # an abbreviation of dotted single letters: "u.s.", "u.k.", "u.s.a."
 _SPACES = re.compile(r"\s+")
 
 
@@ -47,6 +49,7 @@ def normalize_short(text: str) -> str:
     "saint" as "st", single spaces (``"The  Côte d'Ivoire!"`` -> ``"cote divoire"``)."""
     s = unicodedata.normalize("NFKD", text)
     s = "".join(c for c in s if not unicodedata.combining(c)).lower()
+    s = _DOTTED.sub(lambda m: m.group(0).replace(".", ""), s)  # "U.S." -> "us", not "u s" (found by an audit)
     s = s.replace("&", " and ").replace("'", "").replace("’", "")
     s = _SPACES.sub(" ", _PUNCT.sub(" ", s).replace("_", " ")).strip()
     s = _ARTICLE.sub("", s)
