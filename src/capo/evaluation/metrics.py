@@ -298,7 +298,8 @@ def assign_answer_ids(rows: list[dict], verifier: Verifier, answer_format: str |
     """Set each row's ``answer_id``: the equivalence class of its extracted answer among the responses to the same
     prompt (-1 = no answer), numbered by first occurrence. Votes read it. Classes are math-verify's, except for the
     short free-text formats (``short``, ``rlcr_short``: facts), whose answers are equal when their normal forms are
-    (:func:`capo.verify.short.normalize_short`, the judge's own comparison)."""
+    (:func:`capo.verify.short.normalize_short`; :func:`capo.rollout.grading.answer_classes` says what this leaves
+    apart that the judge accepts alike)."""
     by_prompt: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         by_prompt.setdefault(str(r["prompt_id"]), []).append(i)

@@ -91,7 +91,9 @@ def answer_classes(groups: Sequence[Sequence[str | None]], verifier: Verifier,
                    answer_format: str | None = None) -> list[list[int]]:
     """Each group's answers' equivalence classes, numbered by first occurrence (-1 = no answer): for the short
     free-text formats (``short``, ``rlcr_short``: facts) answers are equal when their normal forms are
-    (:func:`capo.verify.short.normalize_short`, the judge's own comparison), for any other math-verify's
+    (:func:`capo.verify.short.normalize_short`, the judge's normalisation; the judge also accepts an answer's part
+    before its first comma and the gold's aliases, which classes made without the gold do not: "Paris" and
+    "Paris, France", "Kyiv" and "Kiev" are two classes, both correct), for any other math-verify's
     (:meth:`Verifier.equivalence_classes_batch`). The one rule behind the votes of ``capo eval`` and SEED-GRPO's
     clusters in training."""
     if answer_format not in SHORT_FORMATS:
