@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import time
@@ -93,7 +92,7 @@ def _generation_settings(args) -> None:
         raise ConfigError(f"{' and '.join(given)} choose what is generated; --generations generates nothing and "
                           "scores every row of its file: select the rows in the file instead")
     if args.k is None:
-        args.k = next(f.default for f in dataclasses.fields(EvalSettings) if f.name == "k")
+        args.k = EvalSettings.k  # the field's default
 
 
 # how answers are extracted from a response; recorded in a run's config.json and reused when its generations are

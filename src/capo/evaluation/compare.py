@@ -176,17 +176,21 @@ class Comparison:
         """Model -> its value of ``key``, the mean over its runs: over the prompts every model holds when each model
         has them there (some run holds other prompts too), else each run's metrics.json; the values the headline
         ranks, as :meth:`diff` subtracts them. Models without the measure are left out."""
-        shared = {m.name: self._on_shared(m.name, key) for m in self.models}
-        if self.points and all(v is not None for v in shared.values()):
+        shared = self._all_shared(key)
+        if shared is not None:
             return {n: sum(v) / len(v) for n, v in shared.items()}
         return {m.name: v for m in self.models if (v := m.mean(key)) is not None}
 
     def run_values(self, name: str, key: str) -> list:
         """Each of model ``name``'s runs' ``key``, over the shared prompts as :meth:`values` takes them."""
+        shared = self._all_shared(key)
+        return shared[name] if shared is not None else [r.metrics.get(key) for r in self._model(name).runs]
+
+    def _all_shared(self, key: str) -> dict[str, list[float]] | None:
+        """Model -> each run's ``key`` over the shared prompts when every model has them (:meth:`_on_shared`), else
+        None."""
         shared = {m.name: self._on_shared(m.name, key) for m in self.models}
-        if self.points and all(v is not None for v in shared.values()):
-            return shared[name]
-        return [r.metrics.get(key) for r in self._model(name).runs]
+        return shared if self.points and all(v is not None for v in shared.values()) else None
 
     def _on_shared(self, name: str, key: str) -> list[float] | None:
         """Each of model ``name``'s runs' ``key`` over the prompts every model holds; None where every run holds

@@ -500,11 +500,13 @@ def markdown_tables(cmp) -> str:
         for key, _, _ in compare.MEASURES:
             d = cmp.diff(name, cmp.reference, key)
             n = cmp.prompts_between(name, cmp.reference, key)
-            text = "-" if d is None else f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
-            if d is not None and compare.too_few(n):  # no reading names a winner there (docs/metrics.md)
-                text = f"{d[0]:+.3f} (from {n} prompts: too few to compare)"
-            cells.append(f"**{text}**" if d is not None and not compare.too_few(n) and (d[1] > 0 or d[2] < 0)
-                         else text)
+            if d is None:
+                cells.append("-")
+            elif compare.too_few(n):  # no reading names a winner there (docs/metrics.md): never bold
+                cells.append(f"{d[0]:+.3f} (from {n} prompts: too few to compare)")
+            else:
+                text = f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
+                cells.append(f"**{text}**" if d[1] > 0 or d[2] < 0 else text)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines + ["", compare.headline(cmp)[0]]) + "\n"
 

@@ -40,13 +40,19 @@ def proportion_interval(k: float, n: int, *, alpha: float = 0.05, method: str = 
     return lo, hi
 
 
+def finite_values(values) -> list[float]:
+    """The finite numbers of ``values`` as floats, in order: None, NaN and inf left out (a measure a seed or an
+    evaluation draw could not compute counts in no seed statistic)."""
+    return [float(x) for x in values if x is not None and math.isfinite(float(x))]
+
+
 def seed_paired_interval(diffs, *, alpha: float = 0.05) -> dict | None:
     """Per-training-seed differences (model - reference, the same seeds) -> {"mean", "sd", "low", "high", "p", "n"}:
     the mean, its 1 - alpha t-interval with n - 1 degrees of freedom, and the two-sided one-sample t-test p-value.
     None for fewer than 2 finite differences."""
     from scipy import stats
 
-    d = [float(x) for x in diffs if x is not None and math.isfinite(float(x))]
+    d = finite_values(diffs)
     n = len(d)
     if n < 2:
         return None
@@ -67,8 +73,7 @@ def two_sample_interval(a, b, *, alpha: float = 0.05) -> dict | None:
     both have zero variance (no interval exists)."""
     from scipy import stats
 
-    xa = [float(x) for x in a if x is not None and math.isfinite(float(x))]
-    xb = [float(x) for x in b if x is not None and math.isfinite(float(x))]
+    xa, xb = finite_values(a), finite_values(b)
     if len(xa) < 2 or len(xb) < 2 or (len(set(xa)) == 1 and len(set(xb)) == 1):
         return None
     r = stats.ttest_ind(xa, xb, equal_var=False)

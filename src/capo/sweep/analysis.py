@@ -6,9 +6,9 @@ adjustment from statsmodels."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+
+from capo.evaluation.stats import finite_values
 
 MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "aurc", "verbal_ece", "majority_vote",
             "perplexity_consistency", "stochastic_ece", "stochastic_rate_error", "stochastic_auroc", "answer_ece",
@@ -55,7 +55,7 @@ def from_base(records: dict, bases: list[dict], effect: float) -> dict:
             if len(b) == 1:
                 out[m][k] = {"seeds": sorted(by_seed), "base_draws": 1, **seed_paired([x - b[0] for x in a], effect)}
                 continue
-            a, b = _finite(a), _finite(b)  # a measure a seed or draw could not compute counts nowhere, as seed_paired
+            a, b = finite_values(a), finite_values(b)  # a measure a seed or draw could not compute counts nowhere, as seed_paired
             if not a or not b:
                 continue
             w = two_sample_interval(a, b)
@@ -99,7 +99,7 @@ def seed_paired(diffs, effect: float) -> dict:
     seed could not compute) is left out of every number, the count and the mean included."""
     from capo.evaluation.stats import SEEDS_MOST, seed_paired_interval, seeds_for_power
 
-    d = [float(x) for x in diffs if math.isfinite(float(x))]
+    d = finite_values(diffs)
     out = {"n_seeds": len(d), "diffs": d, "mean": float(np.mean(d)) if d else None}
     r = seed_paired_interval(d)
     if r is not None:
@@ -153,16 +153,12 @@ def _has(records, m, ref, k) -> bool:
     return all(r["final"].get(k) is not None for x in (m, ref) for r in records[x].values())
 
 
-def _finite(v) -> list[float]:
-    return [float(x) for x in v if x is not None and math.isfinite(float(x))]
-
-
 def mean_or_none(v):
-    v = _finite(v)
+    v = finite_values(v)
     return float(np.mean(v)) if v else None
 
 
 def sd_or_none(v):
-    v = _finite(v)
+    v = finite_values(v)
     return float(np.std(v, ddof=1)) if len(v) > 1 else None
 

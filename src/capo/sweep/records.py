@@ -168,7 +168,8 @@ SAMPLED_AS = ("model.autocast_bf16", "rollout.temperature", "rollout.top_p", "ro
 
 def _sampled_as(rec: dict) -> dict:
     """``rec`` with :data:`SAMPLED_AS` as settings of its evaluation, where the comparisons of base records read."""
-    cfg = {**setting_defaults((), ("model", "rollout")), **flat_config(rec.get("config") or {}, (), ("model", "rollout"))}
+    sections = ("model", "rollout")
+    cfg = {**setting_defaults((), sections), **flat_config(rec.get("config") or {}, (), sections)}
     settings = rec.get("settings") or {}
     ev = {**(settings.get("eval") or {}), **{k: cfg.get(k) for k in SAMPLED_AS}}
     return {**rec, "settings": {**settings, "eval": ev}}

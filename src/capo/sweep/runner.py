@@ -277,8 +277,8 @@ def eval_folder(job: Job, model: str) -> Path:
             then = None
         if then != digest:
             stamp = time.strftime('%Y%m%d-%H%M%S')
-            aside = next(d for i in range(1000) if not (d := out.with_name(f"eval.replaced-{stamp}{f'-{i}' if i else ''}"))
-                         .exists())
+            names = (out.with_name(f"eval.replaced-{stamp}{f'-{i}' if i else ''}") for i in range(1000))
+            aside = next(d for d in names if not d.exists())
             out.rename(aside)
             print(f"  note: {job.name}: {out} held responses of {'other' if then else 'unknown'} weights than "
                   f"{model}'s; moved to {aside}, evaluating anew", flush=True)

@@ -4,9 +4,9 @@ A spec (YAML) names a preset, the methods (each a dict of config overrides), the
 and the held-out evaluation. Each job's settings (preset, resolved overrides, evaluation) hash to the key a record
 is recognised by: a record with the job's hash is done, one with another hash is stale (the spec was edited):
 ``status`` says so and ``run`` never counts it done. (``capo sweep report`` reads record folders without the spec:
-records that agree among themselves are reported whatever the spec now says.) With ``base: true`` the sweep also evaluates the preset's initial model under the same
-held-out evaluation; ``base: N`` draws that evaluation N times with evaluation seeds ``eval.seed``,
-``eval.seed + 1``, ... (``base.json``, ``base-draw1.json``, ...).
+records that agree among themselves are reported whatever the spec now says.) With ``base: true`` the sweep also
+evaluates the preset's initial model under the same held-out evaluation; ``base: N`` draws that evaluation N times
+with evaluation seeds ``eval.seed``, ``eval.seed + 1``, ... (``base.json``, ``base-draw1.json``, ...).
 """
 
 from __future__ import annotations

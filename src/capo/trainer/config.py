@@ -626,10 +626,9 @@ def bookkeeping(config: dict | None) -> tuple[str, ...]:
 
 def resume_changes(run_dir: Path, cfg: TrainConfig) -> list[str]:
     """``SECTION.FIELD: old -> new`` for each setting of ``cfg`` outside :func:`bookkeeping` and :data:`RESUMABLE`
-    that differs from the run
-    folder's ``config.yaml`` (the settings its checkpoints were trained with): resuming with any of them would
-    continue one run under another's name. A setting the file does not hold (written by an older capo) is not
-    compared; no file, nothing to compare."""
+    that differs from the run folder's ``config.yaml`` (the settings its checkpoints were trained with): resuming with
+    any of them would continue one run under another's name. A setting the file does not hold (written by an older
+    capo) is not compared; no file, nothing to compare."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         return []

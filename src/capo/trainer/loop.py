@@ -336,12 +336,13 @@ class Trainer:
                     step_loss, ran = step_loss + loss, True  # global denominators: the parts sum
                     means.add(m)
                 norm = float(self.acc.clip_grad_norm_(self.model.parameters(), c.optim.max_grad_norm or float("inf")))
-                if math.isfinite(norm):
+                taken = math.isfinite(norm)  # never let a NaN/inf gradient reach the parameters
+                if taken:
                     loss_total, grad_total, n_updates = loss_total + step_loss, grad_total + norm, n_updates + 1
                     self.opt.step()
-                else:  # never let a NaN/inf gradient reach the parameters; its metrics count nowhere
+                else:  # its metrics count nowhere
                     skipped += 1
-                means.end_step(taken=math.isfinite(norm))
+                means.end_step(taken)
                 self.sched.step()
                 self.opt.zero_grad(set_to_none=True)
         out = means.result(self.acc)

@@ -25,8 +25,8 @@ def preset_overrides(name: str) -> list[str]:
     with capo's estimator and reward; ConfigError for a preset verl cannot run (c2gspg: verl's policy-loss functions
     never see the rewards its calibration term reads; DAPO's shaping: use verl's own settings). PPO-clip maps to
     verl's "vanilla" loss mode, clip_cov / kl_cov / gspo / cispo to verl's own loss modes of that name (equal to
-    capo's on the same tensors: tests/adapters/test_verl.py::test_policy_losses_agree_with_verls; CISPO's missing lower bound
-    is verl's clip_ratio_low 1, whose bound r >= 0 never binds), the aggregation to ``loss_agg_mode``."""
+    capo's on the same tensors: tests/adapters/test_verl.py::test_policy_losses_agree_with_verls; CISPO's missing
+    lower bound is verl's clip_ratio_low 1, whose bound r >= 0 never binds), the aggregation to ``loss_agg_mode``."""
     p = engine_preset(name, "verl")
     verl_est = {core: v for v, core in ESTIMATORS.items()}[p["advantage"]]
     params = inspect.signature(POLICY_LOSSES.get(p["loss"])).parameters
