@@ -52,8 +52,10 @@ def _sample(engine, prompts, max_new, seed, **kw):
 @pytest.mark.parametrize("name", ["tiny", "default"])
 def test_the_loop_draws_the_tokens_generate_draws(models, name, sampling, share):
     """Against generate with transformers' SDPA attention (prefix_attention=False: the same attention the loop
-    runs): the same tokens, RNG stream and statistics, the log-probs to 1e-6 (measured: identical). The engines'
-    defaults (generate with the grouped prefix attention) differ in summation order only: tokens equal, 3e-5."""
+    runs): the same tokens and RNG stream, the log-probs and statistics to float32 rounding, 1e-5 (measured:
+    identical on an Intel Xeon; up to 2.7e-6 on an AMD EPYC with AVX-512, where attention over the static cache
+    sums in another order). The engines' defaults (generate with the grouped prefix attention) differ in summation
+    order only: tokens equal, 3e-5."""
     model, tok, prompts, max_new = models[name]
     common = dict(k=3, max_new_tokens=max_new, share_prefix=share, record_stats=True, **sampling)
     torch.manual_seed(11)
@@ -64,9 +66,9 @@ def test_the_loop_draws_the_tokens_generate_draws(models, name, sampling, share)
     assert torch.equal(torch.get_rng_state(), rng_a)  # the same draws from the global RNG, no more and no fewer
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
     assert a.texts == b.texts and torch.equal(a.truncated, b.truncated)
-    torch.testing.assert_close(b.gen_logp, a.gen_logp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(b.gen_logp, a.gen_logp, atol=1e-5, rtol=0)
     for key in a.token_stats:
-        torch.testing.assert_close(b.token_stats[key], a.token_stats[key], atol=1e-6, rtol=0)
+        torch.testing.assert_close(b.token_stats[key], a.token_stats[key], atol=1e-5, rtol=0)
     if name == "default":  # the shipped model ends responses with EOS: rows of different lengths were checked
         assert len(set(b.response_mask.sum(1).tolist())) > 1
     c, _ = _sample(HFEngine(model, tok, decode="graph", share_prefix=share), prompts, max_new, 11, **sampling)
