@@ -70,3 +70,16 @@ def test_no_verdict_before_every_seed(tmp_path, capsys):
     # the curve: seeds 1 and 2 at step 60, accuracy 0.1 and 0.2; the step-0 verbal AUROC has no value
     assert "| 0 | 0.020 (0.020-0.020) | 0.010 (0.010-0.010) | 0.900 (0.900-0.900) | -- | 0.800 (0.800-0.800) |" in out
     assert "| 60 | 0.150 (0.100-0.200) | 1.000 (1.000-1.000) | 0.000 (0.000-0.000) | 0.500 (0.500-0.500) |" in out
+
+
+def test_the_base_draws_are_named_by_their_records_not_by_the_listing(tmp_path, capsys):
+    """base-draw1.json lists before base.json (draw 0): the table printed them the other way round (the committed
+    facts_rlcr page had the two rows swapped until 2026-12-02)."""
+    folder = _write(tmp_path / "a", {1: _final(0.1, 0.0, 0.5, 1)})
+    (folder / "base-draw1.json").write_text(json.dumps({"method": "base", "seed": None, "draw": 1,
+                                                        "final": _final(0.05, 0.7, 0.53, 93)}))
+    _, bases = verdict.read(folder)
+    assert bases[0]["stated_mean"] == pytest.approx(0.9) and bases[1]["stated_mean"] == pytest.approx(0.7)
+    verdict.main(folder)
+    out = capsys.readouterr().out
+    assert "| base, draw 0 | 0.010 | 0.900 | -- |" in out and "| base, draw 1 | 0.070 | 0.700 | 0.530 |" in out

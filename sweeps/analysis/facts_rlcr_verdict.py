@@ -59,12 +59,15 @@ def load(folder: Path) -> list[dict]:
     return [json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))]
 
 
-def read(folder: Path, records: list[dict] | None = None) -> tuple[dict[int, dict], list[dict]]:
-    """(seed -> row of the RLCR records, rows of the base draws), from ``records`` when given (already loaded)."""
-    runs, bases = {}, []
+def read(folder: Path, records: list[dict] | None = None) -> tuple[dict[int, dict], dict[int, dict]]:
+    """(seed -> row of the RLCR records, draw -> row of the base draws), from ``records`` when given (already
+    loaded). A base record names its draw (``base.json`` has none: draw 0); the files' order is not the draws'."""
+    runs, bases = {}, {}
     for rec in load(folder) if records is None else records:
-        (bases.append(row(rec["final"])) if rec["method"] == "base" else
-         runs.__setitem__(rec["seed"], row(rec["final"])))
+        if rec["method"] == "base":
+            bases[rec.get("draw") or 0] = row(rec["final"])
+        else:
+            runs[rec["seed"]] = row(rec["final"])
     return runs, bases
 
 
@@ -92,9 +95,10 @@ def claims(runs: dict[int, dict]) -> list[tuple[str, bool | None, str]]:
     ]
 
 
-def table(runs: dict[int, dict], bases: list[dict]) -> list[str]:
+def table(runs: dict[int, dict], bases: dict[int, dict]) -> list[str]:
     lines = ["| record | " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
-    named = [(f"base, draw {i}", b) for i, b in enumerate(bases)] + [(f"RLCR, seed {s}", runs[s]) for s in sorted(runs)]
+    named = ([(f"base, draw {d}", bases[d]) for d in sorted(bases)]
+             + [(f"RLCR, seed {s}", runs[s]) for s in sorted(runs)])
     for name, r in named:
         lines.append(f"| {name} | " + " | ".join("--" if r[c] is None else f"{r[c]:.3f}" for c in COLUMNS) + " |")
     return lines
