@@ -26,7 +26,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_settings(p, EvalSettings, default_group="sampling")
     p.add_argument("--out", default=None,
                    help="run directory (created; an existing one is resumed; default: runs/eval/MODEL-DATASET, or "
-                        "runs/eval/rescored-NAME for --generations, printed at the start)")
+                        "runs/eval/rescored-NAME for --generations, printed at the start). A re-scoring refuses a "
+                        "folder holding another evaluation, a training run or its own input file")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
     return p
 

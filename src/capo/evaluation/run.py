@@ -413,6 +413,27 @@ def _check_config(out_dir: Path, config: dict) -> None:
     atomic_write_text(p, json.dumps(config, indent=1))
 
 
+def _check_rescoring_target(path: Path, out_dir: Path, config: dict) -> None:
+    """Refuse a re-scoring (``--generations``) whose ``--out`` would replace something: its own input file, or a
+    folder holding another evaluation or a training run. The same re-scoring again (the folder's config.json equal
+    to this one's) writes the same result and is allowed."""
+    if path.resolve().parent == out_dir.resolve():
+        raise ConfigError(f"--out {out_dir} holds the --generations file {path}: writing there would replace the "
+                          "input; choose another --out")
+    if (out_dir / "config.yaml").exists() or (out_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"--out {out_dir} is a training run's folder; choose another --out")
+    held = [n for n in ("config.json", "generations.jsonl", "metrics.json") if (out_dir / n).exists()]
+    if not held:
+        return
+    try:
+        same = json.loads((out_dir / "config.json").read_text()) == config
+    except (OSError, json.JSONDecodeError):
+        same = False
+    if not same:
+        raise ConfigError(f"--out {out_dir} already holds an evaluation ({', '.join(held)}) of another model, file "
+                          "or settings: re-scoring there would replace it; choose another --out")
+
+
 def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=None) -> dict:
     """Run (or resume) an evaluation into ``out_dir``; returns the metrics dict. ``engine``: an already started
     engine of kind ``s.engine`` for ``s.model`` (default: started here when there is something to generate)."""
@@ -738,6 +759,7 @@ def _run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
               "seed": s.seed, "logprob_definition": "as provided in the generations file",
               **{k: getattr(s, k) for k in (*ESTIMATOR_KNOBS, "keep_fraction")}}
     with run_lock(out_dir, "eval"):
+        _check_rescoring_target(path, out_dir, config)
         atomic_write_text(out_dir / "config.json", json.dumps(config, indent=1))
         with Verifier(workers=s.verify_workers, timeout_s=s.verify_timeout) as verifier:
             t0 = time.perf_counter()
