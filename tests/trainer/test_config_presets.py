@@ -123,6 +123,25 @@ def test_a_losss_hyperparameters_are_checked_before_any_model_loads(kwargs, mess
         load_config(None, {"algo.name": "gspo", "algo.loss_kwargs": kwargs})
 
 
+@pytest.mark.parametrize("overrides, message", [
+    ({"algo.name": "rlcr", "algo.reward_kwargs": "{bogus: 1}"},
+     "algo.reward_kwargs: reward 'rlcr' has no hyperparameter 'bogus'; allowed: format_failure_reward"),
+    ({"algo.name": "grpo", "algo.reward_kwargs": "{format_failure_reward: -1.0}"},
+     "algo.reward_kwargs: reward 'correctness' has no hyperparameter 'format_failure_reward'; allowed: (none)"),
+    ({"algo.name": "rlcr", "algo.reward_kwargs": "{format_failure_reward: abc}"},
+     "algo.reward_kwargs: could not convert string to float: 'abc'"),
+    ({"algo.name": "ppo_c", "algo.reward_kwargs": "{weight: -1}"}, "algo.reward_kwargs.weight must be >= 0, got -1"),
+    ({"algo.reward": "math:sqrt", "algo.reward_kwargs": "{weight: 1}"}, "applies to capo's own rewards only"),
+    ({"rollout.kv_cache": "bogus"}, "rollout.kv_cache='bogus' is not allowed; allowed values: static, dynamic"),
+])
+def test_reward_hyperparameters_and_the_kv_cache_are_checked_before_any_model_loads(overrides, message):
+    """Found by a CLI audit (2026-12-02): these passed --print-config and a sweep's check, then failed with a
+    traceback at the first rollout or reward, leaving a half-made run folder."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, overrides)
+    assert load_config(None, {"algo.name": "rlcr", "algo.reward_kwargs": "{format_failure_reward: -2}"})
+
+
 def test_dapos_group_filter_compares_the_verdicts_by_default():
     assert (load_config(None, {"algo.name": "dapo"}).algo.group_filter_by) == "correct"
     assert load_config(None, {"algo.name": "dapo", "algo.group_filter_by": "reward"}).algo.group_filter_by == "reward"
@@ -138,8 +157,8 @@ def test_dapos_group_filter_compares_the_verdicts_by_default():
                                                        "'capo' ranks responses by the verifier's verdicts"]),
     ({"algo.name": "dapo", "algo.advantage": "capo"}, ["algo.overlong_cache=4 does not change the update"]),
     ({"algo.name": "capo", "algo.reward": "rlcr"}, ["algo.reward=rlcr does not change the update beyond the verdicts"]),
-    ({"algo.name": "capo", "algo.reward_kwargs": {"format_penalty": 0.5}},
-     ["algo.reward=correctness with algo.reward_kwargs={'format_penalty': 0.5} does not change the update"]),
+    ({"algo.name": "capo", "algo.reward": "rlcr", "algo.reward_kwargs": {"format_failure_reward": -0.5}},
+     ["algo.reward=rlcr with algo.reward_kwargs={'format_failure_reward': -0.5} does not change the update"]),
     ({"algo.name": "gdpo", "algo.overlong_cache": 4}, ["never reads their sum"]),
     ({"algo.name": "grpo", "algo.overlong_cache": 4}, []),  # GRPO's z-score reads the shaped rewards
     ({"algo.name": "gdpo", "algo.reward": "correctness", "algo.overlong_cache": 4}, []),  # no terms: the sum, shaped

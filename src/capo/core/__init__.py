@@ -24,7 +24,7 @@ from capo.core.rollout_correction import logprob_mismatch, truncated_is_weights
 from capo.core.scores import sequence_logprob_mean, sequence_logprob_sum, sequence_perplexity
 from capo.core.step import (
     RENAMED, STEP_INPUTS, StepResult, advantage_kwargs_problem, advantage_step, calibration_metrics, estimate,
-    guard_batch, hyperparameters, loss_kwargs_problem, needs_scores,
+    guard_batch, hyperparameters, loss_kwargs_problem, needs_scores, reward_kwargs_problem,
 )
 
 __all__ = [
@@ -35,7 +35,8 @@ __all__ = [
     "grpo_advantage", "GROUP_FILTER_BY", "informative_groups", "kl_penalty", "overlong_penalty", "policy_loss",
     "ppl_quantile_thresholds", "rloo_advantage", "sequence_logprob_mean", "sequence_logprob_sum",
     "sequence_perplexity", "RENAMED", "STEP_INPUTS", "StepResult", "advantage_kwargs_problem", "advantage_step",
-    "loss_kwargs_problem", "calibration_metrics", "estimate", "guard_batch", "hyperparameters", "needs_scores",
+    "loss_kwargs_problem", "reward_kwargs_problem", "calibration_metrics", "estimate", "guard_batch",
+    "hyperparameters", "needs_scores",
     "ace_advantage", "c2gspg_loss", "clip_cov_loss", "gdpo_advantage", "kl_cov_loss", "logprob_advantage_covariance",
     "ngrpo_advantage",
     "ppo_c_reward", "REWARD_COMPONENTS", "rlcr_components", "seed_grpo_advantage", "semantic_entropy",

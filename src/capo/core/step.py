@@ -28,7 +28,7 @@ from capo.core.advantages import compute_advantages
 from capo.core.calibration import summarize
 from capo.core.dapo import informative_groups
 from capo.core.masks import capo_noise_mask
-from capo.core.registry import ADVANTAGES, POLICY_LOSSES
+from capo.core.registry import ADVANTAGES, POLICY_LOSSES, REWARDS
 from capo.core.scores import sequence_logprob_mean
 
 
@@ -88,6 +88,19 @@ def loss_kwargs_problem(loss: str, loss_kwargs: dict, *, key: str = "loss_kwargs
     return _kwargs_problem(f"policy loss {loss!r}", allowed, loss_kwargs, key,
                            lambda: fn(x, x, torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 2),
                                       **extra, **loss_kwargs))
+
+
+def reward_kwargs_problem(reward: str, reward_kwargs: dict, *, key: str = "reward_kwargs") -> str | None:
+    """What is wrong with reward ``reward``'s hyperparameters, or None: a name it does not take (its keyword
+    parameters but the per-response ``confidence`` and ``format_ok``), or a value it refuses (it runs once on a
+    two-row batch). The trainer calls this before any model is loaded; ``key`` is how the setting is spelled there."""
+    fn = REWARDS.get(reward)
+    allowed = [p for p, v in inspect.signature(fn).parameters.items() if v.kind is inspect.Parameter.KEYWORD_ONLY
+               and p not in ("confidence", "format_ok")]
+    ok = torch.ones(2, dtype=torch.bool)
+    return _kwargs_problem(f"reward {reward!r}", allowed, reward_kwargs, key,
+                           lambda: fn(torch.tensor([True, False]), confidence=torch.full((2,), 0.5), format_ok=ok,
+                                      **reward_kwargs))
 
 
 def _kwargs_problem(what: str, allowed: list[str], kwargs: dict, key: str, probe) -> str | None:

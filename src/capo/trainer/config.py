@@ -23,7 +23,7 @@ import yaml
 from capo.core import (
     ADVANTAGES, AGGREGATIONS, GROUP_FILTER_BY, MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, NOISE_MASKS,
     POLICY_LOSSES, REWARDS,
-    advantage_kwargs_problem, loss_kwargs_problem, mask_knob_problem, noise_mask_problem,
+    advantage_kwargs_problem, loss_kwargs_problem, mask_knob_problem, noise_mask_problem, reward_kwargs_problem,
 )
 from capo.core.checks import did_you_mean
 from capo.core.presets import ALGORITHMS
@@ -147,7 +147,7 @@ class AlgorithmConfig:
     reward_timeout: float = knob(10.0, "user reward function: seconds allowed per call")
     reward_errors: str = knob("fail", "user reward function exception/timeout: fail (stop with the sample) or "
                               "zero (score 0, count in train/reward_errors)")
-    reward_kwargs: dict = knob({}, "reward hyperparameters, e.g. {format_failure_reward: -1.0}")
+    reward_kwargs: dict = knob({}, "reward hyperparameters, e.g. {format_failure_reward: -1.0} for rlcr")
     kl_coef: float = knob(0.0, "beta of the per-token KL penalty to the reference model (0 = off, no ref pass)")
     kl_estimator: str = knob("k3", "KL estimator: k1, k2, k3")
     group_filter: bool | None = knob(None, "DAPO dynamic sampling: drop groups that are all right or all wrong "
@@ -314,6 +314,7 @@ class TrainConfig:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
         _choice("rollout.engine", r.engine, ENGINES)
         _choice("rollout.decode", r.decode, DECODERS)
+        _choice("rollout.kv_cache", r.kv_cache, KV_CACHES)
         if r.decode == "graph" and r.kv_cache != "static":
             raise ConfigError("rollout.decode=graph decodes over a static KV cache: it needs rollout.kv_cache=static")
         if r.tis_cap != 0 and not r.tis_cap >= 1:
@@ -332,8 +333,12 @@ class TrainConfig:
             from capo.trainer.user_reward import load_user_reward
 
             load_user_reward(a.reward)
+            if a.reward_kwargs:
+                raise ConfigError(f"algo.reward_kwargs={a.reward_kwargs} applies to capo's own rewards only; the user "
+                                  f"reward {a.reward} is called with (prompts, completions, golds)")
         else:
             _choice("algo.reward", a.reward, REWARDS.names())
+            _problem(reward_kwargs_problem(a.reward, a.reward_kwargs, key="algo.reward_kwargs"))
         _choice("algo.reward_errors", a.reward_errors, ("fail", "zero"))
         _choice("algo.kl_estimator", a.kl_estimator, ("k1", "k2", "k3"))
         _problem(noise_mask_problem(a.noise_mask, key="algo.noise_mask"))
