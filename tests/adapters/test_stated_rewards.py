@@ -225,3 +225,14 @@ def test_a_calibration_reward_on_facts_grades_with_the_short_answer_judge():
             pytest.approx([1 - 0.01, 1 - 0.01, -0.81])
     r = compute_score_rlcr(solution_str=texts[0], ground_truth="Kyiv|Kiev", answer_format="rlcr_short")
     assert (r["correct"], r["score"]) == (1.0, pytest.approx(0.99))
+
+
+def test_a_rewards_hyperparameters_are_checked_when_it_is_made():
+    """As the trainer's algo.reward_kwargs: a misspelt name or a refused value fails at construction, naming it."""
+    from capo.adapters.trl import PPOCReward
+    from capo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="reward 'ppo_c' has no hyperparameter 'wieght'; allowed: weight, threshold"):
+        PPOCReward(reward_kwargs={"wieght": 1.0})
+    with pytest.raises(ConfigError, match=r"reward_kwargs.weight must be >= 0, got -1"):
+        PPOCReward(reward_kwargs={"weight": -1})

@@ -60,7 +60,10 @@ from capo.adapters._common import (
     engine_preset,
     score_texts,
 )
-from capo.core import MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, checks, needs_scores, resolve_noise_mask
+from capo.core import (
+    MASK_HIGH, MASK_LOW, MASK_Q_HIGH, MASK_Q_LOW, REWARDS, checks, needs_scores, resolve_noise_mask,
+    reward_kwargs_problem,
+)
 from capo.errors import CapoError, ConfigError
 from capo.processes import leave_process_group as _leave
 from capo.rollout.method_inputs import advantage_inputs, needed_data, summed_reward_unread
@@ -161,6 +164,10 @@ class _TextReward:
                  format_failure_reward: float | None = None, reward_kwargs: dict | None = None):
         self.answer_key = answer_key
         self.reward_kwargs = dict(reward_kwargs or {})  # the core reward's other knobs (PPO-C: weight, threshold)
+        if self.kind in REWARDS.names():  # checked now, as the trainer checks algo.reward_kwargs, not at the 1st step
+            problem = reward_kwargs_problem(self.kind, self.reward_kwargs, key="reward_kwargs")
+            if problem:
+                raise ConfigError(f"{type(self).__name__}: {problem}")
         self.verifier = verifier
         self.answer_format = answer_format
         self.format_failure_reward = format_failure_reward
