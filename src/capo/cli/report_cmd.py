@@ -92,6 +92,11 @@ def _check_outputs(args: ReportSettings) -> None:
     out = Path(args.out)
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give the report's file path, e.g. {out / 'report.html'}")
+    if out.exists() and out.suffix.lower() not in (".html", ".htm"):  # a run's metrics.json was replaced by a page
+        raise ConfigError(f"--out {out} exists and is not an HTML report; nothing was written")
+    if not args.prefix or any(sep in args.prefix for sep in ("/", "\\")):
+        raise ConfigError(f"--prefix {args.prefix!r} must be a non-empty file-name prefix without a folder; nothing "
+                          "was written")
     if args.figures is not None:
         fig = Path(args.figures)
         block = next((p for p in (fig, *fig.parents) if p.exists() and not p.is_dir()), None)
