@@ -129,9 +129,25 @@ def test_read_jsonl_rows_stops_at_a_torn_tail_and_repairs_it(tmp_path):
     whole = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     path = tmp_path / "m.jsonl"
     assert read_jsonl_rows(path) == [] and not path.exists()
-    for torn in ('{"n": 3', '{"n": 3\n{"n": 4}\n'):  # no newline at the end; a line that is not JSON
+    for torn in ('{"n": 3', '{"n": 3\n', '{"n": 3\n\n  \n'):  # no newline at the end; a last line not JSON
         path.write_text(whole + torn, encoding="utf-8")
         assert read_jsonl_rows(path) == rows
         assert path.read_text(encoding="utf-8") == whole + torn  # read without repair: untouched
         assert read_jsonl_rows(path, repair=True) == rows
         assert path.read_text(encoding="utf-8") == whole
+
+
+@pytest.mark.parametrize("repair", [False, True])
+def test_read_jsonl_rows_refuses_a_damaged_line_with_rows_after_it(tmp_path, repair):
+    """A line that is not JSON with rows after it is no crash's torn tail: reading it short would drop the rows
+    after it (a report of a run cut at the damage, a resume repairing them away), so it raises naming the file and
+    line, and ``repair`` leaves the file untouched."""
+    from capo.errors import DataError
+    from capo.rundir import read_jsonl_rows
+
+    text = '{"n": 1}\n\n{"n": 2\n{"n": 3}\n'
+    path = tmp_path / "m.jsonl"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DataError, match=r"m\.jsonl, line 3: not a JSON line .*rows follow it"):
+        read_jsonl_rows(path, repair=repair)
+    assert path.read_text(encoding="utf-8") == text

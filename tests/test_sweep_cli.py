@@ -212,9 +212,11 @@ def test_the_record_names_the_code_that_ran():
 def test_a_record_keeps_every_code_state_its_job_ran_under(tmp_path, monkeypatch):
     """Each phase notes the commit and whether capo's files were edited when it started; a resumed job adds its own
     line. The record's `commit` is training's first, `code` the distinct states; mixed_code names what differs; a
-    torn last line is skipped."""
+    torn last line is skipped, and cut before the next process appends its own (else the two would make one line
+    that is not JSON, and with rows after it the log would be refused as damaged)."""
     states = iter([{"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": False},
-                   {"commit": "b" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": True}])
+                   {"commit": "b" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": True},
+                   {"commit": "c" * 40, "dirty": False}, {"commit": "c" * 40, "dirty": False}])
     monkeypatch.setattr(runner, "code_state", lambda: next(states))
     body = {"name": "tiny", "preset": "default", "methods": {"grpo": {"algo.name": "grpo"}}, "seeds": [1]}
     job = spec.jobs(body, tmp_path / "runs", tmp_path / "records")[0]
@@ -228,6 +230,9 @@ def test_a_record_keeps_every_code_state_its_job_ran_under(tmp_path, monkeypatch
     assert fields["commit"] == "a" * 40
     assert [(st["phase"], st["commit"][0], st["dirty"]) for st in fields["code"]] == [
         ("train", "a", False), ("train", "b", False), ("eval", "b", True)]
+    runner.note_code(job, "eval")  # the evaluation run again, twice
+    runner.note_code(job, "eval")
+    assert [(st["phase"], st["commit"][0]) for st in runner.code_fields(job)["code"]][-1] == ("eval", "c")
     assert records.mixed_code(fields) == f"2 commits ({'a' * 8}, {'b' * 8}); uncommitted edits at eval"
     assert records.mixed_code({"code": fields["code"][1:2]}) is None and records.mixed_code({}) is None
 

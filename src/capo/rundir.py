@@ -122,9 +122,10 @@ def read_jsonl(path: Path) -> list:
 
 
 def read_jsonl_rows(path: Path, repair: bool = False) -> list:
-    """The rows of an append-only JSONL file, up to the first torn line (no newline, or invalid JSON: what a crash
-    mid-write leaves). With ``repair`` the file is truncated to its last complete row so appending continues
-    cleanly. A missing file has no rows."""
+    """The rows of an append-only JSONL file, up to a torn last line (what a crash mid-write leaves: no newline, or
+    not JSON). With ``repair`` the file is truncated to its last complete row so appending continues cleanly. A
+    missing file has no rows. A line that is not JSON with rows after it is no torn write but a damaged file: it
+    raises :class:`DataError` naming the file and the line, rather than reading (or repairing) the file short."""
     path = Path(path)
     if not path.exists():
         return []
@@ -138,7 +139,12 @@ def read_jsonl_rows(path: Path, repair: bool = False) -> list:
         if line.strip():
             try:
                 rows.append(json_loads(line))
-            except json.JSONDecodeError:
+            except json.JSONDecodeError as e:
+                if data[nl + 1:].strip():
+                    lineno = data.count(b"\n", 0, pos) + 1
+                    raise DataError(f"{path}, line {lineno}: not a JSON line ({e}), and "
+                                    "rows follow it: the file is damaged, not torn by a crash; mend or remove "
+                                    "that line") from None
                 break
         pos = nl + 1
         good_end = pos
@@ -250,7 +256,23 @@ def _yaml_classes() -> tuple[type, type]:
     import yaml
 
     class Loader(yaml.SafeLoader):
-        pass
+        def construct_mapping(self, node, deep=False):  # a key given twice is refused, not "the last one wins"
+            if isinstance(node, yaml.MappingNode):  # a merged key (<<) may be overridden: only own keys count
+                seen = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.setdefault(key, key_node)
+                    except TypeError:
+                        continue  # an unhashable key: SafeLoader's own error follows
+                    if first is not key_node:
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping", node.start_mark,
+                            f"found the key {key!r} twice (on line {first.start_mark.line + 1} and again on line "
+                            f"{key_node.start_mark.line + 1}): say it once", key_node.start_mark)
+            return super().construct_mapping(node, deep)
 
     class Dumper(yaml.SafeDumper):
         pass

@@ -205,3 +205,27 @@ def test_numbers_in_exponent_form_are_floats_in_every_yaml_capo_reads(tmp_path):
     sp.write_text("name: s\npreset: default\nmethods: {a: {algo.name: capo, algo.advantage_kwargs: {tau: 6e-1}}}\n"
                   "seeds: [0]\n")
     assert spec.load_spec(sp)["methods"]["a"]["algo.advantage_kwargs"] == {"tau": 0.6}
+
+
+def test_a_key_given_twice_is_refused_in_every_yaml_capo_reads(tmp_path):
+    """PyYAML keeps the last of two equal keys: ``algo: {name: grpo}`` below ``algo: {name: capo}`` trained GRPO
+    with nothing said, and a sweep spec naming a method twice ran one of them. capo's loader refuses the second,
+    naming both lines (a config file, a ``*_kwargs`` mapping on the command line, a sweep spec); a key a merge (<<)
+    brings in may still be overridden."""
+    from capo.rundir import yaml_loads
+
+    with pytest.raises(yaml.YAMLError, match=r"found the key 'lr' twice \(on line 2 and again on line 4\)"):
+        yaml_loads("optim:\n  lr: 1\n  eps: 2\n  lr: 3\n")
+    assert yaml_loads("a: 1\n1: 2\n'1': 3\n") == {"a": 1, 1: 2, "1": 3}  # equal keys are equal values, not texts
+    assert yaml_loads("b: &b {x: 1, y: 2}\nc: {<<: *b, x: 5}\n")["c"] == {"x": 5, "y": 2}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algo:\n  name: capo\n  name: grpo\n")
+    with pytest.raises(ConfigError, match=r"(?s)is not valid YAML.*found the key 'name' twice"):
+        load_config(str(cfg))
+    with pytest.raises(ConfigError, match=r"algo.loss_kwargs must be of type dict"):
+        load_config(None, {"algo.name": "gspo", "algo.loss_kwargs": "{eps_high: 1, eps_high: 2}"})
+    sp = tmp_path / "s.yaml"
+    sp.write_text("name: s\npreset: default\nmethods:\n  a: {algo.name: capo}\n  a: {algo.name: grpo}\nseeds: [0]\n")
+    with pytest.raises(ConfigError, match=r"(?s)not valid YAML.*found the key 'a' twice \(on line 4 and again on line 5"
+                       ):
+        spec.load_spec(sp)

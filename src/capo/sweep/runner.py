@@ -516,6 +516,7 @@ def note_code(job: Job, phase: str) -> None:
     """Append the code a phase of the job starts under to its run folder's :data:`CODE_LOG` (a resumed job appends
     again, so a run trained across processes keeps every state it ran under)."""
     job.run_dir.mkdir(parents=True, exist_ok=True)
+    read_jsonl_rows(job.run_dir / CODE_LOG, repair=True)  # a line a kill tore is cut, not glued to the next one
     with open(job.run_dir / CODE_LOG, "a") as f:
         f.write(json.dumps({"phase": phase, **code_state()}) + "\n")
 
