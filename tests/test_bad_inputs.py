@@ -16,6 +16,7 @@ CASES = [json.loads(ln) for ln in (Path(__file__).parent / "data" / "bad_inputs.
 
 def _prepare(case, tmp_path):
     for rel, content in case.get("files", {}).items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(content)
     for rel, content in case.get("latin1_files", {}).items():  # bytes that are no UTF-8 (e.g. 0xe9 for "é")
         (tmp_path / rel).write_text(content, encoding="latin-1")

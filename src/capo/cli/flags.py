@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from typing import Any
 
 from capo.errors import is_real
@@ -53,8 +54,19 @@ def _add(target, f: dataclasses.Field) -> None:
 
 
 def _kind(f: dataclasses.Field, dflt):
-    """int / float from the default, else from the annotation (``int | None``), else str."""
-    if is_real(dflt):
-        return type(dflt)
+    """int / float from the default, else from the annotation (``int | None``), else str; a float is a finite one."""
     ann = str(f.type)
-    return int if ann.startswith("int") else float if ann.startswith("float") else str
+    kind = type(dflt) if is_real(dflt) else int if ann.startswith("int") else float if ann.startswith("float") else str
+    return finite_float if kind is float else kind
+
+
+def finite_float(text: str) -> float:
+    """A number on the command line: ``nan``, ``inf`` and ``1e999`` are refused (no setting means "unbounded" by
+    inf: a learning rate of inf built a NaN model, a verifier timeout of inf was recorded as a JSON ``Infinity``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
