@@ -809,7 +809,7 @@ def test_the_final_evaluations_arguments_carry_every_setting(tmp_path):
     read = from_namespace(EvalSettings, args)  # what `capo eval` runs with, as its `run` builds it
     for f in dataclasses.fields(EvalSettings):
         assert getattr(read, f.name) == getattr(s, f.name), f.name
-    assert (s.top_p, s.prompt_field, s.dataset_answer_format, s.limit) == (0.8, "q", "gsm8k", 6)
+    assert (s.top_p, s.prompt_field, s.gold_format, s.limit) == (0.8, "q", "gsm8k", 6)
 
 
 @pytest.mark.parametrize("n_measures,rows", [(3, 1), (4, 1), (11, 3)])

@@ -353,7 +353,7 @@ def test_a_spec_is_checked_whole_before_any_job_starts(tmp_path, monkeypatch, ca
         for message in ("typo-seed-1, typo-seed2: capo train: command line: unknown key algo.nmae (did you mean "
                         "'name'?)",
                         "unknown-seed-1, unknown-seed2: capo train: algo.name='nosuch' is not known",
-                        "fine-seed-1: capo train: run.seed must be >= 0, got -1",
+                        "fine-seed-1: capo train: run.seed must be an integer in [0, 2**32), got -1",
                         "fine-seed2: capo eval: eval.problems (--limit): must be an integer >= 1, got 0",
                         "seeds: 2 given more than once",
                         "--records-root records: not a directory"):

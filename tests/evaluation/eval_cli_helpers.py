@@ -3,5 +3,5 @@
 
 def eval_argv(model, data, out, *extra):
     return ["eval", "--model", str(model), "--dataset", str(data), "--prompt-field", "question", "--answer-field",
-            "solution", "--dataset-answer-format", "boxed", "-k", "2", "--max-new-tokens", "6", "--batch-size", "4",
+            "solution", "--gold-format", "boxed", "-k", "2", "--max-new-tokens", "6", "--batch-size", "4",
             "--verify-workers", "1", "--n-boot", "20", "--no-progress", "--out", str(out), *extra]

@@ -99,6 +99,28 @@ def test_a_resume_under_another_precision_or_token_recording_is_refused(tiny_mod
     assert json.loads((part / "metrics.json").read_text())["metrics"]["time_load_model_s"] > 100.0
 
 
+def test_a_folder_written_before_gold_format_was_named_so_resumes_by_its_old_name(tiny_model_dir, tiny_dataset,
+                                                                                  tmp_path, capsys):
+    """``--gold-format`` was ``--dataset-answer-format`` (config.json's ``dataset_answer_format``), one name per option
+    with training's ``data.gold_format``: a folder cut before the rename resumes when its old value matches and is
+    refused, naming the setting, when it does not."""
+    full = tmp_path / "full"
+    assert main(eval_argv(tiny_model_dir, tiny_dataset, full, "--no-token-stats")) == 0
+    config = json.loads((full / "config.json").read_text())
+    lines = (full / "generations.jsonl").read_text().splitlines(keepends=True)
+    for old_value, rc in (("plain", 2), ("boxed", 0)):
+        part = tmp_path / f"part-{old_value}"
+        part.mkdir()
+        old = {("dataset_answer_format" if k == "gold_format" else k): (old_value if k == "gold_format" else v)
+               for k, v in config.items()}
+        (part / "config.json").write_text(json.dumps(old))
+        (part / "generations.jsonl").write_text("".join(lines[:4]))
+        assert main(eval_argv(tiny_model_dir, tiny_dataset, part, "--no-token-stats")) == rc
+        if rc:
+            assert "gold_format: 'plain' -> 'boxed'" in capsys.readouterr().err
+    assert (tmp_path / "part-boxed" / "generations.jsonl").read_text() == "".join(lines)
+
+
 def test_a_folder_refused_before_its_first_row_takes_the_corrected_command(tiny_model_dir, tiny_dataset, tmp_path):
     """A run refused after it wrote its settings but before any row (e.g. a response budget beyond the model's
     context) holds nothing to resume: the corrected command runs there instead of being refused as "different

@@ -32,7 +32,7 @@ def test_a_file_is_read_sampled_and_held_out_as_in_training(tmp_path):
                                   "data.gold_format": "gsm8k", "data.n_eval": 4, "data.answer_format": "last_number",
                                   "rollout.top_p": 0.9}).to_dict()
     s = settings_as_trained(cfg, model="m", limit=None, k=2, batch_size=4)
-    assert (s.prompt_field, s.answer_field, s.dataset_answer_format, s.top_p) == ("q", "a", "gsm8k", 0.9)
+    assert (s.prompt_field, s.answer_field, s.gold_format, s.top_p) == ("q", "a", "gsm8k", 0.9)
     assert s.limit == 4  # the held-out part, not the whole file
     assert settings_as_trained(cfg, model="m", limit=3, k=2, batch_size=4).limit == 3
     with pytest.raises(ConfigError, match=r"training held out only its first data.n_eval=4"):

@@ -35,10 +35,13 @@ class BuildSettings:
 
     def check(self) -> None:
         """Raise ConfigError naming the first bad flag; fills in ``eval_prompts``' task default."""
+        from capo.core.checks import seed_problem
         from capo.errors import ConfigError
 
         if not self.out:
             raise ConfigError("--out is required: the folder to write the model to")
+        if problem := seed_problem("--seed", self.seed):
+            raise ConfigError(problem)
         for flag, v, low in (("--steps", self.steps, 1), ("--batch-size", self.batch_size, 1),
                              ("--threads", self.threads, 1), ("--eval-prompts", self.eval_prompts, 0)):
             if v is not None and v < low:

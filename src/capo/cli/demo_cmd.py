@@ -102,7 +102,7 @@ PER_RUN = {"algo.name": "--algos", "run.seed": "--seeds", "run.out_dir": "--out"
 
 
 def _parse(args: DemoSettings):
-    from capo.core.checks import did_you_mean
+    from capo.core.checks import did_you_mean, seed_problem
     from capo.core.presets import ALGORITHMS
 
     if args.task not in DEMO_TASKS:
@@ -118,6 +118,8 @@ def _parse(args: DemoSettings):
         raise ConfigError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
     if not algos or not seeds:
         raise ConfigError("--algos and --seeds must each name at least one value")
+    if problem := next(filter(None, (seed_problem("--seeds", s) for s in seeds)), None):
+        raise ConfigError(problem)
     for flag, vals in (("--algos", algos), ("--seeds", seeds)):
         if len(set(vals)) < len(vals):
             raise ConfigError(f"{flag} names a value twice ({', '.join(map(str, vals))}): each run is one algorithm "

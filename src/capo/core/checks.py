@@ -56,6 +56,18 @@ def non_negative(name: str, v: float) -> float:
     return float(v)
 
 
+SEED_LIMIT = 2**32  # seeds are 32-bit, as numpy's and vLLM's: capo derives per-batch seeds from them (eval: seed *
+# 1_000_003 + batch), and torch refuses a seed past 2**64 with a traceback
+
+
+def seed_problem(name: str, v) -> str | None:
+    """Why ``v`` is no seed (an integer in [0, 2**32)), naming ``name``; None when it is one. The one rule for every
+    seed capo takes (``run.seed``, ``capo eval --seed``, ``build-default --seed``, ``demo --seeds``, sweep seeds)."""
+    if is_int(v) and 0 <= v < SEED_LIMIT:
+        return None
+    return f"{name} must be an integer in [0, 2**32), got {v!r}"
+
+
 def did_you_mean(v, allowed: Iterable) -> str:
     """`` (did you mean 'grpo'?)`` for the allowed name closest to ``v`` (difflib, similarity >= 0.6), else ``""``:
     the one suggestion helper behind every "unknown name" error (algorithm, estimator, config key, dataset)."""

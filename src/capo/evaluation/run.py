@@ -37,7 +37,7 @@ from itertools import chain
 from pathlib import Path
 
 from capo.core import voting
-from capo.core.checks import did_you_mean
+from capo.core.checks import did_you_mean, seed_problem
 from capo.errors import ConfigError, DataError, is_int, is_real
 from capo.evaluation import plots
 from capo.evaluation.estimators import ESTIMATOR_KNOBS, TOKEN_FIELDS, float_values
@@ -63,11 +63,18 @@ __all__ = ["EvalSettings", "make_engine", "run_eval", "run_from_generations", "s
 # settings that change what is generated: a resumed run must match them exactly
 GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "top_p", "max_new_tokens", "batch_size",
                    "seed", "chat_template", "system_prompt", "response_prefix", "prompt_field", "answer_field",
-                   "dataset_answer_format",
-                   "answer_format", "fallback_last_number",  # these two: rows store their extracted answers
+                   "gold_format", "answer_format", "fallback_last_number",  # these two: rows store their extracted answers
                    "engine", "autocast", "token_stats")  # bf16 samples other tokens; token stats: what rows record
 # settings added later: what a run directory written before them used
 OLD_DEFAULTS = {"engine": "hf", "response_prefix": "", "token_stats": False}  # no per-token stats before them
+OLD_NAMES = {"gold_format": "dataset_answer_format"}  # settings renamed: a run directory written before says so
+
+
+def _recorded(config: dict, key: str):
+    """A generation setting as a run directory's config.json records it, under its name then or its default then."""
+    if key not in config and OLD_NAMES.get(key) in config:
+        return config[OLD_NAMES[key]]
+    return config.get(key, OLD_DEFAULTS.get(key))
 
 
 DEFAULT_MAX_NEW_TOKENS = 512  # the response budget when neither --max-new-tokens nor a shipped model sets one
@@ -98,8 +105,8 @@ class EvalSettings:
     limit: int | None = opt(None, "evaluate only the first N problems", group="input")
     prompt_field: str = opt("prompt", "prompt field of a JSONL/parquet dataset", group="input")
     answer_field: str = opt("answer", "gold-answer field of a JSONL/parquet dataset", group="input")
-    dataset_answer_format: str = opt("plain", "how the gold answer is stored in a JSONL/parquet dataset",
-                                     choices=FILE_ANSWER_FORMATS, group="input")
+    gold_format: str = opt("plain", "how a JSONL/parquet dataset stores the gold answer (gsm8k: '#### N'); "
+                           "training's data.gold_format", choices=FILE_ANSWER_FORMATS, group="input")
     k: int = opt(4, "responses sampled per prompt", flag="-k", cli_default=None)
     temperature: float = opt(1.0, "sampling temperature; 0 = greedy")
     top_p: float = opt(1.0, "nucleus sampling threshold")
@@ -166,7 +173,7 @@ def settings_as_trained(cfg: dict, *, model: str, limit: int | None, k: int, bat
                         batch_size=batch_size, seed=seed, chat_template=m.get("chat_template", True),
                         system_prompt=d.get("system_prompt"), response_prefix=d.get("response_prefix", ""),
                         prompt_field=d.get("prompt_field", "prompt"), answer_field=d.get("answer_field", "answer"),
-                        dataset_answer_format=d.get("gold_format", "plain"), answer_format=d["answer_format"],
+                        gold_format=d.get("gold_format", "plain"), answer_format=d["answer_format"],
                         n_boot=n_boot, token_stats=token_stats, autocast="on" if m.get("autocast_bf16") else "off")
 
 
@@ -228,8 +235,8 @@ def validate_settings(s: EvalSettings) -> None:
         check_response_prefix(s.dataset, s.response_prefix)
     except ValueError as e:
         bad("--response-prefix", str(e))
-    if s.dataset_answer_format not in FILE_ANSWER_FORMATS:
-        bad("--dataset-answer-format", f"{s.dataset_answer_format!r} is not allowed; allowed values: "
+    if s.gold_format not in FILE_ANSWER_FORMATS:
+        bad("--gold-format", f"{s.gold_format!r} is not allowed; allowed values: "
             f"{', '.join(FILE_ANSWER_FORMATS)}")
     if s.autocast not in AUTOCAST_MODES:
         bad("--autocast", f"{s.autocast!r} is not allowed{did_you_mean(s.autocast, AUTOCAST_MODES)}; allowed values: {', '.join(AUTOCAST_MODES)}")
@@ -243,8 +250,10 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--verify-workers", f"must be >= 1, got {s.verify_workers!r}")
     if not is_int(s.n_bins) or s.n_bins < 1:
         bad("--n-bins", f"must be an integer >= 1, got {s.n_bins!r}")
-    if s.n_boot < 0:
-        bad("--n-boot", f"must be >= 0, got {s.n_boot!r}")
+    if not is_int(s.n_boot) or s.n_boot < 0:
+        bad("--n-boot", f"must be an integer >= 0, got {s.n_boot!r}")
+    if problem := seed_problem("--seed", s.seed):
+        raise ConfigError(problem)
     for flag, v in (("--conf-window", s.conf_window), ("--conf-tail", s.conf_tail)):
         if not is_int(v) or v < 1:
             bad(flag, f"must be an integer >= 1, got {v!r}")
@@ -403,9 +412,9 @@ def _check_config(out_dir: Path, config: dict) -> None:
         except json.JSONDecodeError:
             old = None
         if old is not None:
-            diff = [k for k in GENERATION_KEYS if old.get(k, OLD_DEFAULTS.get(k)) != config.get(k)]
+            diff = [k for k in GENERATION_KEYS if _recorded(old, k) != config.get(k)]
             if diff:
-                details = ", ".join(f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in diff)
+                details = ", ".join(f"{k}: {_recorded(old, k)!r} -> {config.get(k)!r}" for k in diff)
                 raise ConfigError(
                     f"--out {out_dir} holds an eval with different settings ({details}); resume with the same "
                     "settings or choose another --out"
@@ -447,7 +456,7 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
     from capo.tasks.datasets import load_problems
 
     problems = load_problems(s.dataset, split=s.split, prompt_field=s.prompt_field, answer_field=s.answer_field,
-                             answer_format=s.dataset_answer_format, limit=s.limit)
+                             answer_format=s.gold_format, limit=s.limit)
     problem = gold_problem([p.answer for p in problems], s.answer_format)
     if problem:
         raise DataError(f"{s.dataset}: {problem}")

@@ -361,7 +361,7 @@ def _eval_args(s, out: Path) -> list[str]:
             "-k", str(s.k), "--temperature", str(s.temperature), "--top-p", str(s.top_p),
             "--max-new-tokens", str(s.max_new_tokens), "--batch-size", str(s.batch_size), "--seed", str(s.seed),
             "--prompt-field", s.prompt_field, "--answer-field", s.answer_field,
-            "--dataset-answer-format", s.dataset_answer_format,
+            "--gold-format", s.gold_format,
             *([] if s.chat_template else ["--no-chat-template"]),
             *([] if s.system_prompt is None else ["--system-prompt", s.system_prompt]),
             *([f"--response-prefix={s.response_prefix}"] if s.response_prefix else []),

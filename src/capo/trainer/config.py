@@ -25,7 +25,7 @@ from capo.core import (
     POLICY_LOSSES, REWARDS,
     advantage_kwargs_problem, loss_kwargs_problem, mask_knob_problem, noise_mask_problem, reward_kwargs_problem,
 )
-from capo.core.checks import did_you_mean
+from capo.core.checks import did_you_mean, seed_problem
 from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError, is_real
 from capo.rundir import BOOKKEEPING, MICRO_BATCH, yaml_dumps, yaml_loads
@@ -144,7 +144,7 @@ class AlgorithmConfig:
     reward: str | None = knob(None, "reward on verdicts (registry name: " + ", ".join(REWARDS.names())
                               + ") or a user function 'package.module:function' called as fn(prompt, response, "
                               "gold) -> float")
-    reward_timeout: float = knob(10.0, "user reward function: seconds allowed per call")
+    reward_timeout: float = knob(10.0, "user reward function: seconds allowed per call (0 = no limit)")
     reward_errors: str = knob("fail", "user reward function exception/timeout: fail (stop with the sample) or "
                               "zero (score 0, count in train/reward_errors)")
     reward_kwargs: dict = knob({}, "reward hyperparameters, e.g. {format_failure_reward: -1.0} for rlcr")
@@ -347,8 +347,9 @@ class TrainConfig:
             if not a.group_filter:
                 raise ConfigError(f"algo.group_filter_by={a.group_filter_by!r} applies only with "
                                   "algo.group_filter=true")
-        if a.kl_coef < 0:
-            raise ConfigError(f"algo.kl_coef must be >= 0, got {a.kl_coef}")
+        _at_least("algo.kl_coef", a.kl_coef, 0)
+        _at_least("algo.reward_timeout", a.reward_timeout, 0, why="seconds; 0 = no limit")
+        _at_least("algo.mask_calib_prompts", a.mask_calib_prompts, 1)
         if a.overlong_cache is not None and not 0 < a.overlong_cache <= r.max_new_tokens:
             raise ConfigError(f"algo.overlong_cache must be in [1, rollout.max_new_tokens={r.max_new_tokens}], "
                               f"got {a.overlong_cache}")
@@ -374,8 +375,11 @@ class TrainConfig:
         if o.micro_batch_size and (mb % o.micro_batch_size or o.micro_batch_size % r.group_size):
             raise ConfigError(f"optim.micro_batch_size={o.micro_batch_size} must be a multiple of rollout.group_size="
                               f"{r.group_size} that divides the mini-batch of {mb} responses")
+        if not run.out_dir.strip():
+            raise ConfigError(f"run.out_dir must name a folder, got {run.out_dir!r}")
         _at_least("run.steps", run.steps, 1)
-        for k in ("seed", "eval_every", "save_every", "threads"):
+        _problem(seed_problem("run.seed", run.seed))
+        for k in ("eval_every", "save_every", "threads"):
             _at_least(f"run.{k}", getattr(run, k), 0)
         _at_least("run.eval_samples", run.eval_samples, 1)
         _choice("run.on_bad_sample", run.on_bad_sample, ("skip", "fail"))
