@@ -154,11 +154,41 @@ def read_jsonl_rows(path: Path, repair: bool = False) -> list:
     return rows
 
 
+# what each command writes at the top of its folder: another command's folder is never written into
+FOLDER_FILES = {"training run": ("config.yaml", "metrics.jsonl", "checkpoints"),
+                "evaluation": ("generations.jsonl", "metrics.json"),
+                "model": ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "tokenizer.json",
+                          "tokenizer_config.json")}
+
+
+def check_out_folder(folder: Path, *, kind: str, flag: str) -> None:
+    """Raise :class:`ConfigError` when ``folder`` (a command's output folder, given as ``flag``) is a file, or holds
+    another kind of folder than ``kind`` (see :data:`FOLDER_FILES`): ``capo eval --out`` a training run's folder
+    mixed an evaluation's files with the run's, ``--out`` a model's folder replaced its config.json, and
+    ``capo train`` into an evaluation's folder wrote checkpoints beside its generations."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{flag} {folder} is a file, not a folder")
+    for other, names in FOLDER_FILES.items():
+        held = [n for n in names if (folder / n).exists()]
+        if other != kind and held:
+            raise ConfigError(f"{flag} {folder} holds {_a(other)}'s files ({', '.join(held)}): {_a(kind)} goes in "
+                              f"a folder of its own; choose another {flag}")
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
+
+
 @contextlib.contextmanager
-def run_lock(out_dir: Path, command: str):
+def run_lock(out_dir: Path, command: str, settings: tuple[str, ...] = ()):
     """Exclusive lock on DIR/.lock for the duration of ``capo <command>`` (train, eval, demo), so that two runs
-    never write to the same folder; the refusal names the command that holds it."""
+    never write to the same folder; the refusal names the command that holds it. A folder the lock made that holds
+    nothing else when it ends (a command refused before writing) is removed, as is one that holds only the command's
+    ``settings`` files and empty files when it ends in an error (refused before its first result, e.g. a model that
+    would not load): a refusal leaves no skeleton run folder."""
     out_dir = Path(out_dir)
+    made = [d for d in (out_dir, *out_dir.parents) if not d.exists()]  # the folders this lock makes, deepest first
     out_dir.mkdir(parents=True, exist_ok=True)
     f = open(out_dir / ".lock", "a+")
     try:
@@ -169,15 +199,31 @@ def run_lock(out_dir: Path, command: str):
         f.close()
         raise ConfigError(f"{out_dir}: another {holder} is writing to this directory; wait for it to finish or "
                           "choose another output folder") from None
+    failed = True
     try:
         f.seek(0)
         f.truncate()
         f.write(f"capo {command} (pid {os.getpid()})\n")
         f.flush()
         yield
+        failed = False
     finally:
+        if made:  # removed while still locked
+            _remove_skeleton(made, (".lock", *settings) if failed else (".lock",), empty_too=failed)
         fcntl.flock(f, fcntl.LOCK_UN)
         f.close()
+
+
+def _remove_skeleton(made: list[Path], names: tuple[str, ...], empty_too: bool) -> None:
+    """Remove the folder ``made[0]`` when it holds only files in ``names`` (and empty files, with ``empty_too``),
+    then the parents it was made in (``made[1:]``) that it leaves empty."""
+    with contextlib.suppress(OSError):
+        entries = list(made[0].iterdir())
+        if all(p.name in names or (empty_too and p.is_file() and p.stat().st_size == 0) for p in entries):
+            for p in entries:
+                p.unlink()
+            for d in made:
+                d.rmdir()  # OSError (not empty: another run's) ends the removal
 
 
 class Progress:

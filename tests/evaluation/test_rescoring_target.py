@@ -41,6 +41,6 @@ def test_the_input_file_and_a_training_run_are_never_written(tmp_path, capsys):
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     assert _eval(gens, run) != 0
-    assert "training run's folder" in capsys.readouterr().err
+    assert "holds a training run's files (metrics.jsonl)" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".")) == ["metrics.jsonl"]
     assert read_jsonl_rows(gens)[0]["mine"] == 1

@@ -11,6 +11,7 @@ from pathlib import Path
 from capo.cli.flags import add_settings
 from capo.errors import ConfigError
 from capo.evaluation.run import EvalSettings
+from capo.rundir import check_out_folder
 from capo.settings import from_namespace
 from capo.verify import DEFAULT_ANSWER_FORMAT
 
@@ -45,8 +46,7 @@ def run(args) -> int:
     out = Path(args.out) if args.out else _default_out(args)
     if not args.out:
         print(f"capo eval: --out not given; writing to {out}", flush=True)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} exists and is not a directory")
+    check_out_folder(out, kind="evaluation", flag="--out")
     t0 = time.perf_counter()
     m = run_eval(s, out, progress=args.progress)
     el = time.perf_counter() - t0

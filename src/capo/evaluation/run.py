@@ -49,7 +49,7 @@ from capo.rollout.engine import DECODERS, DEVICES, ENGINES, check_engine, resolv
 from capo.rollout.grading import Graded, gold_problem, grade
 from capo.rollout.models import AUTOCAST_MODES
 from capo.rollout.types import Sample
-from capo.rundir import Progress, atomic_write_text, json_line, read_jsonl_rows, run_lock
+from capo.rundir import Progress, atomic_write_text, check_out_folder, json_line, read_jsonl_rows, run_lock
 from capo.settings import opt
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, required_answer_formats
 from capo.tasks.generated import GENERATED_TASKS
@@ -424,13 +424,11 @@ def _check_config(out_dir: Path, config: dict) -> None:
 
 def _check_rescoring_target(path: Path, out_dir: Path, config: dict) -> None:
     """Refuse a re-scoring (``--generations``) whose ``--out`` would replace something: its own input file, or a
-    folder holding another evaluation or a training run. The same re-scoring again (the folder's config.json equal
-    to this one's) writes the same result and is allowed."""
+    folder holding another evaluation (a training run's or a model's folder: :func:`capo.rundir.check_out_folder`).
+    The same re-scoring again (the folder's config.json equal to this one's) writes the same result and is allowed."""
     if path.resolve().parent == out_dir.resolve():
         raise ConfigError(f"--out {out_dir} holds the --generations file {path}: writing there would replace the "
                           "input; choose another --out")
-    if (out_dir / "config.yaml").exists() or (out_dir / "metrics.jsonl").exists():
-        raise ConfigError(f"--out {out_dir} is a training run's folder; choose another --out")
     held = [n for n in ("config.json", "generations.jsonl", "metrics.json") if (out_dir / n).exists()]
     if not held:
         return
@@ -462,10 +460,11 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
         raise DataError(f"{s.dataset}: {problem}")
     s = replace(s, max_new_tokens=response_budget(s, problems, engine))
     out_dir = Path(out_dir)
+    check_out_folder(out_dir, kind="evaluation", flag="--out")
     config = {k: v for k, v in asdict(s).items() if k != "extra"}
     config["n_prompts"] = len(problems)
     config["logprob_definition"] = "raw log_softmax at temperature 1 of the sampled tokens (recorded during generation)"
-    with run_lock(out_dir, "eval"):
+    with run_lock(out_dir, "eval", settings=("config.json", "timing.json")):
         _check_config(out_dir, config)
         gen_path = out_dir / "generations.jsonl"
         rows = read_jsonl_rows(gen_path, repair=True)
@@ -767,7 +766,8 @@ def _run_from_generations(path: Path, out_dir: Path, s: EvalSettings) -> dict:
               "fallback_last_number": s.fallback_last_number, "n_bins": s.n_bins, "n_boot": s.n_boot,
               "seed": s.seed, "logprob_definition": "as provided in the generations file",
               **{k: getattr(s, k) for k in (*ESTIMATOR_KNOBS, "keep_fraction")}}
-    with run_lock(out_dir, "eval"):
+    check_out_folder(out_dir, kind="evaluation", flag="--out")
+    with run_lock(out_dir, "eval", settings=("config.json", "timing.json")):
         _check_rescoring_target(path, out_dir, config)
         atomic_write_text(out_dir / "config.json", json.dumps(config, indent=1))
         with Verifier(workers=s.verify_workers, timeout_s=s.verify_timeout) as verifier:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from capo.errors import ConfigError
+from capo.errors import ConfigError, DataError
 from capo.rundir import list_checkpoints
 from capo.tasks.datasets import GENERATED_TASKS
 
@@ -164,11 +164,21 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32):
             model.hf_quantizer, model.is_quantized = None, False  # (checkpoints of a GGUF-started run are plain)
             _save_gguf_cache(model, tok, gguf_cache_dir(resolve_model_spec(spec)))
             model = model.to(dtype)
+    _check_finite(model, spec)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     model.generation_config.pad_token_id = tok.pad_token_id
     return model.eval(), tok
+
+
+def _check_finite(model, spec: str) -> None:
+    """Refuse weights holding a NaN or an infinity (a diverged run's checkpoint, a damaged file): such a model
+    samples nothing (``multinomial`` fails on its probabilities) and trains nothing; said before any run begins."""
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise DataError(f"model {spec!r} has weights that are not finite numbers (NaN or inf) in {len(bad)} "
+                        f"tensor(s), e.g. {bad[0]}: it cannot sample or train")
 
 
 def train_top_layers(model, k: int) -> dict[str, int]:
@@ -212,10 +222,13 @@ def _hf_source(spec: str) -> tuple[str, dict]:
 
 @contextlib.contextmanager
 def _load_errors(spec: str):
-    """A loading failure as a ConfigError naming the model (and an offline Hub, when set)."""
+    """A loading failure as a ConfigError naming the model (and an offline Hub, when set): a missing or unreadable
+    file, a weights file that is no safetensors (empty, truncated), weights whose shapes are not the config's."""
+    from safetensors import SafetensorError
+
     try:
         yield
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, SafetensorError, RuntimeError) as e:
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
         raise ConfigError(
             f"could not load model {spec!r}{' (HF_HUB_OFFLINE is set)' if offline else ''}: "

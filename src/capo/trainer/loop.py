@@ -48,7 +48,7 @@ from capo.processes import leave_process_group
 from capo.rollout import HFEngine, Rollout, grade, load_model, token_logprobs, train_top_layers
 from capo.rollout.lora import adapter_state, add_lora, load_adapter_state, merged_state_dict
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, step_advantages
-from capo.rundir import Progress, run_lock
+from capo.rundir import Progress, check_out_folder, run_lock
 from capo.tasks.prompts import with_prefix
 from capo.tasks.stochastic import stochastic_summary
 from capo.trainer import checkpoint as ckpt
@@ -100,6 +100,7 @@ class Trainer:
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         self.run_dir = Path(cfg.run.out_dir)
+        check_out_folder(self.run_dir, kind="training run", flag="run.out_dir")
         self.train_set, self.eval_set = load_problems(cfg.data, seed=cfg.run.seed)
         resume_from = ckpt.latest_checkpoint(self.run_dir) if cfg.run.resume else None
         if resume_from is not None and (changed := resume_changes(self.run_dir, cfg)):
