@@ -281,10 +281,16 @@ def test_records_of_two_sweeps_form_one_comparison_only_with_the_same_settings(t
     with pytest.raises(CapoError, match="grpo seed 1 twice"):
         records.load_records(a, b)
     capsys.readouterr()
-    # --effect must be a difference > 0 (0 crashed in statsmodels; nan, inf and negatives printed nonsense)
-    for effect in ("0", "nan", "inf", "-0.1"):
+    # --effect must be a difference > 0 (0 crashed in statsmodels; nan, inf and negatives printed nonsense); nan and
+    # inf are refused where every command-line float is, by the flag's parser (exit 2 with a usage line)
+    for effect in ("0", "-0.1"):
         assert main(["sweep", "report", str(a), "--out", str(tmp_path / "o"), "--effect", effect]) == 2
         assert f"--effect must be a difference > 0 (e.g. 0.03), got {float(effect)}" in capsys.readouterr().err
+    for effect in ("nan", "inf"):
+        with pytest.raises(SystemExit) as e:
+            main(["sweep", "report", str(a), "--out", str(tmp_path / "o"), "--effect", effect])
+        assert e.value.code == 2
+        assert f"argument --effect: '{effect}' is not a finite number" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     # a record whose seed is no integer or whose method no name: refused, naming the file
     (a / "grpo-seed9.json").write_text(json.dumps({**rec("grpo", 9, 0.7), "seed": "x"}))
