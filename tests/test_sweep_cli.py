@@ -126,6 +126,13 @@ def test_status_names_the_jobs_a_live_process_runs_and_what_is_left(tmp_path, mo
 @pytest.mark.parametrize("argv, message", [
     (["sweep", "status", "no_such_spec.yaml"], "no_such_spec.yaml: no such sweep spec"),
     (["sweep", "run", "no_such_spec.yaml"], "no_such_spec.yaml: no such sweep spec"),
+    # a folder (a sweep's records or runs, the sweeps/ folder itself) is not "no such" spec
+    (["sweep", "status", "EMPTY"], "EMPTY: is a folder, not a sweep spec (a YAML file; the repository's are in "
+                                   "sweeps/*.yaml)"),
+    (["sweep", "run", "EMPTY"], "EMPTY: is a folder, not a sweep spec"),
+    (["sweep", "prune", "EMPTY"], "EMPTY: is a folder, not a sweep spec"),
+    (["sweep", "report", "EMPTY", "--compare-summary"], "EMPTY: is a folder, not a summary file (--compare-summary "
+                                                        "reads one `capo report --figures` PREFIX-summary.json)"),
     (["sweep", "status", "BAD"], "unknown key(s) ['step']"),
     (["sweep", "run", str(ROOT / "sweeps" / "word_methods.yaml"), "--jobs", "0"], "--jobs must be >= 1"),
     (["sweep", "run", str(ROOT / "sweeps" / "word_methods.yaml"), "--commit", "--records-root", "REC"],

@@ -106,6 +106,9 @@ def compare_summary_report(path: Path, reference: str = "grpo", effect: float = 
     from capo.sweep.tables import check_compare_summary, from_compare_summary
 
     path = Path(path)
+    if path.is_dir():  # e.g. the --figures folder or a sweep's records folder: not "no such" file
+        raise DataError(f"{path}: is a folder, not a summary file (--compare-summary reads one `capo report "
+                        "--figures` PREFIX-summary.json)")
     if not path.is_file():
         raise DataError(f"{path}: no such summary file (--compare-summary reads one *-summary.json)")
     try:

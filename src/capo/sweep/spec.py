@@ -61,8 +61,9 @@ def load_spec(path: Path) -> dict:
     import yaml
 
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such sweep spec (a YAML file; the repository's are in sweeps/*.yaml)")
+    if not path.is_file():  # a folder (sweeps/, a sweep's records) is named as one: "no such" sent users looking
+        what = "is a folder, not a sweep spec" if path.is_dir() else "no such sweep spec"
+        raise ConfigError(f"{path}: {what} (a YAML file; the repository's are in sweeps/*.yaml)")
     try:
         spec = yaml_loads(path.read_text()) or {}
     except yaml.YAMLError as e:
