@@ -122,6 +122,16 @@ def test_changed_settings_are_stale_not_mixed(tmp_path, capsys):
     ({"eval": {"k": 2.5}}, "eval.k must be an integer, got 2.5"),
     ({"eval": {"problems": True}}, "eval.problems must be an integer (or null: the held-out part), got True"),
     ({"description": ["a"]}, "'description' is text"),
+    # an integer setting is refused where `capo train` refuses one (a fraction, a truth value)
+    ({"steps": 1.5}, "'steps' must be an integer (or null: the preset's), got 1.5"),
+    ({"steps": True}, "'steps' must be an integer (or null: the preset's), got True"),
+    ({"save_every": 2.5}, "'save_every' must be an integer, got 2.5"),
+    ({"save_every": None}, "'save_every' must be an integer, got None"),
+    ({"seeds": [1, 2.5]}, "'seeds' must be a non-empty list of integers, got [1, 2.5]"),
+    ({"seeds": [1, True]}, "'seeds' must be a non-empty list of integers, got [1, True]"),
+    ({"eval": {"k": True}}, "eval.k must be an integer, got True"),
+    ({"base": 1.5}, "'base' must be true, false or a number of draws >= 1, got 1.5"),
+    ({"base": 0.0}, "'base' must be true, false or a number of draws >= 1, got 0.0"),
     # what the runner sets from the spec is refused in overrides, never silently replaced
     ({"methods": {"grpo": {"run.seed": 3}}}, "method 'grpo' sets run.seed, which each job takes from the spec's "
                                             "'seeds'; set it there"),
@@ -134,6 +144,49 @@ def test_bad_spec_names_the_key(tmp_path, bad, message):
     with pytest.raises(CapoError) as e:
         spec.load_spec(_write(tmp_path, {**SPEC, **bad}))
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("value", [2.0, "2", 2.5, True, "2.0", "x", None, [2]])
+def test_an_integer_setting_of_a_spec_is_what_capo_train_takes_for_one(tmp_path, value):
+    """A spec's integer settings (steps, save_every, seeds, eval's, base's draws) accept what `capo train` accepts in
+    its config file for run.steps and refuse what it refuses, by the same rule (capo.trainer.config.coerce); what
+    is accepted is kept as an int, so a job's command line, names and settings hash are those of the whole number:
+    `steps: 2.0` gave `--run.steps 2.0`, which train's command line refuses."""
+    from capo.trainer.config import TrainConfig
+
+    try:
+        TrainConfig.from_dict({"run": {"steps": value}})
+        train_takes = True
+    except CapoError:
+        train_takes = False
+    body = {**SPEC, "steps": value, "save_every": value, "seeds": [value], "eval": {**SPEC["eval"], "k": value},
+            "base": value}
+    if value is None:  # null is the preset's steps, never a save cadence or a seed
+        body = {**SPEC, "steps": value}
+    try:
+        loaded = spec.load_spec(_write(tmp_path, body))
+    except CapoError:
+        assert not train_takes or value is None
+        return
+    assert train_takes or value is None
+    if value is None:
+        assert loaded["steps"] is None
+        return
+    whole = {**SPEC, "steps": 2, "save_every": 2, "seeds": [2], "eval": {**SPEC["eval"], "k": 2}, "base": 2}
+    assert loaded == whole and all(type(v) is int for v in (loaded["steps"], loaded["save_every"], *loaded["seeds"],
+                                                              loaded["eval"]["k"], loaded["base"]))
+    assert [j.settings_hash for j in spec.jobs(loaded, tmp_path, tmp_path)] == [
+        j.settings_hash for j in spec.jobs(whole, tmp_path, tmp_path)]
+
+
+def test_a_whole_number_float_for_steps_passes_the_checks_before_a_sweep_runs(tmp_path, capsys):
+    """`steps: 1.0` in a spec (as `run: {steps: 1.0}` in a `capo train --config` file) is one step: `capo sweep
+    status` lists the jobs and finds nothing that would stop `capo sweep run` (it said "capo train: run.steps must be
+    of type int, got '1.0'")."""
+    p = _write(tmp_path, {**SPEC, "steps": 1.0, "save_every": 1.0})
+    assert main(["sweep", "status", str(p), "--runs-root", str(tmp_path / "runs"), "--records-root",
+                 str(tmp_path / "records")]) == 0, capsys.readouterr().err
+    assert "todo    grpo-seed3" in capsys.readouterr().out
 
 
 def test_a_methods_own_steps_apply_when_the_spec_sets_none(tmp_path):
@@ -228,10 +281,16 @@ def test_records_of_two_sweeps_form_one_comparison_only_with_the_same_settings(t
     with pytest.raises(CapoError, match="grpo seed 1 twice"):
         records.load_records(a, b)
     capsys.readouterr()
-    # --effect must be a difference > 0 (0 crashed in statsmodels; nan, inf and negatives printed nonsense)
-    for effect in ("0", "nan", "inf", "-0.1"):
+    # --effect must be a difference > 0 (0 crashed in statsmodels; nan, inf and negatives printed nonsense); nan and
+    # inf are refused where every command-line float is, by the flag's parser (exit 2 with a usage line)
+    for effect in ("0", "-0.1"):
         assert main(["sweep", "report", str(a), "--out", str(tmp_path / "o"), "--effect", effect]) == 2
         assert f"--effect must be a difference > 0 (e.g. 0.03), got {float(effect)}" in capsys.readouterr().err
+    for effect in ("nan", "inf"):
+        with pytest.raises(SystemExit) as e:
+            main(["sweep", "report", str(a), "--out", str(tmp_path / "o"), "--effect", effect])
+        assert e.value.code == 2
+        assert f"argument --effect: '{effect}' is not a finite number" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     # a record whose seed is no integer or whose method no name: refused, naming the file
     (a / "grpo-seed9.json").write_text(json.dumps({**rec("grpo", 9, 0.7), "seed": "x"}))

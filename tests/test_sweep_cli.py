@@ -126,6 +126,13 @@ def test_status_names_the_jobs_a_live_process_runs_and_what_is_left(tmp_path, mo
 @pytest.mark.parametrize("argv, message", [
     (["sweep", "status", "no_such_spec.yaml"], "no_such_spec.yaml: no such sweep spec"),
     (["sweep", "run", "no_such_spec.yaml"], "no_such_spec.yaml: no such sweep spec"),
+    # a folder (a sweep's records or runs, the sweeps/ folder itself) is not "no such" spec
+    (["sweep", "status", "EMPTY"], "EMPTY: is a folder, not a sweep spec (a YAML file; the repository's are in "
+                                   "sweeps/*.yaml)"),
+    (["sweep", "run", "EMPTY"], "EMPTY: is a folder, not a sweep spec"),
+    (["sweep", "prune", "EMPTY"], "EMPTY: is a folder, not a sweep spec"),
+    (["sweep", "report", "EMPTY", "--compare-summary"], "EMPTY: is a folder, not a summary file (--compare-summary "
+                                                        "reads one `capo report --figures` PREFIX-summary.json)"),
     (["sweep", "status", "BAD"], "unknown key(s) ['step']"),
     (["sweep", "run", str(ROOT / "sweeps" / "word_methods.yaml"), "--jobs", "0"], "--jobs must be >= 1"),
     (["sweep", "run", str(ROOT / "sweeps" / "word_methods.yaml"), "--commit", "--records-root", "REC"],
@@ -144,6 +151,60 @@ def test_bad_input_is_a_clear_error_and_exit_2(argv, message, tmp_path, monkeypa
     err = capsys.readouterr().err
     assert err.startswith("capo sweep: error: ") and message in err, err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "docs").exists()  # nothing started or written
+
+
+GOOD_ENTRY = {"seeds": ["0", "1"], "accuracy": [0.5, 0.6], "auc_mean": [0.7, None]}
+
+
+@pytest.mark.parametrize("body, message", [
+    ([{"grpo": GOOD_ENTRY}], "expected a mapping of model name -> measure -> per-run values, got a list"),
+    (["grpo"], "expected a mapping of model name -> measure -> per-run values, got a list"),
+    ({}, "expected a mapping of model name -> measure -> per-run values, got an empty mapping"),
+    ({"grpo": GOOD_ENTRY, "capo": [0.5, 0.6]}, "model 'capo' maps measures to per-run lists, got a list"),
+    ({"grpo": GOOD_ENTRY, "capo": {"seeds": ["0"]}}, "model 'capo' has none of the measures accuracy, auc_mean"),
+    ({"reference": "grpo", "methods": {"grpo": {}}}, "model 'reference' maps measures to per-run lists, got a str"),
+    ({"grpo": GOOD_ENTRY, "capo": {**GOOD_ENTRY, "accuracy": 0.5}},
+     "capo.accuracy must be a list of numbers or nulls, one per run, got 0.5"),
+    ({"grpo": GOOD_ENTRY, "capo": {**GOOD_ENTRY, "accuracy": ["0.5", 0.6]}},
+     "capo.accuracy must be a list of numbers or nulls, one per run, got ['0.5', 0.6]"),
+    ({"grpo": GOOD_ENTRY, "capo": {**GOOD_ENTRY, "accuracy": [True, 0.6]}}, "capo.accuracy must be a list of numbers"),
+    ({"grpo": {**GOOD_ENTRY, "seeds": [["0"], ["1"]]}, "capo": GOOD_ENTRY},
+     "grpo.seeds must be a list of training seeds as text (\"0\"), one per run, got [['0'], ['1']]"),
+    ({"grpo": {**GOOD_ENTRY, "seeds": "01"}, "capo": GOOD_ENTRY}, "grpo.seeds must be a list of training seeds"),
+    ({"grpo": {**GOOD_ENTRY, "seeds": [0, 1]}, "capo": GOOD_ENTRY}, "grpo.seeds must be a list of training seeds"),
+    ({"grpo": GOOD_ENTRY, "capo": {**GOOD_ENTRY, "seeds": ["0"]}},
+     "model 'capo' lists 1 seeds but 2 accuracy values: each list has one entry per run"),
+])
+def test_a_compare_summary_of_another_shape_is_a_clear_error(body, message, tmp_path, monkeypatch, capsys):
+    """A summary file that is JSON but not what `capo report --figures` writes (model -> measure -> one value per
+    run, seeds -> each run's training seed) is refused naming the file and what is wrong, before the reference is
+    looked up (a sweep's own summary.json has no model 'grpo' but is no compare summary either); nothing is
+    written, --out or not."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.json").write_text(json.dumps(body))
+    assert main(["sweep", "report", "s.json", "--compare-summary", "--reference", "grpo", "--out", "o"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("capo sweep: error: s.json: not a `capo report --figures` summary") and message in err, err
+    assert "Traceback" not in err
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
+
+
+def test_a_well_formed_compare_summary_is_read(tmp_path, monkeypatch, capsys):
+    """What the shape check lets through: nulls, NaN (json writes a NaN metric as NaN), a model with only some of
+    the measures, measures the table does not read, a file without seeds."""
+    monkeypatch.chdir(tmp_path)
+    body = {"grpo": {"seeds": ["0", "1", "2"], "accuracy": [0.5, 0.6, 0.4], "auc_mean": [0.7, None, 0.6],
+                     "pass_at_8": [1, None, "?"]},
+            "capo": {"seeds": ["2", "0", "1"], "accuracy": [0.7, 0.6, float("nan")]}}
+    (tmp_path / "s.json").write_text(json.dumps(body))
+    assert main(["sweep", "report", "s.json", "--compare-summary", "--reference", "grpo"]) == 0
+    out = capsys.readouterr().out
+    assert "| capo | accuracy | 2 | +0.200 [" in out and "auc_mean" not in out  # seed 1's NaN left out
+    for m in body.values():
+        del m["seeds"]
+    (tmp_path / "s.json").write_text(json.dumps(body))
+    assert main(["sweep", "report", "s.json", "--compare-summary", "--reference", "grpo"]) == 0
+    assert "paired by their position" in capsys.readouterr().out
 
 
 def test_sweep_without_an_action_or_with_an_unknown_flag_is_refused(capsys):

@@ -103,16 +103,19 @@ def _draw(records: dict, s: dict, reference: str, out: Path, bases: list[dict]) 
 
 def compare_summary_report(path: Path, reference: str = "grpo", effect: float = 0.03) -> str:
     """The seed-paired table of a ``capo report --figures`` summary JSON (model -> measure -> per-seed list)."""
-    from capo.sweep.tables import from_compare_summary
+    from capo.sweep.tables import check_compare_summary, from_compare_summary
 
     path = Path(path)
+    if path.is_dir():  # e.g. the --figures folder or a sweep's records folder: not "no such" file
+        raise DataError(f"{path}: is a folder, not a summary file (--compare-summary reads one `capo report "
+                        "--figures` PREFIX-summary.json)")
     if not path.is_file():
         raise DataError(f"{path}: no such summary file (--compare-summary reads one *-summary.json)")
     try:
         models = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not a compare summary (invalid JSON: {e})") from None
-    if not isinstance(models, dict) or reference not in models:
-        names = ", ".join(sorted(models)) if isinstance(models, dict) else "none"
-        raise ConfigError(f"--reference {reference!r} is not a model of {path}; models: {names}")
+    check_compare_summary(path, models)  # the file's shape before its models: a misshapen file has no reference
+    if reference not in models:
+        raise ConfigError(f"--reference {reference!r} is not a model of {path}; models: {', '.join(sorted(models))}")
     return from_compare_summary(path, reference, effect)

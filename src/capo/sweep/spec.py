@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capo.errors import ConfigError, is_int
+from capo.errors import ConfigError
 from capo.rundir import yaml_loads
 
 EVAL_DEFAULTS = {"problems": 100, "k": 8, "batch_size": 64, "seed": 0}
@@ -61,8 +61,9 @@ def load_spec(path: Path) -> dict:
     import yaml
 
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such sweep spec (a YAML file; the repository's are in sweeps/*.yaml)")
+    if not path.is_file():  # a folder (sweeps/, a sweep's records) is named as one: "no such" sent users looking
+        what = "is a folder, not a sweep spec" if path.is_dir() else "no such sweep spec"
+        raise ConfigError(f"{path}: {what} (a YAML file; the repository's are in sweeps/*.yaml)")
     try:
         spec = yaml_loads(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -89,31 +90,65 @@ def _check_spec(path: Path, spec: dict) -> None:
         if not (isinstance(name, str) and NAME_PATTERN.fullmatch(name)):
             raise ConfigError(f"{path}: {what} {name!r} cannot name a run folder: use letters, digits, '_', '.' and "
                               "'-', starting with a letter or digit")
-    b = spec.get("base", False)
-    if not (isinstance(b, bool) or (isinstance(b, int) and b >= 1)):
-        raise ConfigError(f"{path}: 'base' must be true, false or a number of draws >= 1, got {b!r}")
-    if not isinstance(spec["seeds"], list) or not spec["seeds"] or not all(
-            is_int(s) for s in spec["seeds"]):
-        raise ConfigError(f"{path}: 'seeds' must be a non-empty list of integers, got {spec['seeds']!r}")
     if not isinstance(spec.get("eval") or {}, dict):
         raise ConfigError(f"{path}: 'eval' maps {', '.join(EVAL_DEFAULTS)} to values")
     bad_eval = set(spec.get("eval") or {}) - set(EVAL_DEFAULTS)
     if bad_eval:
         raise ConfigError(f"{path}: unknown eval key(s) {sorted(bad_eval)}; allowed: {sorted(EVAL_DEFAULTS)}")
+    _check_ints(path, spec)
     _check_types(path, spec)
     _check_set_by_spec(path, spec)
 
 
+def _as_int(v) -> int | None:
+    """``v`` read as `capo train` reads an integer setting (:func:`capo.trainer.config.coerce`, the one rule: 3, 3.0
+    and "3" are 3; 2.5, true and "x" are refused), or None where train refuses it."""
+    from capo.trainer.config import coerce
+
+    try:
+        return coerce("", v, int)
+    except ConfigError:
+        return None
+
+
+def _check_ints(path: Path, spec: dict) -> None:
+    """The spec's integer settings (steps, save_every, seeds, eval's and base's number of draws) accept what `capo
+    train` accepts for an integer and refuse what it refuses (:func:`_as_int`); each is stored as an int, so that a
+    job's command line, names and settings hash are the whole number's (`steps: 1.0` was passed on as `--run.steps
+    1.0`, which train's command line refuses; a seed 1.0 kept a float would name its job `grpo-seed1.0`)."""
+    if spec.get("steps") is not None:
+        if (n := _as_int(spec["steps"])) is None:
+            raise ConfigError(f"{path}: 'steps' must be an integer (or null: the preset's), got {spec['steps']!r}")
+        spec["steps"] = n
+    if "save_every" in spec:
+        if (n := _as_int(spec["save_every"])) is None:
+            raise ConfigError(f"{path}: 'save_every' must be an integer, got {spec['save_every']!r}")
+        spec["save_every"] = n
+    seeds = [_as_int(s) for s in spec["seeds"]] if isinstance(spec["seeds"], list) else []
+    if not seeds or None in seeds:
+        raise ConfigError(f"{path}: 'seeds' must be a non-empty list of integers, got {spec['seeds']!r}")
+    spec["seeds"] = seeds
+    b = spec.get("base", False)
+    if not isinstance(b, bool):
+        if (n := _as_int(b)) is None or n < 1:
+            raise ConfigError(f"{path}: 'base' must be true, false or a number of draws >= 1, got {b!r}")
+        spec["base"] = n
+    for key, v in (spec.get("eval") or {}).items():  # their ranges: capo eval's own check (preflight)
+        if key == "problems" and v is None:
+            continue
+        if (n := _as_int(v)) is None:
+            raise ConfigError(f"{path}: eval.{key} must be an integer"
+                              f"{' (or null: the held-out part)' if key == 'problems' else ''}, got {v!r}")
+        spec["eval"][key] = n
+
+
 def _check_types(path: Path, spec: dict) -> None:
-    """The spec's scalar keys and mappings have the types the runner reads them as."""
+    """The spec's other scalar keys and mappings have the types the runner reads them as (the integers:
+    :func:`_check_ints`)."""
     if not isinstance(spec["preset"], str):
         raise ConfigError(f"{path}: 'preset' is a preset's name or a YAML file's path, got {spec['preset']!r}")
     if not isinstance(spec.get("overrides") or {}, dict):
         raise ConfigError(f"{path}: 'overrides' maps config keys (section.key) to values, got {spec['overrides']!r}")
-    for key, v in (spec.get("eval") or {}).items():  # their ranges: capo eval's own check (preflight)
-        if not (is_int(v) or (key == "problems" and v is None)):
-            raise ConfigError(f"{path}: eval.{key} must be an integer"
-                              f"{' (or null: the held-out part)' if key == 'problems' else ''}, got {v!r}")
     if not isinstance(spec.get("description") or "", str):
         raise ConfigError(f"{path}: 'description' is text")
 

@@ -7,7 +7,47 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from capo.errors import DataError, is_real
 from capo.sweep.analysis import LABELS, MEASURES, OPTIONAL_MEASURES, headline_pair, mean_or_none, seed_paired
+
+# the measures of a `capo report --figures` summary the seed-paired table reads, in its order
+COMPARE_MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece")
+
+
+def check_compare_summary(path: Path, data) -> None:
+    """Refuse (:class:`DataError`, naming the file and what is wrong) JSON that is not the shape
+    :func:`from_compare_summary` reads: a mapping of model -> {measure: one number or null per run, ``seeds``: each
+    run's training seed as text}, every model with at least one of :data:`COMPARE_MEASURES` and its lists one entry
+    per run. Any other JSON (a list, a sweep's own summary.json, a hand-edited entry) ended in a traceback half-way
+    through the table, or in an empty one. Measures the table does not read are left unchecked: a newer writer may
+    add some."""
+    import reprlib
+
+    what = f"{path}: not a `capo report --figures` summary"
+    if not isinstance(data, dict) or not data:
+        got = ("an empty mapping" if isinstance(data, dict) else "a list" if isinstance(data, list)
+               else reprlib.repr(data))
+        raise DataError(f"{what}: expected a mapping of model name -> measure -> per-run values, got {got}")
+    for name, entry in data.items():
+        if not isinstance(entry, dict):
+            got = "a list" if isinstance(entry, list) else f"a {type(entry).__name__}"
+            raise DataError(f"{what}: model {name!r} maps measures to per-run lists, got {got}")
+        read = [k for k in COMPARE_MEASURES if k in entry]
+        if not read:
+            raise DataError(f"{what}: model {name!r} has none of the measures {', '.join(COMPARE_MEASURES)}")
+        for key in read:
+            if not isinstance(entry[key], list) or not all(v is None or is_real(v) for v in entry[key]):
+                raise DataError(f"{what}: {name}.{key} must be a list of numbers or nulls, one per run, got "
+                                f"{reprlib.repr(entry[key])}")
+        seeds = entry.get("seeds")
+        if seeds is not None and not (isinstance(seeds, list) and all(isinstance(s, str) for s in seeds)):
+            raise DataError(f"{what}: {name}.seeds must be a list of training seeds as text (\"0\"), one per run, "
+                            f"got {reprlib.repr(seeds)}")  # 0 and "0" would never pair: the writer's is text
+        runs = len(seeds) if seeds is not None else len(entry[read[0]])
+        if bad := next((k for k in read if len(entry[k]) != runs), None):
+            lists = f"{runs} seeds" if seeds is not None else f"{runs} {read[0]} values"
+            raise DataError(f"{what}: model {name!r} lists {lists} but {len(entry[bad])} {bad} values: each list has "
+                            "one entry per run")
 
 
 def from_compare_summary(path: Path, reference: str, effect: float) -> str:
@@ -21,7 +61,7 @@ def from_compare_summary(path: Path, reference: str, effect: float) -> str:
     for m in sorted(data):
         if m in (reference, "base"):
             continue
-        for k in ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece"):
+        for k in COMPARE_MEASURES:
             pairs, positional = _seed_pairs(data[m], data[reference], k)
             by_position |= positional and bool(pairs)
             d = seed_paired([x - y for x, y in pairs], effect)
