@@ -851,6 +851,7 @@ def test_the_final_evaluations_arguments_carry_every_setting(tmp_path):
     import dataclasses
 
     from capo.cli import build_parser, eval_cmd
+    from capo.cli.flags import given_flags
     from capo.evaluation.run import EvalSettings
     from capo.settings import from_namespace
     from capo.trainer.config import load_config
@@ -863,7 +864,9 @@ def test_the_final_evaluations_arguments_carry_every_setting(tmp_path):
                                 "data.gold_format": "gsm8k", "data.n_eval": 8, "rollout.top_p": 0.8,
                                 "data.system_prompt": "Be brief.", "data.response_prefix": "<a>"}).to_dict()
     s = runner.eval_settings(job, cfg, "smollm2")
-    args = build_parser().parse_args(runner._eval_args(s, tmp_path / "e"))
+    argv = runner._eval_args(s, tmp_path / "e")
+    args = build_parser().parse_args(argv)
+    eval_cmd._generation_settings(args, given_flags(args._parser, argv[1:]))  # no flag it refuses (--split of a file)
     eval_cmd._extraction_settings(args)
     read = from_namespace(EvalSettings, args)  # what `capo eval` runs with, as its `run` builds it
     for f in dataclasses.fields(EvalSettings):

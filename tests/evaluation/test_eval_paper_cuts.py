@@ -37,6 +37,28 @@ def test_rescoring_reuses_the_recorded_extraction_settings(tmp_path, capsys):
     assert main(["eval", "--generations", str(first / "generations.jsonl"), "--answer-format", "rlcr", "--n-boot", "0",
                  "--out", str(third), "--no-progress"]) == 0
     assert json.loads((third / "config.json").read_text())["answer_format"] == "rlcr"
+    # a recorded fallback_last_number: true is turned off by its --no- flag (the flag alone could only turn it on)
+    off = tmp_path / "off"
+    assert main(["eval", "--generations", str(first / "generations.jsonl"), "--no-fallback-last-number", "--n-boot",
+                 "0", "--out", str(off), "--no-progress"]) == 0
+    assert json.loads((off / "config.json").read_text())["fallback_last_number"] is False and _acc(off) == 0.0
+
+
+def test_a_damaged_record_beside_the_generations_is_refused_unless_both_settings_are_given(tmp_path, capsys):
+    """A config.json beside --generations that is not JSON, or not a capo eval run's, was skipped: the file was
+    scored with the defaults while its run had recorded others. It is refused, naming it; given both extraction
+    settings, the record is not needed."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    gens = _gens(folder / "generations.jsonl")
+    for text in ("{oops", "[1]", '{"fallback_last_number": "yes"}'):
+        (folder / "config.json").write_text(text)
+        assert main(["eval", "--generations", str(gens), "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+        assert "run/config.json: the settings recorded beside --generations" in capsys.readouterr().err
+        assert not (tmp_path / "r").exists()
+    assert main(["eval", "--generations", str(gens), "--answer-format", "auto", "--fallback-last-number", "--n-boot",
+                 "0", "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    assert _acc(tmp_path / "r") == 0.5
 
 
 def test_generations_carry_answer_classes(tmp_path):

@@ -233,7 +233,7 @@ def test_generations_file_errors(tmp_path, capsys, row, match):
 def test_rows_are_scored_in_sampling_order_wherever_they_stand_in_the_file(tmp_path, capsys):
     """Each prompt: sample 0 right, sample 1 wrong, equally confident (a tie). The votes go to the earlier sample
     whatever the file's order (they went to the earlier line: 1.0 one way, 0.0 the other; found by an audit); and
-    --limit / -k, which select nothing here, are refused."""
+    --limit / -k, which select nothing here, are refused, as is every other flag that only chooses what is generated."""
     rows = [{"prompt_id": f"p{p}", "sample_idx": j, "text": f"\\boxed{{{3 if j == 0 else 7}}}", "gold": "3",
              "mean_logprob": -0.5, "n_tokens": 4} for p in range(6) for j in (0, 1)]
     flipped = [r for p in range(6) for r in (rows[2 * p + 1], rows[2 * p])]
@@ -247,10 +247,17 @@ def test_rows_are_scored_in_sampling_order_wherever_they_stand_in_the_file(tmp_p
     assert got[0] == got[1] == {"accuracy": 0.5, "majority_vote": 1.0, "perplexity_consistency": 1.0,
                                 "max_confidence_lpm": 1.0}
     capsys.readouterr()
-    for flags in (["--limit", "2"], ["-k", "1"]):
+    for flags in (["--limit", "2"], ["-k", "1"], ["--temperature", "1.0"], ["--dataset", "math500"],
+                  ["--max-new-tokens", "9"], ["--system-prompt", "x"], ["--no-token-stats"]):
         assert main(["eval", "--generations", str(tmp_path / "fwd.jsonl"), "--out", str(tmp_path / "x"), *flags]) == 2
-        assert f"{flags[0]} choose what is generated; --generations generates nothing" in capsys.readouterr().err
+        assert f"{flags[0]} chooses what is generated; --generations generates nothing" in capsys.readouterr().err
+    assert main(["eval", "--generations", str(tmp_path / "fwd.jsonl"), "--out", str(tmp_path / "x"), "-k", "2",
+                 "--top-p", "0.9"]) == 2
+    assert "-k, --top-p choose what is generated" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+    assert main(["eval", "--model", "default", "--dataset", str(tmp_path / "fwd.jsonl"), "--split", "test", "--out",
+                 str(tmp_path / "x")]) == 2  # a file has no splits: even the default value, given, is refused
+    assert "--split 'test' chooses a split of a built-in dataset; the file" in capsys.readouterr().err
 
 
 def test_a_bad_token_list_is_named_and_valid_ones_pass_row_by_row(tmp_path, capsys):

@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         _reject_unknown(parser, args, extra)
     args.debug = debug
+    args.argv = argv[argv.index(args.command) + 1:] if getattr(args, "command", None) in argv else []
     if not getattr(args, "_run", None):
         parser.print_help()
         return 1

@@ -8,9 +8,9 @@ import os
 import time
 from pathlib import Path
 
-from capo.cli.flags import add_settings
-from capo.errors import ConfigError
-from capo.evaluation.run import EvalSettings
+from capo.cli.flags import add_settings, given_flags
+from capo.errors import ConfigError, DataError
+from capo.evaluation.run import EvalSettings, has_splits
 from capo.rundir import check_out_folder
 from capo.settings import from_namespace
 from capo.verify import DEFAULT_ANSWER_FORMAT
@@ -38,7 +38,7 @@ def run(args) -> int:
 
     if args.model and args.generations:
         raise ConfigError("--model and --generations are mutually exclusive: give one")
-    _generation_settings(args)
+    _generation_settings(args, given_flags(args._parser, args.argv))
     _extraction_settings(args)
     s = from_namespace(EvalSettings, args)
     validate_settings(s)  # before loading anything
@@ -85,13 +85,26 @@ def _print_groups(out: Path) -> None:
               + (f"  verbal ECE {f('verbal_ece')}" if "verbal_ece" in g else ""))
 
 
-def _generation_settings(args) -> None:
-    """--limit and -k choose what is generated: with --generations nothing is, and they would read as a selection of
-    the file's rows that never happens (every row is scored). Refused there; -k takes its default elsewhere."""
-    given = [flag for flag, v in (("--limit", args.limit), ("-k", args.k)) if v is not None]
-    if args.generations and given:
-        raise ConfigError(f"{' and '.join(given)} choose what is generated; --generations generates nothing and "
-                          "scores every row of its file: select the rows in the file instead")
+# the settings that only choose what is generated and how a dataset is read: a re-scoring (--generations) reads
+# neither, and a flag it would silently ignore is refused
+GENERATION_ONLY = ("model", "dataset", "split", "limit", "k", "temperature", "top_p", "max_new_tokens", "batch_size",
+                   "chat_template", "system_prompt", "response_prefix", "prompt_field", "answer_field", "gold_format",
+                   "engine", "autocast", "decode", "device", "token_stats")
+
+
+def _generation_settings(args, given: set[str]) -> None:
+    """With --generations nothing is generated: a generation setting given there (--limit and -k would read as a
+    selection of the file's rows that never happens; --temperature as a sampling that never happens) is refused. A
+    file dataset has no splits: --split given with one is refused. -k takes its default when not given."""
+    flags = {a.dest: min(a.option_strings, key=len) for a in args._parser._actions if a.option_strings}
+    ignored = [flags[d] for d in GENERATION_ONLY if d in given and d in flags and d != "model"]
+    if args.generations and ignored:
+        raise ConfigError(f"{', '.join(ignored)} choose{'s' if len(ignored) == 1 else ''} what is generated; "
+                          "--generations generates nothing and scores every row of its file: select the rows in the "
+                          "file, and drop those flags")
+    if "split" in given and not args.generations and not has_splits(args.dataset):
+        raise ConfigError(f"--split {args.split!r} chooses a split of a built-in dataset; the file {args.dataset} "
+                          "has none: drop --split")
     if args.k is None:
         args.k = EvalSettings.k  # the field's default
 
@@ -103,25 +116,36 @@ EXTRACTION_DEFAULTS = {"answer_format": DEFAULT_ANSWER_FORMAT, "fallback_last_nu
 
 def _extraction_settings(args) -> None:
     """Fill --answer-format / --fallback-last-number: the flag when given; for a re-scored capo eval run, the value
-    recorded in its config.json (said on stdout), so that re-scoring never silently judges with other settings;
-    else the default."""
+    recorded in its config.json (said on stdout; a record that cannot be read is refused), so that re-scoring never
+    silently judges with other settings; else the default."""
     recorded = {}
-    if args.generations:
-        cfg_path = Path(args.generations).parent / "config.json"
-        try:
-            recorded = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        except (OSError, json.JSONDecodeError):
-            recorded = {}
+    cfg_path = Path(args.generations or ".").parent / "config.json"
+    if args.generations and cfg_path.is_file() and None in (args.answer_format, args.fallback_last_number):
+        recorded = _recorded_settings(cfg_path)
     for key, default in EXTRACTION_DEFAULTS.items():
         if getattr(args, key) is not None:
             continue
         if key in recorded:
             setattr(args, key, recorded[key])
             flag = "--" + key.replace("_", "-")
-            print(f"capo eval: {flag} taken from {cfg_path} ({recorded[key]!r}); pass {flag} to override",
-                  flush=True)
+            print(f"capo eval: {flag} taken from {cfg_path} ({recorded[key]!r}); pass {flag}"
+                  f"{' or --no-' + flag[2:] if key == 'fallback_last_number' else ''} to override", flush=True)
         else:
             setattr(args, key, _task_default(args, key, default))
+
+
+def _recorded_settings(cfg_path: Path) -> dict:
+    """A re-scored run's recorded settings (its config.json); a damaged one raises rather than being scored past."""
+    try:
+        recorded = json.loads(cfg_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        problem = f"cannot be read ({e})"
+    else:
+        if isinstance(recorded, dict) and isinstance(recorded.get("fallback_last_number", False), bool):
+            return recorded
+        problem = "are not a capo eval run's (a JSON object with a true/false fallback_last_number)"
+    raise DataError(f"{cfg_path}: the settings recorded beside --generations {problem}; pass --answer-format and "
+                    "--fallback-last-number or --no-fallback-last-number to score without them")
 
 
 def _task_default(args, key: str, default):

@@ -40,7 +40,10 @@ def _add(target, f: dataclasses.Field) -> None:
         target.add_argument(f.name, help=m["help"], **extra)
         return
     if isinstance(dflt, bool):
-        if dflt:  # on by default: the flag turns it off
+        if default is None:  # filled in later (e.g. from a recorded run): the flag sets it either way
+            target.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                                help=m["help"])
+        elif dflt:  # on by default: the flag turns it off
             target.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false", help=m["help"])
         else:
             target.add_argument(flag, dest=f.name, action="store_true", default=default, help=m["help"])
@@ -70,3 +73,18 @@ def finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The destinations of the options ``argv`` gives explicitly (a flag at its default value counts as given), read
+    by parsing ``argv`` again with every default suppressed; for checks such as "this flag has no effect here"."""
+    saved = [(a, a.default) for a in parser._actions]
+    try:
+        for a, _ in saved:
+            a.default = argparse.SUPPRESS
+        ns, _ = parser.parse_known_args(argv, argparse.Namespace())
+    finally:
+        for a, d in saved:
+            a.default = d
+    own = {a.dest for a, _ in saved}
+    return {k for k in vars(ns) if k in own}

@@ -56,7 +56,7 @@ from capo.tasks.generated import GENERATED_TASKS
 from capo.tasks.prompts import check_response_prefix
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, Verifier
 
-__all__ = ["EvalSettings", "make_engine", "run_eval", "run_from_generations", "settings_as_trained",
+__all__ = ["EvalSettings", "has_splits", "make_engine", "run_eval", "run_from_generations", "settings_as_trained",
            "validate_settings"]
 
 
@@ -156,6 +156,11 @@ class EvalSettings:
                                "kept", group="judging and metrics")
     n_examples: int = opt(8, "example responses shown in the report", flag="", group="")  # no flag
     extra: dict = opt({}, "", flag="", group="")  # no flag: settings a caller adds for its own record
+
+
+def has_splits(dataset: str) -> bool:
+    """Whether ``--split`` chooses anything for ``dataset``: a named dataset has splits, a JSONL/parquet file none."""
+    return dataset in DATASET_NAMES
 
 
 def settings_as_trained(cfg: dict, *, model: str, limit: int | None, k: int, batch_size: int, seed: int = 0,

@@ -356,8 +356,12 @@ def eval_settings(job: Job, cfg: dict, model: str):
 
 
 def _eval_args(s, out: Path) -> list[str]:
-    """``capo eval``'s arguments for the settings of :func:`eval_settings`."""
-    return ["eval", "--model", s.model, "--dataset", s.dataset, "--split", s.split, "--limit", str(s.limit),
+    """``capo eval``'s arguments for the settings of :func:`eval_settings` (``--split`` for a named dataset only: a
+    file has none)."""
+    from capo.evaluation.run import has_splits
+
+    split = ["--split", s.split] if has_splits(s.dataset) else []
+    return ["eval", "--model", s.model, "--dataset", s.dataset, *split, "--limit", str(s.limit),
             "-k", str(s.k), "--temperature", str(s.temperature), "--top-p", str(s.top_p),
             "--max-new-tokens", str(s.max_new_tokens), "--batch-size", str(s.batch_size), "--seed", str(s.seed),
             "--prompt-field", s.prompt_field, "--answer-field", s.answer_field,
