@@ -51,7 +51,7 @@ from capo.rollout.models import AUTOCAST_MODES
 from capo.rollout.types import Sample
 from capo.rundir import Progress, atomic_write_text, check_out_folder, json_line, read_jsonl_rows, run_lock
 from capo.settings import opt
-from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, required_answer_formats
+from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, dataset_problem, required_answer_formats
 from capo.tasks.generated import GENERATED_TASKS
 from capo.tasks.prompts import check_response_prefix
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, Verifier
@@ -218,6 +218,8 @@ def validate_settings(s: EvalSettings) -> None:
         bad("--model", "required (or give --generations FILE.jsonl)")
     if s.generations is None:
         check_engine(s.engine, s.model)
+        if problem := dataset_problem(s.dataset):
+            bad("--dataset", problem)
     if not is_int(s.k) or s.k < 1:
         bad("-k", f"must be an integer >= 1, got {s.k!r}")
     if s.limit is not None and (not is_int(s.limit) or s.limit < 1):

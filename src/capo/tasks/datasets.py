@@ -180,15 +180,23 @@ def _iter_parquet(path: Path):
         yield i, row
 
 
+def dataset_problem(dataset: str) -> str | None:
+    """Why ``dataset`` names no dataset (neither a built-in name nor an existing file), or None: the one check of a
+    dataset's name, said before anything else (``capo train``'s config, ``capo eval``'s settings)."""
+    path = Path(dataset).expanduser()
+    if dataset in DATASET_NAMES or path.is_file():
+        return None
+    if path.suffix in (".jsonl", ".json", ".ndjson", ".parquet") or os.sep in dataset:
+        return f"dataset file {path} {'is a folder, not a file' if path.is_dir() else 'does not exist'}"
+    return (f"unknown dataset {dataset!r}{did_you_mean(dataset, DATASET_NAMES)}; allowed names: "
+            f"{', '.join(DATASET_NAMES)}, or a path to a .jsonl/.json/.parquet file")
+
+
 def _load_file(path: Path, *, prompt_field: str, answer_field: str, answer_format: str, id_field: str | None,
                limit: int | None) -> list[Problem]:
     if answer_format not in FILE_ANSWER_FORMATS:
         raise DataError(f"answer format {answer_format!r} is not allowed; allowed values: {', '.join(FILE_ANSWER_FORMATS)}")
-    if not path.exists():
-        raise DataError(f"dataset file {path} does not exist")
-    if path.is_dir():
-        raise DataError(f"dataset path {path} is a directory; give a .jsonl or .parquet file")
-    if path.suffix == ".parquet":
+    if path.suffix == ".parquet":  # an existing file (dataset_problem)
         rows, where_fn = _iter_parquet(path), (lambda i: f"{path} row {i}")
     elif path.suffix in (".jsonl", ".json", ".ndjson"):
         rows, where_fn = iter_jsonl(path), (lambda i: f"{path} line {i}")
@@ -275,12 +283,7 @@ def load_problems(
         from capo.tasks.facts import facts_problems
 
         return facts_problems(split, limit)
-    path = Path(dataset).expanduser()
-    looks_like_path = path.suffix in (".jsonl", ".json", ".ndjson", ".parquet") or os.sep in dataset
-    if not looks_like_path and not path.exists():
-        raise DataError(
-            f"unknown dataset {dataset!r}{did_you_mean(dataset, DATASET_NAMES)}; allowed names: {', '.join(DATASET_NAMES)}, or a path to a "
-            ".jsonl/.json/.parquet file"
-        )
-    return _load_file(path, prompt_field=prompt_field, answer_field=answer_field, answer_format=answer_format,
+    if problem := dataset_problem(dataset):
+        raise DataError(problem)
+    return _load_file(Path(dataset).expanduser(), prompt_field=prompt_field, answer_field=answer_field, answer_format=answer_format,
                       id_field=id_field, limit=limit)

@@ -32,7 +32,7 @@ from capo.rundir import BOOKKEEPING, MICRO_BATCH, yaml_dumps, yaml_loads
 from capo.rollout.engine import DECODERS, ENGINES, KV_CACHES, check_engine
 from capo.rollout.logprobs import ATTENTIONS
 from capo.rollout.method_inputs import needed_data, summed_reward_unread, verdicts_only
-from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, GENERATED_TASKS
+from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, GENERATED_TASKS, dataset_problem
 from capo.tasks.prompts import check_response_prefix
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
 
@@ -287,9 +287,8 @@ class TrainConfig:
         for key in ("path", "ref_path"):
             if getattr(m, key) is not None:
                 _check_model(f"model.{key}", getattr(m, key))
-        if d.dataset not in DATASET_NAMES and not Path(d.dataset).is_file():
-            raise ConfigError(f"data.dataset={d.dataset!r} is neither a built-in dataset ({', '.join(DATASET_NAMES)})"
-                              f" nor an existing JSONL/parquet file{did_you_mean(d.dataset, DATASET_NAMES)}")
+        if problem := dataset_problem(d.dataset):
+            raise ConfigError(f"data.dataset: {problem}")
         if d.task_options:
             from capo.tasks.generated import generated_task
 
