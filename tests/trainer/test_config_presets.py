@@ -229,3 +229,20 @@ def test_a_key_given_twice_is_refused_in_every_yaml_capo_reads(tmp_path):
     with pytest.raises(ConfigError, match=r"(?s)not valid YAML.*found the key 'a' twice \(on line 4 and again on line 5"
                        ):
         spec.load_spec(sp)
+
+
+@pytest.mark.parametrize("text", ["3", "3.0", "3e0", "+3", "3.5", "true", "x", "[3]", ".inf", ".nan", "''"])
+def test_an_integer_on_the_command_line_is_read_as_the_same_text_in_a_config_file(tmp_path, text):
+    """`run: {steps: 3.0}` in a config file is 3 steps, and `--run.steps 3.0` was refused (a sweep spec's
+    `optim.ppo_epochs: 4.0` reached `capo train` as that string): the command line now reads its value as YAML reads
+    the same text, so each text is accepted or refused alike, with the same number."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"run: {{steps: {text}}}\n")
+    got = []
+    for read in (lambda: load_config(str(cfg)), lambda: load_config(None, {"run.steps": text.strip("'")})):
+        try:
+            got.append(read().run.steps)
+        except ConfigError as e:
+            assert "run.steps must be of type int" in str(e)
+            got.append(None)
+    assert got[0] == got[1] == (3 if text in ("3", "3.0", "3e0", "+3") else None)

@@ -455,10 +455,11 @@ def coerce(key: str, val: Any, typ: Any) -> Any:
             if isinstance(val, str) and val.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
                 return val.lower() in ("true", "1", "yes", "on")
             raise ValueError
-        if typ is int:
-            if isinstance(val, bool) or (isinstance(val, float) and not val.is_integer()):
+        if typ is int:  # a command-line value reads as the same text in a YAML file: 1.0 and 1e3 too
+            num = yaml_loads(val) if isinstance(val, str) else val
+            if not is_real(num) or (isinstance(num, float) and not num.is_integer()):
                 raise ValueError
-            return int(val)
+            return int(num)
         if typ is float:
             if isinstance(val, bool):
                 raise ValueError
