@@ -236,3 +236,20 @@ def test_a_rewards_hyperparameters_are_checked_when_it_is_made():
         PPOCReward(reward_kwargs={"wieght": 1.0})
     with pytest.raises(ConfigError, match=r"reward_kwargs.weight must be >= 0, got -1"):
         PPOCReward(reward_kwargs={"weight": -1})
+
+
+def test_a_verl_reward_function_says_which_keyword_it_ignores():
+    """A misspelt knob in verl's reward_kwargs (``wieght``) was dropped without a word: it is named in a warning with
+    the function's knobs, and the score is the default's. verl's own call keys pass quietly."""
+    import warnings
+
+    from capo.adapters.verl_plugin import compute_score_ppo_c
+
+    text = "<answer>4</answer><confidence>0.9</confidence>"
+    with pytest.warns(UserWarning, match=r"compute_score_ppo_c ignores wieght: not one of its knobs "
+                                         r"\(format_failure_reward, weight, threshold, answer_format\)"):
+        r = compute_score_ppo_c("math", text, "4", {}, wieght=0.1)
+    assert r["score"] == compute_score_ppo_c("math", text, "4", {})["score"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compute_score_ppo_c("math", text, "4", {}, weight=0.1, reward_router_address=None, reward_model_tokenizer=None)

@@ -3,7 +3,9 @@ extra_info)`` in verl's dict form (``score`` plus the keys verl keeps per row as
 
 from __future__ import annotations
 
+import inspect
 import threading
+import warnings
 from typing import Any
 
 from capo.adapters._common import score_texts
@@ -33,6 +35,22 @@ class _Verifier:
 get_verifier = _Verifier()
 
 
+# what verl's reward loop passes to every custom reward function when a reward model serves (not a knob of capo's)
+VERL_CALL_KEYS = frozenset({"reward_router_address", "reward_model_tokenizer"})
+_ROW_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def _warn_unread(fn, kwargs: dict) -> None:
+    """Say (a Python warning, once per key and function) which keyword arguments ``fn`` ignores: a misspelt knob in
+    ``reward.custom_reward_function.reward_kwargs`` (``wieght``) was dropped without a word. The functions keep
+    taking any keyword, as verl may pass keys of its own (:data:`VERL_CALL_KEYS`, and later versions' others)."""
+    if unread := sorted(set(kwargs) - VERL_CALL_KEYS):
+        knobs = [n for n, p in inspect.signature(fn).parameters.items()
+                 if n not in _ROW_ARGS and p.kind is p.POSITIONAL_OR_KEYWORD]
+        warnings.warn(f"{fn.__name__} ignores {', '.join(unread)}: not one of its knobs ({', '.join(knobs)}); "
+                      "check reward.custom_reward_function.reward_kwargs", UserWarning, stacklevel=3)
+
+
 def _score(kind: str, solution_str: str, ground_truth, **kw) -> dict[str, Any]:
     b = score_texts([solution_str], [str(ground_truth)], kind=kind, verifier=get_verifier(), **kw)
     # answer_format: the format "pred" was read in, so SEED-GRPO's clusters (the estimator) use the same rule
@@ -50,6 +68,7 @@ def compute_score_rlcr(data_source=None, solution_str: str = "", ground_truth: s
     judge. Returns verl's dict form: ``score`` plus ``correct``,
     ``confidence`` (NaN if missing), ``format_ok`` and ``pred`` (the extracted answer, "" if none; verl's name for
     it, SEED-GRPO's clusters are its equivalence classes); verl keeps the extra keys as reward_extra_info."""
+    _warn_unread(compute_score_rlcr, kwargs)
     return _score("rlcr", solution_str, ground_truth, format_failure_reward=format_failure_reward,
                   answer_format=answer_format)
 
@@ -60,6 +79,7 @@ def compute_score_ppo_c(data_source=None, solution_str: str = "", ground_truth: 
     """PPO-C's calibrated reward in its verifiable form (arXiv 2410.09724, Sec. 4.2; ``capo.core.ppo_c_reward``) for
     verl: c +- w (q - 0.5) from ``<answer>``/``<confidence>`` tags; ``answer_format`` and the extra keys as
     :func:`compute_score_rlcr`. ``weight``/``threshold`` via ``reward.custom_reward_function.reward_kwargs``."""
+    _warn_unread(compute_score_ppo_c, kwargs)
     return _score("ppo_c", solution_str, ground_truth, format_failure_reward=format_failure_reward,
                   reward_kwargs={"weight": weight, "threshold": threshold}, answer_format=answer_format)
 
@@ -68,6 +88,7 @@ def compute_score_correctness(data_source=None, solution_str: str = "", ground_t
                               answer_format: str = DEFAULT_ANSWER_FORMAT, **kwargs) -> dict[str, Any]:
     """Binary verifiable reward 1[answer equivalent to gold] for verl (answer by ``capo.verify.extract_answer``);
     extra keys ``correct`` and ``pred``."""
+    _warn_unread(compute_score_correctness, kwargs)
     return _score("correctness", solution_str, ground_truth, answer_format=answer_format)
 
 
@@ -78,6 +99,7 @@ def compute_score_log_score(data_source=None, solution_str: str = "", ground_tru
     ``answer_format`` "percent" (default: the response states the probability of a fixed outcome as two digits,
     ``ground_truth`` "1" / "0"), "outcome" (``D NN``: the stated P(correct)) or another (the RLCR tags). The same
     extra keys as :func:`compute_score_rlcr`; ``format_failure_reward`` None = log 0.01."""
+    _warn_unread(compute_score_log_score, kwargs)
     return _score("log_score", solution_str, ground_truth, answer_format=answer_format,
                   format_failure_reward=format_failure_reward)
 
@@ -87,6 +109,7 @@ def compute_score_brier_score(data_source=None, solution_str: str = "", ground_t
                               **kwargs) -> dict[str, Any]:
     """The negative Brier score of a stated probability (``capo.core.brier_score_reward``) for verl; as
     :func:`compute_score_log_score` (``format_failure_reward`` None = -(0.99)^2)."""
+    _warn_unread(compute_score_brier_score, kwargs)
     return _score("brier_score", solution_str, ground_truth, answer_format=answer_format,
                   format_failure_reward=format_failure_reward)
 
