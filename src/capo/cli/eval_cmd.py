@@ -11,7 +11,6 @@ from pathlib import Path
 from capo.cli.flags import add_settings, given_flags
 from capo.errors import ConfigError, DataError
 from capo.evaluation.run import EvalSettings, has_splits
-from capo.rundir import check_out_folder
 from capo.settings import from_namespace
 from capo.verify import DEFAULT_ANSWER_FORMAT
 
@@ -46,7 +45,6 @@ def run(args) -> int:
     out = Path(args.out) if args.out else _default_out(args)
     if not args.out:
         print(f"capo eval: --out not given; writing to {out}", flush=True)
-    check_out_folder(out, kind="evaluation", flag="--out")
     t0 = time.perf_counter()
     m = run_eval(s, out, progress=args.progress)
     el = time.perf_counter() - t0

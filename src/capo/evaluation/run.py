@@ -63,7 +63,8 @@ __all__ = ["EvalSettings", "has_splits", "make_engine", "run_eval", "run_from_ge
 # settings that change what is generated: a resumed run must match them exactly
 GENERATION_KEYS = ("model", "dataset", "split", "limit", "k", "temperature", "top_p", "max_new_tokens", "batch_size",
                    "seed", "chat_template", "system_prompt", "response_prefix", "prompt_field", "answer_field",
-                   "gold_format", "answer_format", "fallback_last_number",  # these two: rows store their extracted answers
+                   "gold_format",
+                   "answer_format", "fallback_last_number",  # these two: rows store their extracted answers
                    "engine", "autocast", "token_stats")  # bf16 samples other tokens; token stats: what rows record
 # settings added later: what a run directory written before them used
 OLD_DEFAULTS = {"engine": "hf", "response_prefix": "", "token_stats": False}  # no per-token stats before them
@@ -452,6 +453,9 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
     """Run (or resume) an evaluation into ``out_dir``; returns the metrics dict. ``engine``: an already started
     engine of kind ``s.engine`` for ``s.model`` (default: started here when there is something to generate)."""
     validate_settings(s)
+    out_dir = Path(out_dir)
+    if s.generations is None:  # before a note or a load (a re-scoring checks its --out itself)
+        check_out_folder(out_dir, kind="evaluation", flag="--out")
     _notes(s)  # once per evaluation: validate_settings also runs before it (the CLI, a sweep's preflight)
     if s.generations is not None:
         return run_from_generations(Path(s.generations), out_dir, s)
@@ -466,8 +470,6 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
     if problem:
         raise DataError(f"{s.dataset}: {problem}")
     s = replace(s, max_new_tokens=response_budget(s, problems, engine))
-    out_dir = Path(out_dir)
-    check_out_folder(out_dir, kind="evaluation", flag="--out")
     config = {k: v for k, v in asdict(s).items() if k != "extra"}
     config["n_prompts"] = len(problems)
     config["logprob_definition"] = "raw log_softmax at temperature 1 of the sampled tokens (recorded during generation)"

@@ -285,5 +285,5 @@ def load_problems(
         return facts_problems(split, limit)
     if problem := dataset_problem(dataset):
         raise DataError(problem)
-    return _load_file(Path(dataset).expanduser(), prompt_field=prompt_field, answer_field=answer_field, answer_format=answer_format,
-                      id_field=id_field, limit=limit)
+    return _load_file(Path(dataset).expanduser(), prompt_field=prompt_field, answer_field=answer_field,
+                      answer_format=answer_format, id_field=id_field, limit=limit)
