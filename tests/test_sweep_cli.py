@@ -179,10 +179,10 @@ def test_a_compare_summary_of_another_shape_is_a_clear_error(body, message, tmp_
     """A summary file that is JSON but not what `capo report --figures` writes (model -> measure -> one value per
     run, seeds -> each run's training seed) is refused naming the file and what is wrong, before the reference is
     looked up (a sweep's own summary.json has no model 'grpo' but is no compare summary either); nothing is
-    written, --out or not."""
+    written (--out, which would be refused, is not given)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.json").write_text(json.dumps(body))
-    assert main(["sweep", "report", "s.json", "--compare-summary", "--reference", "grpo", "--out", "o"]) == 2
+    assert main(["sweep", "report", "s.json", "--compare-summary", "--reference", "grpo"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("capo sweep: error: s.json: not a `capo report --figures` summary") and message in err, err
     assert "Traceback" not in err

@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from capo.cli.flags import add_settings
+from capo.cli.flags import add_settings, given_flags
 from capo.errors import ConfigError
 from capo.settings import from_namespace, opt
 from capo.sweep.runner import DEFAULT_KEEP, KEEP, KEEP_HELP, train_seconds
@@ -70,7 +70,7 @@ class SweepReportSettings:
                                  "(default: all)", metavar="N")
     curve_tables: bool = opt(False, "also print each run's held-out curve as a table")
     compare_summary: bool = opt(False, "read a `capo report --figures` summary JSON instead of records folders and "
-                                "print its seed-paired table")
+                                "print its seed-paired table (writes nothing: --out, --base-draws and --curve-tables are refused)")
 
 
 ACTIONS = {  # name -> (settings, help, description)
@@ -124,7 +124,7 @@ def run(ns) -> int:
     cls = ACTIONS[ns.sweep_command][0]
     args = from_namespace(cls, ns)
     if ns.sweep_command == "report":
-        return _report(args)
+        return _report(args, given_flags(ns._parser, ns.argv[ns.argv.index("report") + 1:]))
     from capo.sweep.spec import jobs, load_spec
 
     spec = load_spec(Path(args.spec))
@@ -220,7 +220,11 @@ def _run(spec: dict, all_jobs: list, args: SweepRunSettings) -> int:
     return run_sweep(spec["name"], all_jobs, n_jobs, args.commit, args.max_runs, args.keep)
 
 
-def _report(args: SweepReportSettings) -> int:
+# the flags that shape a records report only: --compare-summary prints one table from a summary file and reads none
+RECORDS_ONLY = ("out", "base_draws", "curve_tables")
+
+
+def _report(args: SweepReportSettings, given: set[str]) -> int:
     import math
 
     from capo.sweep.report import compare_summary_report, write_report
@@ -230,6 +234,10 @@ def _report(args: SweepReportSettings) -> int:
     if args.compare_summary:
         if len(args.records) != 1:
             raise ConfigError(f"--compare-summary reads one summary JSON, got {len(args.records)} paths")
+        if ignored := ["--" + d.replace("_", "-") for d in RECORDS_ONLY if d in given]:
+            raise ConfigError(f"{', '.join(ignored)} shape{'s' if len(ignored) == 1 else ''} a report from records "
+                              "folders; --compare-summary prints one table from its summary file and writes nothing: "
+                              "drop those flags")
         print(compare_summary_report(Path(args.records[0]), args.reference, args.effect))
         return 0
     write_report([Path(r) for r in args.records], args.reference, args.effect,
