@@ -51,7 +51,7 @@ def test_train_all_prints_the_probed_estimate(monkeypatch, capsys):
                           rollout=SimpleNamespace(prompts_per_step=8, group_size=8))
     args = SimpleNamespace(task="default", eval_problems=100, eval_k=8, out="runs/demo")
     cfgs = {("grpo", 0): cfg, ("capo", 0): cfg}
-    demo_cmd._train_all(cfgs, ["grpo", "capo"], [0], args, probe=lambda: 4 * PROBE_REFERENCE_S,
+    demo_cmd._train_all(cfgs, args, probe=lambda: 4 * PROBE_REFERENCE_S,
                         machine=lambda: (5.0, 2))
     out = capsys.readouterr().out
     plan = DemoPlan("default", runs=2, steps=50, evals_per_run=3)  # at steps 20, 40 and the last, 50

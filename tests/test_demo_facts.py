@@ -35,8 +35,8 @@ def test_demo_evaluation_renders_prompts_as_training(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr("capo.evaluation.run.run_eval", lambda s, out, progress: seen.append(s) or {"n": 1.0})
     cfgs = _cfgs(tmp_path, monkeypatch, True)
-    args = type("A", (), {"eval_problems": 150, "eval_k": 4})()
-    demo_cmd._evaluate_all(cfgs, tmp_path, args)
+    args = type("A", (), {"eval_problems": 150, "eval_k": 4, "out": str(tmp_path)})()
+    demo_cmd._evaluate_all(cfgs, args)
     assert len(seen) == 3  # base, grpo, capo
     assert all(s.chat_template is True and s.system_prompt is None and s.answer_format == "short" for s in seen)
     assert seen[0].model == "smollm2" and seen[0].limit == 150 and seen[0].k == 4

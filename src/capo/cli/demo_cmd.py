@@ -154,10 +154,16 @@ def run(ns) -> int:
     cfgs = _configs(algos, seeds, extra, out, args.steps or DEMO_BUDGET[args.task].steps, args.task)
     with run_lock(out, "demo"):
         t0 = time.perf_counter()
-        _train_all(cfgs, algos, seeds, args)
-        results, models = _evaluate_all(cfgs, out, args)
-        _summarize(results, models, cfgs, algos, seeds, out, args, t0)
+        _train_all(cfgs, args)
+        results, models = _evaluate_all(cfgs, args)
+        _summarize(results, models, cfgs, args, t0)
     return 0
+
+
+def _algos_seeds(cfgs: dict) -> tuple[list[str], list[int]]:
+    """The algorithms and the seeds of the runs :func:`_configs` made (keyed (algorithm, seed)), in --algos and
+    --seeds order."""
+    return list(dict.fromkeys(a for a, _ in cfgs)), list(dict.fromkeys(s for _, s in cfgs))
 
 
 def _configs(algos, seeds, extra, out: Path, steps, preset: str = "default") -> dict:
@@ -284,11 +290,12 @@ def _machine() -> tuple[float | None, int]:
     return load, os.cpu_count() or 1
 
 
-def _train_all(cfgs: dict, algos, seeds, args, probe=probe_seconds, machine=_machine) -> None:
+def _train_all(cfgs: dict, args, probe=probe_seconds, machine=_machine) -> None:
     """Train every (algorithm, seed), after the estimate (``probe``: seconds of the speed probe, ``machine``: the load
     and cores; both injectable)."""
     from capo.trainer.loop import Trainer
 
+    algos, seeds = _algos_seeds(cfgs)
     first = next(iter(cfgs.values()))
     steps = first.run.steps
     every = first.run.eval_every
@@ -313,7 +320,7 @@ def _train_all(cfgs: dict, algos, seeds, args, probe=probe_seconds, machine=_mac
                   "min of training left", flush=True)
 
 
-def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
+def _evaluate_all(cfgs: dict, args) -> tuple[dict, dict]:
     """Held-out evaluation of the base model and every trained one; returns (metrics by name, model by name)."""
     from capo.evaluation.run import run_eval, settings_as_trained
 
@@ -327,12 +334,14 @@ def _evaluate_all(cfgs: dict, out: Path, args) -> tuple[dict, dict]:
         stated = first.data.answer_format == "percent"  # a stated probability: no token table, larger batches
         s = settings_as_trained(first.to_dict(), model=model, limit=args.eval_problems, k=args.eval_k,
                                 batch_size=512 if stated else 64, n_boot=200, token_stats=not stated)
-        results[name] = run_eval(s, out / "eval" / name, progress=True)
+        results[name] = run_eval(s, Path(args.out) / "eval" / name, progress=True)
     return results, models
 
 
-def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) -> None:
+def _summarize(results: dict, models: dict, cfgs: dict, args, t0: float) -> None:
     """summary.json and the terminal table first, then the comparison report (a drawing failure loses no result)."""
+    algos, seeds = _algos_seeds(cfgs)
+    out = Path(args.out)
     stochastic = "stochastic_ece" in _flat(results["base"])
     keys = (("stochastic_ece", "stochastic_rate_error", "stochastic_auroc", "stochastic_mean_stated") if stochastic
             else ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece", "verbal_brier"))
@@ -354,12 +363,14 @@ def _summarize(results, models, cfgs, algos, seeds, out: Path, args, t0: float) 
               "prompts):")
     for n, d in paired.items():
         print(f"  {n:<{w + 7}} {_paired_line(d)}")
-    _report(models, cfgs, algos, out, args, t0)
+    _report(models, cfgs, args, t0)
 
 
-def _report(models, cfgs, algos, out: Path, args, t0: float) -> None:
+def _report(models: dict, cfgs: dict, args, t0: float) -> None:
     from capo.evaluation.compare import compare, headline
     from capo.evaluation.report import draw_safely, load_run, write_report
+
+    algos, out = _algos_seeds(cfgs)[0], Path(args.out)
 
     runs = [load_run(out / "eval" / n, name=n) for n in models]
     cmp = compare(runs, reference=args.reference)
