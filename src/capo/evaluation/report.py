@@ -13,6 +13,7 @@ import math
 import os
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -85,14 +86,18 @@ td.best{font-weight:bold;background:#eef7ee}.ci{color:#666;font-size:11px}td.sig
 """
 
 
+@dataclass
 class RunInfo:
-    """What a report shows about one run directory."""
+    """What a report shows about one run directory (``kind``: "eval" or "train")."""
 
-    def __init__(self, name: str, path: Path, kind: str, metrics: dict, curves: dict, config: dict,
-                 examples: list[dict], train_series: dict | None = None):
-        self.name, self.path, self.kind = name, path, kind
-        self.metrics, self.curves, self.config = metrics, curves, config
-        self.examples, self.train_series = examples, train_series or {}
+    name: str
+    path: Path
+    kind: str
+    metrics: dict
+    curves: dict
+    config: dict
+    examples: list[dict]
+    train_series: dict = field(default_factory=dict)
 
 
 def _read_json(path: Path) -> dict:

@@ -398,14 +398,40 @@ def _draw(out_dir: Path, curves: dict, info: RunInfo) -> None:
     atomic_write_text(out_dir / "report.html", render_report([info], title=f"capo eval: {out_dir.name}"))
 
 
-def _load_timing(out_dir: Path) -> dict:
-    p = out_dir / "timing.json"
-    if p.exists():
+@dataclass
+class _Generations:
+    """An evaluation's generations.jsonl as far as it has come: the (prompt id, sample index) pairs it holds and the
+    phases' seconds summed over every session that wrote to it (timing.json, rewritten after each batch)."""
+
+    out_dir: Path
+    done: set[tuple[str, int]]
+    timing: dict
+
+    @classmethod
+    def resume(cls, out_dir: Path) -> _Generations:
+        """The folder's file as a crash left it (a torn last line dropped) and its timing (none where it is damaged)."""
+        rows = read_jsonl_rows(out_dir / "generations.jsonl", repair=True)
         try:
-            return json.loads(p.read_text())
-        except json.JSONDecodeError:
-            return {}
-    return {}
+            timing = json.loads((out_dir / "timing.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            timing = {}
+        return cls(out_dir, {(str(r["prompt_id"]), int(r["sample_idx"])) for r in rows}, timing)
+
+    @property
+    def path(self) -> Path:
+        return self.out_dir / "generations.jsonl"
+
+    def add(self, key: str, amount: float) -> None:
+        self.timing[key] = self.timing.get(key, 0) + amount
+
+    def append(self, f, rows: list[dict], keys: list[tuple[str, int]]) -> None:
+        """One batch's rows to the open file ``f`` in one write of complete lines, then flush + fsync (a crash leaves
+        at most a torn last line); then its keys and the timing."""
+        f.write("".join(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n" for row in rows))
+        f.flush()
+        os.fsync(f.fileno())
+        self.done.update(keys)
+        atomic_write_text(self.out_dir / "timing.json", json.dumps(self.timing))
 
 
 def _check_config(out_dir: Path, config: dict) -> None:
@@ -475,14 +501,12 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
     config["logprob_definition"] = "raw log_softmax at temperature 1 of the sampled tokens (recorded during generation)"
     with run_lock(out_dir, "eval", settings=("config.json", "timing.json")):
         _check_config(out_dir, config)
-        gen_path = out_dir / "generations.jsonl"
-        rows = read_jsonl_rows(gen_path, repair=True)
-        done = {(str(r["prompt_id"]), int(r["sample_idx"])) for r in rows}
+        gens = _Generations.resume(out_dir)
         total = len(problems) * s.k
-        timing = _load_timing(out_dir)
         with Verifier(workers=s.verify_workers, timeout_s=s.verify_timeout) as verifier:
-            if len(done) < total:
-                _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, engine)
+            if len(gens.done) < total:
+                _generate(s, problems, gens, verifier, progress=progress, engine=engine)
+            gen_path = gens.path
             with _gc_paused():
                 rows = read_jsonl_rows(gen_path)
                 keys = [(str(r["prompt_id"]), int(r["sample_idx"])) for r in rows]
@@ -491,7 +515,7 @@ def run_eval(s: EvalSettings, out_dir: Path, *, progress: bool = True, engine=No
                                     "unique)")
                 order = {p.id: i for i, p in enumerate(problems)}
                 rows.sort(key=lambda r: (order[str(r["prompt_id"])], int(r["sample_idx"])))
-                return _finish(out_dir, rows, s, config, verifier, timing)
+                return _finish(out_dir, rows, s, config, verifier, gens.timing)
 
 
 def response_budget(s: EvalSettings, problems: list, engine=None) -> int:
@@ -543,46 +567,44 @@ def make_engine(s: EvalSettings):
                     decode=s.decode)
 
 
-def _generate(s, problems, out_dir, gen_path, done, timing, verifier, progress, engine=None) -> None:
+def _generate(s: EvalSettings, problems: list, gens: _Generations, verifier: Verifier, *, progress: bool,
+              engine=None) -> None:
+    """Sample, grade and append the responses ``gens`` does not hold yet, batch by batch (``engine``: one already
+    started, else started here)."""
     from capo.tasks.prompts import default_system, render_problem, with_prefix
 
     t_load = time.perf_counter()
     engine = engine if engine is not None else make_engine(s)
     tok = engine.tokenizer
-    timing["load_model_s"] = timing.get("load_model_s", 0.0) + time.perf_counter() - t_load  # over resumed sessions
+    gens.add("load_model_s", time.perf_counter() - t_load)
     system = s.system_prompt if s.system_prompt is not None else default_system(s.answer_format)
     per_batch = max(1, s.batch_size // s.k)
-    with Progress(len(problems) * s.k, len(done), label="capo eval", unit="resp", enabled=progress) as prog, \
-            open(gen_path, "a", encoding="utf-8") as f:
+    with Progress(len(problems) * s.k, len(gens.done), label="capo eval", unit="resp", enabled=progress) as prog, \
+            open(gens.path, "a", encoding="utf-8") as f:
         for b in range(0, len(problems), per_batch):
             batch = problems[b : b + per_batch]
-            missing = [(i, j) for i, p in enumerate(batch) for j in range(s.k) if (p.id, j) not in done]
+            missing = [(i, j) for i, p in enumerate(batch) for j in range(s.k) if (p.id, j) not in gens.done]
             if not missing:
                 continue
             texts = [render_problem(tok, p, dataset=s.dataset, chat_template=s.chat_template, system=system,
                                     response_prefix=s.response_prefix) for p in batch]
             t0 = time.perf_counter()
             samples = _sample(engine, texts, s, seed=s.seed * 1_000_003 + b // per_batch)
-            timing["generate_s"] = timing.get("generate_s", 0.0) + time.perf_counter() - t0
-            timing["generated_tokens"] = timing.get("generated_tokens", 0) + sum(x.n_tokens for r in samples for x in r)
+            gens.add("generate_s", time.perf_counter() - t0)
+            gens.add("generated_tokens", sum(x.n_tokens for r in samples for x in r))
             t0 = time.perf_counter()
             responses = with_prefix(s.response_prefix, [samples[i][j].text for i, j in missing])
             g = grade(responses, [batch[i].answer for i, _ in missing], verifier,
                       answer_format=s.answer_format, fallback_last_number=s.fallback_last_number)
-            timing["verify_s"] = timing.get("verify_s", 0.0) + time.perf_counter() - t0
-            lines = []
-            for m, (i, j) in enumerate(missing):
-                smp = samples[i][j]
-                row = make_row(prompt_id=batch[i].id, prompt_idx=b + i, sample_idx=j, prompt=batch[i].prompt,
-                               gold=batch[i].answer, text=responses[m], graded=g, i=m, n_tokens=smp.n_tokens,
-                               sum_logprob=smp.sum_logprob, mean_logprob=smp.mean_logprob,
-                               finish_reason=smp.finish_reason, rate=batch[i].meta.get("rate"),
-                               group=batch[i].meta.get("group"),
-                               token_fields=_token_fields(smp) if s.token_stats else None)
-                lines.append(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
-            _append_lines(f, lines)
-            done.update((batch[i].id, j) for i, j in missing)
-            atomic_write_text(out_dir / "timing.json", json.dumps(timing))
+            gens.add("verify_s", time.perf_counter() - t0)
+            rows = [make_row(prompt_id=batch[i].id, prompt_idx=b + i, sample_idx=j, prompt=batch[i].prompt,
+                             gold=batch[i].answer, text=responses[m], graded=g, i=m, n_tokens=samples[i][j].n_tokens,
+                             sum_logprob=samples[i][j].sum_logprob, mean_logprob=samples[i][j].mean_logprob,
+                             finish_reason=samples[i][j].finish_reason, rate=batch[i].meta.get("rate"),
+                             group=batch[i].meta.get("group"),
+                             token_fields=_token_fields(samples[i][j]) if s.token_stats else None)
+                    for m, (i, j) in enumerate(missing)]
+            gens.append(f, rows, [(batch[i].id, j) for i, j in missing])
             prog.advance(len(missing))
     del engine
 
@@ -594,13 +616,6 @@ def _sample(engine, texts: list[str], s: EvalSettings, *, seed: int) -> list[lis
     if not bool(torch.isfinite(ro.gen_logp).all()):
         raise RuntimeError("NaN or infinite log-prob from the model: check the weights / dtype")
     return ro.samples(s.k)
-
-
-def _append_lines(f, lines: list[str]) -> None:
-    """One write of complete lines, then flush + fsync: a crash leaves at most a torn last line."""
-    f.write("".join(lines))
-    f.flush()
-    os.fsync(f.fileno())
 
 
 # ------------------------------------------------------------------------------------------------ BYO generations
