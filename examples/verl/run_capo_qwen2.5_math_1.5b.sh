@@ -5,7 +5,7 @@
 #
 # Needs GPUs (8 x 80 GB assumed below; set NGPUS) and verl's inference engine (vLLM), which the CPU environment of
 # scripts/engine-env.sh verl does not install. capo must be installed in the same environment as verl
-# (pip install 'capo[verl]' or pip install -e . --no-deps): verl then loads capo's plugin by itself
+# (pip install -e '.[verl]' in capo's clone, or pip install -e . --no-deps): verl then loads capo's plugin by itself
 # (entry point group verl.plugins) and algorithm.adv_estimator=capo becomes available.
 #
 #   python examples/verl/prepare_deepscaler.py --out "$DATA"      # once

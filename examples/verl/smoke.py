@@ -114,7 +114,7 @@ def main() -> int:
 
     if not getattr(rt.compute_advantage, "__capo_wrapped__", False):
         raise SystemExit("verl did not load capo's plugin: install capo in verl's environment "
-                         "(sh scripts/engine-env.sh verl, or pip install 'capo[verl]')")
+                         "(sh scripts/engine-env.sh verl, or pip install -e '.[verl]' in capo's clone)")
     torch.manual_seed(a.seed)
     model, tok = load_model("default")
     ref_model, _ = load_model("default")

@@ -10,7 +10,7 @@ import inspect
 
 import pytest
 
-trl = pytest.importorskip("trl", reason="TRL is not installed: pip install 'capo[trl]'")
+trl = pytest.importorskip("trl", reason="TRL is not installed: pip install -e '.[trl]'")
 
 
 def _src(fn) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-trl = pytest.importorskip("trl", reason="TRL is not installed: pip install 'capo[trl]'")
+trl = pytest.importorskip("trl", reason="TRL is not installed: pip install -e '.[trl]'")
 
 import torch  # noqa: E402
 

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-trl = pytest.importorskip("trl", reason="TRL is not installed: pip install 'capo[trl]'")
+trl = pytest.importorskip("trl", reason="TRL is not installed: pip install -e '.[trl]'")
 
 import torch  # noqa: E402
 

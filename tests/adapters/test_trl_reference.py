@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("trl", reason="TRL is not installed: pip install 'capo[trl]'")
+pytest.importorskip("trl", reason="TRL is not installed: pip install -e '.[trl]'")
 
 import torch  # noqa: E402
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("trl", reason="TRL is not installed: pip install 'capo[trl]'")
+pytest.importorskip("trl", reason="TRL is not installed: pip install -e '.[trl]'")
 
 SCRIPT = r'''
 import ctypes, json, mmap, os, sys

@@ -22,7 +22,7 @@ def test_missing_vllm_is_a_config_error_with_the_install_commands():
         "try:\n    VLLMEngine('any/model')\nexcept ConfigError as e:\n    print(e.exit_code, e)\n"
     )
     assert out.startswith("2 vLLM is not installed")
-    assert "sh scripts/engine-env.sh vllm" in out and "pip install 'capo[vllm]'" in out and "--engine hf" in out
+    assert "sh scripts/engine-env.sh vllm" in out and "pip install -e '.[vllm]'" in out and "--engine hf" in out
 
 
 def test_eval_token_stats_switch_reaches_the_vllm_engine(monkeypatch):

@@ -104,7 +104,7 @@ def test_cli_engine_vllm_without_vllm_gives_the_install_command(tiny_model, tmp_
     p = _cli("eval", "--model", tiny_model, "--engine", "vllm", "--limit", "1", "--out", str(tmp_path / "e"))
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "vLLM is not installed" in p.stderr and "sh scripts/engine-env.sh vllm" in p.stderr
-    assert "pip install 'capo[vllm]'" in p.stderr and "--engine hf" in p.stderr
+    assert "pip install -e '.[vllm]'" in p.stderr and "--engine hf" in p.stderr
     assert not (tmp_path / "e").exists()
     p = _cli("train", "--model.path", tiny_model, "--rollout.engine", "vllm", "--run.out_dir", str(tmp_path / "t"))
     assert p.returncode == 2 and "vLLM is not installed" in p.stderr and "Traceback" not in p.stderr

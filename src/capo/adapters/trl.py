@@ -1,6 +1,6 @@
 """TRL adapter: capo's advantage estimators, CAPO's noise mask, RLCR rewards and calibration metrics inside TRL.
 
-Install with ``pip install 'capo[trl]'`` (TRL pinned to 1.16.x: the internals used here change between minors).
+Install with ``pip install -e '.[trl]'`` in capo's clone (TRL pinned to 1.16.x: the internals used here change between minors).
 
 Use :class:`CapoGRPOTrainer` in place of ``trl.GRPOTrainer``::
 
@@ -73,7 +73,7 @@ from capo.verify import DEFAULT_ANSWER_FORMAT
 try:
     from trl import GRPOTrainer
 except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError("capo.adapters.trl needs TRL: pip install 'capo[trl]' (trl>=1.16,<1.17)") from e
+    raise ImportError("capo.adapters.trl needs TRL: pip install 'trl>=1.16,<1.17' (capo's extra `trl`)") from e
 
 __all__ = ["BrierScoreReward", "CapoAdvantageConfig", "CapoGRPOTrainer", "CorrectnessReward", "LogScoreReward",
            "PPOCReward", "RLCRReward", "TRL_INTERNALS", "capo_preset", "leave_process_group"]

