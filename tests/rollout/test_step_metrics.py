@@ -112,6 +112,18 @@ def test_the_group_filter_compares_the_verdicts_unless_told_the_rewards():
         step_advantages(batch(correct=None), StepSpec("grpo", group_filter=True, engine="t"))
 
 
+def test_a_batch_without_verdicts_is_refused_where_they_are_read():
+    """CAPO's pairs and the noise mask's thresholds are chosen by the verdicts: a batch without them (correct=None)
+    is refused by name, where it gave CAPO all-zero advantages (every response "incorrect": no pair) and masked every
+    row as incorrect, without a word. An estimator that reads no verdict (GRPO) takes the batch as before."""
+    for spec, who in ((StepSpec("capo", engine="t"), "the estimator 'capo'"),
+                      (StepSpec("grpo", engine="t", mask=MaskThresholds("fixed", engine="t")), "CAPO's noise mask")):
+        with pytest.raises(ConfigError, match=f"t: {who} reads the verifier's verdicts .* give StepBatch\\(correct="):
+            step_advantages(batch(correct=None), spec)
+    assert step_advantages(batch(correct=None), StepSpec("grpo")).result.advantages.tolist() == \
+        step_advantages(batch(), StepSpec("grpo")).result.advantages.tolist()
+
+
 def calib_batch(**kw):
     # three prompts: the confidence log-probs rank prompt 1 the other way round from the token log-probs; prompt 2's
     # right answer has a non-finite confidence lpm (left out of calib/*)

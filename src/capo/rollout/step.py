@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from capo.core import (
+    ADVANTAGES,
     MASK_HIGH,
     MASK_LOW,
     MASK_Q_HIGH,
@@ -109,6 +110,18 @@ def _filter_on(spec: StepSpec, batch: StepBatch) -> torch.Tensor | None:
     return batch.correct.to(torch.float64)
 
 
+def _no_verdicts(spec: StepSpec, n: int) -> torch.Tensor:
+    """The verdicts of a batch that has none: all False, which only an estimator that does not read them and no noise
+    mask may take (CAPO's pairs and the mask's two thresholds are chosen by them: all False would give CAPO no pairs
+    and mask every response as incorrect, without a word)."""
+    for needs, who in (("correct" in ADVANTAGES.reads(spec.advantage), f"the estimator {spec.advantage!r}"),
+                       (spec.mask is not None, "CAPO's noise mask")):
+        if needs:
+            raise ConfigError(f"{spec.engine}: {who} reads the verifier's verdicts (correct / incorrect), and this "
+                              "batch has none: give StepBatch(correct=...)")
+    return torch.zeros(n, dtype=torch.bool)
+
+
 def step_advantages(batch: StepBatch, spec: StepSpec) -> StepOutput:
     """Advantages, the loss's extra inputs and the batch metrics of one graded batch (see the module docstring)."""
     g = batch.group_size
@@ -122,7 +135,7 @@ def step_advantages(batch: StepBatch, spec: StepSpec) -> StepOutput:
                               "none")
         thresholds = spec.mask.resolve(guarded.ref_ppl[guarded.valid])
     x = method_inputs(spec, batch, rewards=guarded.rewards)
-    correct = batch.correct if batch.correct is not None else torch.zeros(len(batch.rewards), dtype=torch.bool)
+    correct = batch.correct if batch.correct is not None else _no_verdicts(spec, len(batch.rewards))
     res = estimate(spec.advantage, guarded, correct, g, mask_thresholds=thresholds,
                    advantage_kwargs=spec.advantage_kwargs, inputs=x.advantage)
     return StepOutput(result=res, loss_inputs=x.loss, thresholds=thresholds,
