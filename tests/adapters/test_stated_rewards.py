@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from capo.adapters._common import STATED_FORMATS, TEXT_REWARDS, score_texts
+from capo.adapters._common import TEXT_REWARDS, score_texts
+from capo.verify import STATED_FORMATS
 from capo.adapters.verl_plugin import compute_score_brier_score, compute_score_log_score, compute_score_rlcr
 
 

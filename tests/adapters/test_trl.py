@@ -131,20 +131,23 @@ def test_capo_grpo_equals_trl_grpo(tiny_model_dir, tmp_path):
     assert "time/capo_extra_forward_s" not in logged  # grpo without metrics costs no extra forward
 
 
-def test_rlcr_end_to_end_logs_verbal_calibration(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("kind", ["rlcr", "ppo_c"])
+def test_rewards_on_a_stated_confidence_log_verbal_calibration_end_to_end(kind, tiny_model_dir, tmp_path):
+    """RLCR's and PPO-C's reward functions: TRL receives the core reward of the verdicts, and calib/verbal_* of the
+    stated confidences is logged (for PPO-C it was not: the confidences were read from RLCRReward only)."""
     from transformers import AutoTokenizer
 
-    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer, RLCRReward
+    from capo.adapters.trl import CapoAdvantageConfig, CapoGRPOTrainer, PPOCReward, RLCRReward
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    reward = RLCRReward(answer_key="answer")
+    reward = {"rlcr": RLCRReward, "ppo_c": PPOCReward}[kind](answer_key="answer")
     tr = CapoGRPOTrainer(model=tiny_model_dir, reward_funcs=reward, args=_args(tmp_path), train_dataset=_dataset(),
                          processing_class=tok, capo=CapoAdvantageConfig(advantage="grpo", advantage_kwargs={"eps": 1e-4}))
     tr.train()
     b = reward.last
     assert b is not None and len(b.rewards) == 8
-    # the rewards TRL received are REWARDS["rlcr"] of the verdicts
-    expected = REWARDS.get("rlcr")(torch.tensor(b.correct), confidence=torch.tensor(b.confidence, dtype=torch.float32),
+    # the rewards TRL received are the core reward of the verdicts
+    expected = REWARDS.get(kind)(torch.tensor(b.correct), confidence=torch.tensor(b.confidence, dtype=torch.float32),
                                    format_ok=torch.tensor(b.format_ok))
     assert torch.allclose(tr.capo_last_batch["rewards"].float(), expected, atol=TOL)
     assert sum(b.format_ok) > 0, "the tiny model should write well-formed RLCR answers"

@@ -48,3 +48,20 @@ def test_grade_makes_its_tensors_on_the_device_asked(verifier):
 def test_grade_refuses_mismatched_golds(verifier):
     with pytest.raises(ValueError, match="got 5 responses but 4 gold answers"):
         grade(TEXTS, GOLDS[:4], verifier)
+
+
+@pytest.mark.parametrize("reward, fmt, want", [
+    ("correctness", "auto", "auto"), ("correctness", "short", "short"), ("correctness", "rlcr", "rlcr"),
+    ("rlcr", "auto", "rlcr"), ("rlcr", "boxed", "rlcr"), ("rlcr", "rlcr", "rlcr"),
+    ("rlcr", "short", "rlcr_short"), ("ppo_c", "rlcr_short", "rlcr_short"),
+    ("log_score", "percent", "percent"), ("brier_score", "outcome", "outcome"), ("brier_score", "gsm8k", "rlcr"),
+])
+def test_the_format_a_reward_grades_in(reward, fmt, want):
+    """The one rule (capo.rollout.grading.reward_answer_format): a reward on the verdicts grades in the format given;
+    one on a stated confidence inside RLCR's tags (the short-answer judge inside them for a short format), unless the
+    format states its own probability (percent, outcome). Which rewards read a confidence is their registration's."""
+    from capo.core import REWARDS
+    from capo.rollout.grading import reads_stated_confidence, reward_answer_format
+
+    assert reward_answer_format(reward, fmt) == want
+    assert [r for r in REWARDS.names() if reads_stated_confidence(r)] == ["brier_score", "log_score", "ppo_c", "rlcr"]

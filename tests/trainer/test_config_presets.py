@@ -142,6 +142,29 @@ def test_reward_hyperparameters_and_the_kv_cache_are_checked_before_any_model_lo
     assert load_config(None, {"algo.name": "rlcr", "algo.reward_kwargs": "{format_failure_reward: -2}"})
 
 
+@pytest.mark.parametrize("preset, overrides, reward, fmt, want", [
+    ("facts", {"algo.name": "rlcr"}, "rlcr", "short", "rlcr_short"),
+    (None, {"algo.name": "ppo_c", "data.answer_format": "boxed"}, "ppo_c", "boxed", "rlcr"),
+    (None, {"algo.name": "grpo", "algo.reward": "brier_score", "data.answer_format": "gsm8k"}, "brier_score", "gsm8k",
+     "rlcr"),
+])
+def test_a_reward_on_a_stated_confidence_trains_in_a_format_that_grades_inside_the_tags(preset, overrides, reward, fmt, want):
+    """Found by a design audit (2026-12-02): `capo train --config facts --algo.name rlcr` trained RLCR with the facts
+    prompt ("the name only") and the short-answer grader, which reads no <confidence>: every reward -1; with
+    `boxed` a tagged answer is never found, so every verdict was "incorrect". Refused, naming the format the TRL and
+    verl reward functions grade the same reward in; with it, with `auto` (the <answer> tag first), or with a format
+    that states its own probability, the run is accepted."""
+    with pytest.raises(ConfigError, match=re.escape(
+            f"algo.reward={reward} reads a confidence stated in RLCR's <answer>/<confidence> tags; "
+            f"data.answer_format='{fmt}' does not grade the answer inside them: set data.answer_format: {want}")):
+        load_config(preset, overrides)
+    assert load_config(preset, overrides | {"data.answer_format": want}).data.answer_format == want
+    if preset != "facts":  # facts is graded with its short formats only
+        assert load_config(preset, overrides | {"data.answer_format": "auto"}).data.answer_format == "auto"
+    assert load_config("stochastic", {"algo.name": "grpo", "algo.reward": "log_score"}).data.answer_format == "percent"
+    assert load_config("smollm2_gsm8k", {"algo.name": "rlcr"}).data.answer_format == "auto"
+
+
 def test_dapos_group_filter_compares_the_verdicts_by_default():
     assert (load_config(None, {"algo.name": "dapo"}).algo.group_filter_by) == "correct"
     assert load_config(None, {"algo.name": "dapo", "algo.group_filter_by": "reward"}).algo.group_filter_by == "reward"

@@ -16,13 +16,12 @@ from typing import Any
 
 from capo.core import ADVANTAGES, REWARDS, advantage_kwargs_problem
 from capo.errors import ConfigError
-from capo.rollout.grading import grade
-from capo.verify import DEFAULT_ANSWER_FORMAT, STATED_FORMATS
-from capo.verify.short import SHORT_FORMATS
+from capo.rollout.grading import grade, reads_stated_confidence, reward_answer_format
+from capo.verify import DEFAULT_ANSWER_FORMAT
 
-# The core rewards the adapters compute from text (TRL reward functions, verl compute_score_*); the ones after
-# "correctness" read a stated confidence: RLCR's <answer>/<confidence> tags, or the answer formats that state one
-# themselves (STATED_FORMATS; the stochastic tasks').
+# The core rewards the adapters compute from text (TRL reward functions, verl compute_score_*), in the registry's
+# order; which of them read a stated confidence (RLCR's <answer>/<confidence> tags, or a format that states one:
+# STATED_FORMATS, the stochastic tasks') is the registry's to say (capo.rollout.grading.reads_stated_confidence).
 TEXT_REWARDS = ("correctness", "rlcr", "ppo_c", "log_score", "brier_score")
 # Which log-probs feed lpm and PPL_ref: "raw" = temperature-1 log-probs (the paper's, capo's trainer),
 # "sampling" = the engine's temperature-scaled ones (identical at temperature 1).
@@ -74,15 +73,6 @@ def default_verifier():
     return Verifier(workers=1)
 
 
-def tagged_format(answer_format: str) -> str:
-    """The answer format a reward on a stated confidence grades with: a stated-probability format as it is, a short
-    free-text one (facts: ``short``, ``rlcr_short``) as ``rlcr_short`` (its judge, inside RLCR's tags), any other as
-    ``rlcr`` (math-verify inside the tags) -- as ``capo train`` grades the same task."""
-    if answer_format in STATED_FORMATS:
-        return answer_format
-    return "rlcr_short" if answer_format in SHORT_FORMATS else "rlcr"
-
-
 def score_texts(
     texts: Sequence[str],
     golds: Sequence[str],
@@ -106,8 +96,8 @@ def score_texts(
     """
     if kind not in TEXT_REWARDS:
         raise ValueError(f"unknown reward kind {kind!r}; allowed: {', '.join(TEXT_REWARDS)}")
-    tagged = kind != "correctness"
-    fmt = tagged_format(answer_format) if tagged else answer_format
+    tagged = reads_stated_confidence(kind)
+    fmt = reward_answer_format(kind, answer_format)
     g = grade(texts, golds, verifier or default_verifier(), answer_format=fmt)
     fail = {} if format_failure_reward is None else {"format_failure_reward": format_failure_reward}
     kw = dict(confidence=g.confidence, format_ok=g.format_ok, **fail, **(reward_kwargs or {})) if tagged else {}

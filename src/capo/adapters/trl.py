@@ -66,6 +66,7 @@ from capo.core import (
 )
 from capo.errors import CapoError, ConfigError
 from capo.processes import leave_process_group as _leave
+from capo.rollout.grading import reads_stated_confidence
 from capo.rollout.method_inputs import advantage_inputs, needed_data, summed_reward_unread
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, noise_mask_thresholds, step_advantages
 from capo.verify import DEFAULT_ANSWER_FORMAT
@@ -245,7 +246,8 @@ class CorrectnessReward(_TextReward):
 # how CapoGRPOTrainer gets each piece of data an estimator input is built from (method_inputs' error hints)
 _HINTS = {"answers": "use capo's CorrectnessReward, RLCRReward or PPOCReward as a reward function (they record the "
                      "extracted answers)",
-          "confidence": "use capo's RLCRReward as the only reward function (it records the verbal confidences)",
+          "confidence": "use one of capo's reward functions on a stated confidence (RLCRReward, PPOCReward, "
+                        "LogScoreReward, BrierScoreReward): they record the verbal confidences",
           "ref_token_logp": "pass ref_model=<model or path>, or pass `model` as a path, or set beta != 0"}
 _REWARD_CLASSES = {"correctness": CorrectnessReward, "rlcr": RLCRReward, "ppo_c": PPOCReward,
                    "log_score": LogScoreReward, "brier_score": BrierScoreReward}
@@ -556,12 +558,13 @@ class CapoGRPOTrainer(GRPOTrainer):
     # -- verdicts and calibration metrics -------------------------------------------------------------------------
     def _capo_verdicts(self, rpf: torch.Tensor):
         """(correct [N] bool, verbal confidence [N] float64 or None), gathered across processes: from capo's reward
-        functions' latest call, else from the verdict reward function's 0/1 values (never a thresholded reward)."""
+        functions' latest call (the confidence from the first that reads a stated one: RLCR, PPO-C, the log and Brier
+        scores), else from the verdict reward function's 0/1 values (never a thresholded reward)."""
         funcs = [f for f in self.reward_funcs if isinstance(f, _TextReward) and f.last is not None]
         dev = self.accelerator.device
         if funcs:
             correct = self.accelerator.gather(torch.tensor(funcs[0].last.correct, dtype=torch.bool, device=dev))
-            rl = [f for f in funcs if isinstance(f, RLCRReward)]
+            rl = [f for f in funcs if reads_stated_confidence(f.kind)]
             conf = None if not rl else \
                 self.accelerator.gather(torch.tensor(rl[0].last.confidence, dtype=torch.float64, device=dev))
             return correct.cpu(), None if conf is None else conf.cpu()

@@ -28,6 +28,11 @@ def _correct(correct: torch.Tensor) -> torch.Tensor:
     return correct
 
 
+# what a reward on a stated confidence reads beyond the verdicts (REWARDS.reads): the engines grade its responses
+# in a format that states one (capo.rollout.grading.reward_answer_format)
+STATED = ("confidence", "format_ok")
+
+
 @REWARDS.register("correctness")
 def correctness_reward(
     correct: torch.Tensor, *, confidence: torch.Tensor | None = None, format_ok: torch.Tensor | None = None
@@ -36,7 +41,7 @@ def correctness_reward(
     return _correct(correct).to(torch.float32)
 
 
-@REWARDS.register("rlcr")
+@REWARDS.register("rlcr", reads=STATED)
 def rlcr_reward(
     correct: torch.Tensor,
     *,
@@ -96,7 +101,7 @@ def rlcr_components(
 REWARD_COMPONENTS = {"rlcr": rlcr_components}
 
 
-@REWARDS.register("ppo_c")
+@REWARDS.register("ppo_c", reads=STATED)
 def ppo_c_reward(
     correct: torch.Tensor,
     *,
@@ -163,7 +168,7 @@ def _stated_reward(correct, confidence, format_ok, rule: str, failure: float | N
     return torch.where(ok, scoring_rule(q, a, rule), torch.full_like(q, float(worst)))
 
 
-@REWARDS.register("log_score")
+@REWARDS.register("log_score", reads=STATED)
 def log_score_reward(
     correct: torch.Tensor,
     *,
@@ -180,7 +185,7 @@ def log_score_reward(
     return _stated_reward(correct, confidence, format_ok, "log", format_failure_reward)
 
 
-@REWARDS.register("brier_score")
+@REWARDS.register("brier_score", reads=STATED)
 def brier_score_reward(
     correct: torch.Tensor,
     *,

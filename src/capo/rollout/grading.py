@@ -39,11 +39,12 @@ from dataclasses import dataclass
 
 import torch
 
+from capo.core import REWARDS
 from capo.verify import (DEFAULT_ANSWER_FORMAT, STATED_FORMATS, RlcrParse, Verdict, Verifier, extract_answer,
                          extract_outcome, extract_percent, extract_rlcr)
 from capo.verify.short import SHORT_FORMATS, judge_short, normalize_short
 
-__all__ = ["Graded", "answer_classes", "gold_problem", "grade"]
+__all__ = ["Graded", "answer_classes", "gold_problem", "grade", "reads_stated_confidence", "reward_answer_format"]
 
 
 @dataclass
@@ -85,6 +86,23 @@ def grade(texts: Sequence[str], golds: Sequence[str], verifier: Verifier, *, ans
                         device=device)
     fmt = torch.tensor([p.format_ok for p in parses], dtype=torch.bool, device=device)
     return Graded(answers, verdicts, parses, correct, conf, fmt)
+
+
+def reads_stated_confidence(reward: str) -> bool:
+    """Whether the core reward ``reward`` (``REWARDS``) reads a stated confidence (RLCR, PPO-C, the log and Brier
+    scores), as its registration says."""
+    return "confidence" in REWARDS.reads(reward)
+
+
+def reward_answer_format(reward: str, answer_format: str) -> str:
+    """The answer format the reward ``reward`` grades in: ``answer_format`` as it is for a reward on the verdicts
+    alone, or for a stated-probability format (:data:`capo.verify.STATED_FORMATS`: it states its own); for a reward
+    that reads a stated confidence, a short free-text format (facts) as ``rlcr_short`` (its judge inside RLCR's
+    tags) and any other as ``rlcr`` (math-verify inside the tags). The TRL and verl reward functions grade in it;
+    ``capo train`` refuses a ``data.answer_format`` other than it (it also chooses the prompt that asks for tags)."""
+    if not reads_stated_confidence(reward) or answer_format in STATED_FORMATS:
+        return answer_format
+    return "rlcr_short" if answer_format in SHORT_FORMATS else "rlcr"
 
 
 def answer_classes(groups: Sequence[Sequence[str | None]], verifier: Verifier,

@@ -30,6 +30,7 @@ from capo.core.presets import ALGORITHMS
 from capo.errors import ConfigError, is_real
 from capo.rundir import BOOKKEEPING, MICRO_BATCH, yaml_dumps, yaml_loads
 from capo.rollout.engine import DECODERS, ENGINES, KV_CACHES, check_engine
+from capo.rollout.grading import reward_answer_format
 from capo.rollout.logprobs import ATTENTIONS
 from capo.rollout.method_inputs import needed_data, summed_reward_unread, verdicts_only
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, GENERATED_TASKS, dataset_problem
@@ -338,6 +339,7 @@ class TrainConfig:
         else:
             _choice("algo.reward", a.reward, REWARDS.names())
             _problem(reward_kwargs_problem(a.reward, a.reward_kwargs, key="algo.reward_kwargs"))
+            _stated_format(a.reward, self.data.answer_format)
         _choice("algo.reward_errors", a.reward_errors, ("fail", "zero"))
         _choice("algo.kl_estimator", a.kl_estimator, ("k1", "k2", "k3"))
         _problem(noise_mask_problem(a.noise_mask, key="algo.noise_mask"))
@@ -397,6 +399,21 @@ class TrainConfig:
 
 
 SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)}
+
+
+def _stated_format(reward: str, answer_format: str) -> None:
+    """A reward on a stated confidence (RLCR, PPO-C, the log and Brier scores) trains in a format that grades the
+    answer inside RLCR's tags: the one the TRL and verl reward functions grade it in
+    (:func:`capo.rollout.grading.reward_answer_format`), or ``auto``, which reads the ``<answer>`` tag first (it
+    differs from them on a response without tags only: the reward calls it malformed either way, and ``auto`` may
+    still count a boxed answer in it correct). Another format grades beside the tags (``boxed``, ``gsm8k``: a tagged
+    answer is never found, so every verdict is "incorrect") or reads no confidence (``short``: every reward a format
+    failure)."""
+    fmt = reward_answer_format(reward, answer_format)
+    if answer_format not in (fmt, "auto"):
+        raise ConfigError(f"algo.reward={reward} reads a confidence stated in RLCR's <answer>/<confidence> tags; "
+                          f"data.answer_format={answer_format!r} does not grade the answer inside them: set "
+                          f"data.answer_format: {fmt}")
 
 
 def _task_answer_format(d) -> None:

@@ -9,6 +9,7 @@ import warnings
 from typing import Any
 
 from capo.adapters._common import score_texts
+from capo.rollout.grading import reads_stated_confidence
 from capo.verify import DEFAULT_ANSWER_FORMAT
 
 __all__ = ["compute_score", "compute_score_brier_score", "compute_score_correctness", "compute_score_log_score",
@@ -56,7 +57,7 @@ def _score(kind: str, solution_str: str, ground_truth, **kw) -> dict[str, Any]:
     # answer_format: the format "pred" was read in, so SEED-GRPO's clusters (the estimator) use the same rule
     out = {"score": b.rewards[0], "correct": float(b.correct[0]), "pred": b.answers[0] or "",
            "answer_format": kw.get("answer_format", DEFAULT_ANSWER_FORMAT)}
-    if kind != "correctness":
+    if reads_stated_confidence(kind):
         out |= {"confidence": b.confidence[0], "format_ok": float(b.format_ok[0])}
     return out
 
