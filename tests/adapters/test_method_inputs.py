@@ -259,3 +259,22 @@ def test_presets_reach_the_adapters_or_say_why():
     assert {"algorithm.adv_estimator=capo", "+algorithm.capo.advantage_kwargs.tau=1.0",
             "+algorithm.capo.advantage_kwargs.score=sum",
             "+algorithm.capo.noise_mask=quantile"} <= set(preset_overrides("capo_sum"))
+
+
+def test_a_preset_giving_one_clip_bound_runs_the_trainers_bounds_in_both_engines(monkeypatch):
+    """Found by a design audit (2026-12-02): a preset giving only eps_low = 0.1 trained (0.1, 0.2) in capo's trainer
+    and verl (ppo_clip's own default eps_high) but (0.1, 0.1) in TRL, whose preset mapping fell back to eps_low."""
+    pytest.importorskip("trl")
+    from capo.adapters.trl import capo_preset
+    from capo.adapters.verl_plugin import preset_overrides
+    from capo.core import presets
+    from capo.trainer.config import load_config
+
+    monkeypatch.setitem(presets.ALGORITHMS, "one_bound", dict(advantage="grpo", loss="ppo_clip",
+                                                             aggregation="seq-mean-token-mean", reward="correctness",
+                                                             loss_kwargs={"eps_low": 0.1}))
+    _, grpo, _ = capo_preset("one_bound")
+    assert (grpo["epsilon"], grpo["epsilon_high"]) == (0.1, 0.2)
+    verl = preset_overrides("one_bound")
+    assert "actor_rollout_ref.actor.clip_ratio_low=0.1" in verl and "actor_rollout_ref.actor.clip_ratio_high=0.2" in verl
+    assert load_config(None, {"algo.name": "one_bound"}).algo.loss_kwargs == {"eps_low": 0.1}  # ppo_clip's 0.2 above

@@ -9,12 +9,13 @@ read scores in :func:`capo.core.needs_scores` (the registry's ``reads=``), the o
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capo.core import ADVANTAGES, REWARDS, advantage_kwargs_problem
+from capo.core import ADVANTAGES, POLICY_LOSSES, REWARDS, advantage_kwargs_problem
 from capo.errors import ConfigError
 from capo.rollout.grading import grade, reads_stated_confidence, reward_answer_format
 from capo.verify import DEFAULT_ANSWER_FORMAT
@@ -64,6 +65,13 @@ class ScoredBatch:
     format_ok: list[bool]
     rewards: list[float]
     answers: list[str | None]
+
+
+def loss_knobs(loss: str, loss_kwargs: dict) -> dict:
+    """Every knob of the policy loss ``loss`` as capo's trainer runs it: the loss's own defaults (its signature)
+    updated by ``loss_kwargs``; what the TRL and verl presets hand to the engine's clip settings."""
+    params = inspect.signature(POLICY_LOSSES.get(loss)).parameters
+    return {k: v.default for k, v in params.items() if v.default is not inspect.Parameter.empty} | loss_kwargs
 
 
 def default_verifier():

@@ -58,6 +58,7 @@ from capo.adapters._common import (
     check_estimator,
     completion_text,
     engine_preset,
+    loss_knobs,
     score_texts,
 )
 from capo.core import (
@@ -261,9 +262,9 @@ def capo_preset(name: str, *, answer_key: str = "answer", verifier=None) -> tupl
     preset TRL cannot run (a policy loss other than PPO-clip: c2gspg, clip_cov, kl_cov, gspo, cispo; DAPO's group
     filter and overlong shaping), saying why. The preset's ``noise_mask`` is taken as it is (CAPO's: "quantile")."""
     p = engine_preset(name, "trl")
-    lk = p["loss_kwargs"]
-    grpo = {"loss_type": _LOSS_TYPES[p["aggregation"]], "beta": 0.0,
-            "epsilon": lk.get("eps_low", 0.2), "epsilon_high": lk.get("eps_high", lk.get("eps_low", 0.2))}
+    lk = loss_knobs(p["loss"], p["loss_kwargs"])  # the trainer's bounds: each given, else ppo_clip's default
+    grpo = {"loss_type": _LOSS_TYPES[p["aggregation"]], "beta": 0.0, "epsilon": lk["eps_low"],
+            "epsilon_high": lk["eps_high"]}
     cfg = CapoAdvantageConfig(advantage=p["advantage"], advantage_kwargs=dict(p["advantage_kwargs"]),
                               noise_mask=p["noise_mask"])
     reward = _REWARD_CLASSES[p["reward"]](answer_key, verifier=verifier, reward_kwargs=p["reward_kwargs"])

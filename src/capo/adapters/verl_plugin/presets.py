@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 
-from capo.adapters._common import engine_preset
+from capo.adapters._common import engine_preset, loss_knobs
 from capo.adapters.verl_plugin.estimators import ESTIMATORS
-from capo.core import POLICY_LOSSES, default_noise_mask
+from capo.core import default_noise_mask
 from capo.rollout.method_inputs import needed_data
 
 __all__ = ["REWARD_FILE", "preset_overrides"]
@@ -29,8 +28,7 @@ def preset_overrides(name: str) -> list[str]:
     lower bound is verl's clip_ratio_low 1, whose bound r >= 0 never binds), the aggregation to ``loss_agg_mode``."""
     p = engine_preset(name, "verl")
     verl_est = {core: v for v, core in ESTIMATORS.items()}[p["advantage"]]
-    params = inspect.signature(POLICY_LOSSES.get(p["loss"])).parameters
-    lk = {k: v.default for k, v in params.items() if v.default is not inspect.Parameter.empty} | p["loss_kwargs"]
+    lk = loss_knobs(p["loss"], p["loss_kwargs"])
     actor = "actor_rollout_ref.actor"
     out = [f"algorithm.adv_estimator={verl_est}",
            f"{actor}.policy_loss.loss_mode={'vanilla' if p['loss'] == 'ppo_clip' else p['loss']}",
