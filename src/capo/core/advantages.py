@@ -118,6 +118,10 @@ def rloo_advantage(
     return apply_keep((r - baseline).reshape(-1), keep)
 
 
+# CAPO's ranking scores (capo_advantage's ``score``), its default first: lpm, the paper's
+CAPO_SCORES = ("mean", "sum")
+
+
 @ADVANTAGES.register("capo", reads=("scores", "correct", "partners", "lengths"))
 def capo_advantage(
     rewards: torch.Tensor,
@@ -131,7 +135,7 @@ def capo_advantage(
     masked_partners: str = "keep",
     correct: torch.Tensor | None = None,
     partners: torch.Tensor | None = None,
-    score: str = "mean",
+    score: str = CAPO_SCORES[0],
     lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """CAPO advantage: gradient weights of a logistic AUC surrogate (arXiv 2604.12632, Sec. 4, the pairwise loss
@@ -166,9 +170,9 @@ def capo_advantage(
     checks.choice("surrogate", surrogate, ("logistic", "linear"))
     checks.choice("norm", norm, ("group", "pairs"))
     checks.choice("masked_partners", masked_partners, ("keep", "drop"))
-    checks.choice("score", score, ("mean", "sum"))
+    checks.choice("score", score, CAPO_SCORES)
     r, g = prepare_rewards(rewards, group_size, scores, keep, need_scores=True)  # [B, G]
-    s = _ranking_scores(scores, lengths, score).view(-1, g)  # [B, G]
+    s = capo_ranking_scores(scores, lengths, score).view(-1, g)  # [B, G]
     c = _verdicts(rewards, correct).view(-1, g)  # [B, G]
     pair = _pairs(c, _partner_rows(keep if masked_partners == "drop" else None, partners, rewards))
     w = _pair_weights(s, pair, tau, surrogate)  # [B, G_i, G_j]
@@ -189,8 +193,9 @@ def _pairs(c: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
     return pair & k[:, :, None] & k[:, None, :]
 
 
-def _ranking_scores(scores: torch.Tensor, lengths: torch.Tensor | None, score: str) -> torch.Tensor:
-    """CAPO's ranking score [N]: lpm ("mean") or lpm * |o_i| = sum_t log pi(o_{i,t}) ("sum"); lengths [N]."""
+def capo_ranking_scores(scores: torch.Tensor, lengths: torch.Tensor | None, score: str) -> torch.Tensor:
+    """CAPO's ranking score [N] (:func:`capo_advantage`'s ``score``): lpm ("mean") or lpm * |o_i| = sum_t log
+    pi(o_{i,t}) ("sum"); scores, lengths [N]."""
     if score == "mean":
         return scores
     if lengths is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from capo.core import capo_advantage
+from capo.core.advantages import CAPO_SCORES, capo_ranking_scores
 from capo.core.presets import ALGORITHMS
 
 __all__ = ["CAPO_SCORE_FORMS", "FEW_VARY", "SATURATED_GAP", "length_check", "length_reading"]
@@ -67,7 +68,7 @@ def length_check(group_ids: torch.Tensor, correct: torch.Tensor, lpm: torch.Tens
             sums[name] += pad.sums(kw)
     for name, kw in forms.items():
         pairs, sat, num, den = sums[name].tolist()
-        out[name] = {"tau": float(kw["tau"]), "score": kw.get("score", "mean"), "pairs": int(pairs),
+        out[name] = {"tau": float(kw["tau"]), "score": kw.get("score", CAPO_SCORES[0]), "pairs": int(pairs),
                      "saturated": sat / pairs if pairs else None, "length_push": num / den if den > 0 else None}
     return out
 
@@ -117,7 +118,8 @@ class _Padded:
 
     def sums(self, kw: dict) -> torch.Tensor:
         """[4]: (correct, incorrect) pairs, saturated ones, sum_i A_i (|o_i| - mean |o|), sum_i |A_i|."""
-        s = self.lpm * self.n if kw.get("score") == "sum" else self.lpm
+        s = capo_ranking_scores(self.lpm.reshape(-1), self.n.reshape(-1), kw.get("score", CAPO_SCORES[0]))
+        s = s.view_as(self.lpm)  # [Q, G_max]
         pair = self.right[:, :, None] & self.wrong[:, None, :]  # [Q, G_i, G_j]: correct i, incorrect j
         gap = (s[:, :, None] - s[:, None, :])[pair] / kw["tau"]
         a = capo_advantage(self.right.reshape(-1).to(F64), self.g_max, scores=self.lpm.reshape(-1),
