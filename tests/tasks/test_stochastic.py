@@ -91,3 +91,20 @@ def test_step_questions_all_or_a_uniform_batch():
     assert q.numel() == 16 and q.unique().numel() == 16 and int(q.max()) < 50
     seen = torch.cat([_step_questions(data, TableSettings(batch_questions=16), gen) for _ in range(200)])
     assert torch.bincount(seen, minlength=50).min() > 20  # every question drawn (expected 64 times each)
+
+
+def test_eps_reaches_every_estimator_that_takes_one(tmp_path, monkeypatch):
+    """`--eps` is the std epsilon of every estimator with one (it reached GRPO only, by name: NGRPO or ACE ran at
+    their own 1e-6); an estimator without one (Dr. GRPO) gets none."""
+    from capo.trainer import table_model
+
+    seen = {}
+
+    def fake(s):
+        seen[s.method] = dict(s.estimator_kwargs)
+        return {"final": {"ece": 0.0, "auroc": 0.5, "abs_err_rate": 0.0}, "wall_s": 0.0}
+
+    monkeypatch.setattr(table_model, "train_table", fake)
+    table_model.main(["--methods", "grpo", "ngrpo", "dr_grpo", "--seeds", "0", "--eps", "0.001", "--out",
+                      str(tmp_path)])
+    assert seen == {"grpo": {"eps": 0.001}, "ngrpo": {"eps": 0.001}, "dr_grpo": {}}

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from capo.core import compute_advantages
+from capo.core.step import hyperparameters
 from capo.core.calibration import auroc, ece
 from capo.core.rewards import SCORING_RULES
 from capo.tasks.stochastic import StochasticData, score, stochastic_data
@@ -124,7 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-questions", type=int, default=None,
                     help="questions per step, drawn uniformly (default: all, as the paper)")
     ap.add_argument("--curve-points", type=int, default=50, help="evaluations along the run (the curves)")
-    ap.add_argument("--eps", type=float, default=1e-5, help="GRPO's std epsilon (the notebook's 1e-5)")
+    ap.add_argument("--eps", type=float, default=1e-5, help="the std epsilon of every estimator that takes one (GRPO, "
+                    "NGRPO, ACE, ...; the notebook's 1e-5 for GRPO)")
     ap.add_argument("--out", type=Path, required=True, help="folder for one JSON record per (method, seed)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -133,7 +135,7 @@ def main(argv=None) -> int:
             path = a.out / f"{m}-seed{seed}.json"
             if path.exists():
                 continue
-            kw = {"eps": a.eps} if m == "grpo" else {}
+            kw = {"eps": a.eps} if "eps" in hyperparameters(m) else {}
             rec = train_table(TableSettings(method=m, estimator_kwargs=kw, seed=seed, steps=a.steps, rule=a.rule,
                                             group_size=a.group_size, n_questions=a.questions,
                                             batch_questions=a.batch_questions,
