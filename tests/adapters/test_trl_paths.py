@@ -56,7 +56,7 @@ def _trainer(tiny_model_dir, tmp_path, cfg, reward=seven_reward, trainer_kw=None
             raw["ref"] = raw_token_logps(self.probe_ref, out)
             self.records = getattr(self, "records", [])
             self.records.append({"out": cpu_copy(out), "batch": dict(self.capo_last_batch), "texts": texts, **raw,
-                                 "rpf": self._capo_rewards_per_func.double().cpu(),
+                                 "rpf": self.capo_last_batch["rewards_per_func"].double().cpu(),
                                  "table": list(self._logs["advantages"])[-out["completion_ids"].size(0):]})
             return out
 
@@ -207,8 +207,9 @@ def test_trls_evaluation_runs_capos_step_with_its_own_group_size_and_logs_under_
     torch.testing.assert_close(rec["batch"]["advantages"].double(), want, rtol=0, atol=TOL)
     assert "eval_calib/accuracy" in metrics and "eval_time/capo_ref_forward_s" in metrics
     assert [h for h in tr.state.log_history if "calib/accuracy" in h] == logged  # nothing more under "train"
-    assert set(tr.capo_last_batch) == {"rewards", "correct", "valid", "scores", "keep", "ref_ppl", "mask_thresholds",
-                                       "advantages", "trl_advantages_local", "process_slice", "group_size"}
+    assert set(tr.capo_last_batch) == {"rewards_per_func", "rewards", "correct", "valid", "scores", "keep", "ref_ppl",
+                                       "mask_thresholds", "advantages", "trl_advantages_local", "process_slice",
+                                       "group_size"}
     assert tr.capo_last_batch["process_slice"] == slice(0, 4) and tr.capo_last_batch["valid"].all()
 
 

@@ -307,8 +307,8 @@ class CapoGRPOTrainer(GRPOTrainer):
         "ref" adapter if the model has one, else the base model with adapters disabled).
 
     Debug/test attribute: ``capo_last_batch`` holds the full gathered tensors of the latest generation batch
-    (rewards, correct, valid, scores, keep, ref_ppl, mask_thresholds, advantages, trl_advantages_local,
-    process_slice).
+    (rewards_per_func, rewards, correct, valid, scores, keep, ref_ppl, mask_thresholds, advantages,
+    trl_advantages_local, process_slice).
     """
 
     def __init__(self, model, reward_funcs=None, args=None, *pos, capo: CapoAdvantageConfig | None = None,
@@ -449,6 +449,7 @@ class CapoGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
+        rpf, self._capo_rewards_per_func = self._capo_rewards_per_func, None  # [N, F] gathered; this batch's only
         mode = "train" if self.model.training else "eval"
         g = self.num_generations if mode == "train" else self.num_generations_eval
         if g < 2:  # TRL allows one generation per prompt in evaluation, advantage 0: no group to rank within
@@ -456,7 +457,10 @@ class CapoGRPOTrainer(GRPOTrainer):
             return out
         cfg, acc = self.capo, self.accelerator
         bs = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
-        rpf = self._capo_rewards_per_func  # [N, F] gathered
+        if rpf is None:
+            raise CapoError("CapoGRPOTrainer: TRL scored no rewards for this batch (its _calculate_rewards was not "
+                            "called): this TRL version calls its hooks in another order than the adapter was written "
+                            "for (TRL 1.16.x)")
         scored = ~torch.isnan(rpf).all(dim=1).cpu()  # [N]: rows some reward function scored
         rewards = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1).double().cpu()  # [N]
         correct, conf = self._capo_verdicts(rpf)
@@ -481,7 +485,7 @@ class CapoGRPOTrainer(GRPOTrainer):
         out["advantages"] = res.advantages[sl].to(device=trl_local.device, dtype=trl_local.dtype)
         self._capo_log_table_advantages(res.advantages)
         self.capo_last_batch = {
-            "rewards": rewards, "correct": correct, "valid": res.valid, "scores": res.scores, "keep": res.keep,
+            "rewards_per_func": rpf, "rewards": rewards, "correct": correct, "valid": res.valid, "scores": res.scores, "keep": res.keep,
             "advantages": res.advantages, "trl_advantages_local": trl_local, "process_slice": sl, "group_size": g,
             "mask_thresholds": step.thresholds, "ref_ppl": res.ref_ppl,
         }
