@@ -276,5 +276,6 @@ def test_a_preset_giving_one_clip_bound_runs_the_trainers_bounds_in_both_engines
     _, grpo, _ = capo_preset("one_bound")
     assert (grpo["epsilon"], grpo["epsilon_high"]) == (0.1, 0.2)
     verl = preset_overrides("one_bound")
-    assert "actor_rollout_ref.actor.clip_ratio_low=0.1" in verl and "actor_rollout_ref.actor.clip_ratio_high=0.2" in verl
+    actor = "actor_rollout_ref.actor"
+    assert f"{actor}.clip_ratio_low=0.1" in verl and f"{actor}.clip_ratio_high=0.2" in verl
     assert load_config(None, {"algo.name": "one_bound"}).algo.loss_kwargs == {"eps_low": 0.1}  # ppo_clip's 0.2 above

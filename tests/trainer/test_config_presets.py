@@ -148,7 +148,8 @@ def test_reward_hyperparameters_and_the_kv_cache_are_checked_before_any_model_lo
     (None, {"algo.name": "grpo", "algo.reward": "brier_score", "data.answer_format": "gsm8k"}, "brier_score", "gsm8k",
      "rlcr"),
 ])
-def test_a_reward_on_a_stated_confidence_trains_in_a_format_that_grades_inside_the_tags(preset, overrides, reward, fmt, want):
+def test_a_reward_on_a_stated_confidence_trains_in_a_format_that_grades_inside_the_tags(preset, overrides, reward,
+                                                                                       fmt, want):
     """Found by a design audit (2026-12-02): `capo train --config facts --algo.name rlcr` trained RLCR with the facts
     prompt ("the name only") and the short-answer grader, which reads no <confidence>: every reward -1; with
     `boxed` a tagged answer is never found, so every verdict was "incorrect". Refused, naming the format the TRL and

@@ -20,9 +20,10 @@ from capo.errors import ConfigError
 from capo.rollout.grading import grade, reads_stated_confidence, reward_answer_format
 from capo.verify import DEFAULT_ANSWER_FORMAT
 
-# The core rewards the adapters compute from text (TRL reward functions, verl compute_score_*), in the registry's
-# order; which of them read a stated confidence (RLCR's <answer>/<confidence> tags, or a format that states one:
-# STATED_FORMATS, the stochastic tasks') is the registry's to say (capo.rollout.grading.reads_stated_confidence).
+# The core rewards the adapters compute from text (TRL reward functions, verl compute_score_*), in the order
+# capo.core.rewards registers them; which of them read a stated confidence (RLCR's <answer>/<confidence> tags, or a
+# format that states one: STATED_FORMATS, the stochastic tasks') is the registry's to say
+# (capo.rollout.grading.reads_stated_confidence).
 TEXT_REWARDS = ("correctness", "rlcr", "ppo_c", "log_score", "brier_score")
 # Which log-probs feed lpm and PPL_ref: "raw" = temperature-1 log-probs (the paper's, capo's trainer),
 # "sampling" = the engine's temperature-scaled ones (identical at temperature 1).

@@ -1,6 +1,7 @@
 """TRL adapter: capo's advantage estimators, CAPO's noise mask, RLCR rewards and calibration metrics inside TRL.
 
-Install with ``pip install -e '.[trl]'`` in capo's clone (TRL pinned to 1.16.x: the internals used here change between minors).
+Install with ``pip install -e '.[trl]'`` in capo's clone (TRL pinned to 1.16.x: the internals used here change
+between minors).
 
 Use :class:`CapoGRPOTrainer` in place of ``trl.GRPOTrainer``::
 
@@ -485,7 +486,8 @@ class CapoGRPOTrainer(GRPOTrainer):
         out["advantages"] = res.advantages[sl].to(device=trl_local.device, dtype=trl_local.dtype)
         self._capo_log_table_advantages(res.advantages)
         self.capo_last_batch = {
-            "rewards_per_func": rpf, "rewards": rewards, "correct": correct, "valid": res.valid, "scores": res.scores, "keep": res.keep,
+            "rewards_per_func": rpf, "rewards": rewards, "correct": correct, "valid": res.valid, "scores": res.scores,
+            "keep": res.keep,
             "advantages": res.advantages, "trl_advantages_local": trl_local, "process_slice": sl, "group_size": g,
             "mask_thresholds": step.thresholds, "ref_ppl": res.ref_ppl,
         }

@@ -70,7 +70,8 @@ class SweepReportSettings:
                                  "(default: all)", metavar="N")
     curve_tables: bool = opt(False, "also print each run's held-out curve as a table")
     compare_summary: bool = opt(False, "read a `capo report --figures` summary JSON instead of records folders and "
-                                "print its seed-paired table (writes nothing: --out, --base-draws and --curve-tables are refused)")
+                                "print its seed-paired table (writes nothing: --out, --base-draws and --curve-tables "
+                                "are refused)")
 
 
 ACTIONS = {  # name -> (settings, help, description)

@@ -83,8 +83,8 @@ _SHIPPED_BUDGETS = ", ".join(f"{t.name} {t.max_new_tokens}" for t in GENERATED_T
 
 
 ENGINE_HELP = ("generation engine: hf (Hugging Face generate, every causal LM) or vllm (needs vLLM: "
-               "`sh scripts/engine-env.sh vllm` on CPU, `pip install -e '.[vllm]'` on a GPU; a model folder or Hub id whose "
-               "architecture vLLM supports)")
+               "`sh scripts/engine-env.sh vllm` on CPU, `pip install -e '.[vllm]'` on a GPU; a model folder or Hub id "
+               "whose architecture vLLM supports)")
 
 
 @dataclass

@@ -99,7 +99,7 @@ def reward_answer_format(reward: str, answer_format: str) -> str:
     alone, or for a stated-probability format (:data:`capo.verify.STATED_FORMATS`: it states its own); for a reward
     that reads a stated confidence, a short free-text format (facts) as ``rlcr_short`` (its judge inside RLCR's
     tags) and any other as ``rlcr`` (math-verify inside the tags). The TRL and verl reward functions grade in it;
-    ``capo train`` refuses a ``data.answer_format`` other than it (it also chooses the prompt that asks for tags)."""
+    ``capo train`` trains in it, or in ``auto`` (the ``<answer>`` tag first), and refuses any other format."""
     if not reads_stated_confidence(reward) or answer_format in STATED_FORMATS:
         return answer_format
     return "rlcr_short" if answer_format in SHORT_FORMATS else "rlcr"
