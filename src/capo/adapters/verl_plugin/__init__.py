@@ -2,8 +2,8 @@
 
 Install in the verl environment (``sh scripts/engine-env.sh verl``, or ``pip install -e '.[verl]'`` in capo's
 clone). verl imports every entry point of the ``verl.plugins`` group when ``verl`` itself is imported
-(``verl/__init__.py``: ``ep.load()``, governed by ``VERL_USE_EXTERNAL_PLUGINS``, default "auto"; a plugin that fails to import is skipped with only a
-debug log). Loading ``capo.adapters.verl_plugin:register`` imports this package, and importing it registers
+(``verl/__init__.py``: ``ep.load()``, governed by ``VERL_USE_EXTERNAL_PLUGINS``, default "auto"; a plugin that
+fails to import is skipped with only a debug log). Loading ``capo.adapters.verl_plugin:register`` imports this package, and importing it registers
 everything: verl never *calls* the entry point, so registration cannot wait for a call. ``register()`` is
 idempotent and may also be called by hand.
 
