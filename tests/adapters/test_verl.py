@@ -161,7 +161,8 @@ def test_capo_without_reference_says_what_to_enable():
 def test_unknown_capo_names_say_what_exists():
     rt = _ray_trainer()
     with pytest.raises(ConfigError, match="'capo_gspo' is not an estimator the installed capo provides; capo's verl "
-                                          "estimators: capo, capo_grpo, capo_dr_grpo, capo_rloo"):
+                                          "estimators: capo, capo_ace, capo_dr_grpo, capo_gdpo, capo_grpo, capo_ngrpo, "
+                                          "capo_rloo, capo_seed_grpo, capo_unlikeliness \\(core estimators"):
         rt.compute_advantage(_batch(), adv_estimator="capo_gspo", config=OmegaConf.create({}))
     with pytest.raises(ConfigError, match="no hyperparameter 'temperature'; allowed: tau"):
         rt.compute_advantage(_batch(), adv_estimator="capo",

@@ -27,9 +27,9 @@ from capo.rollout.step import StepSpec, step_advantages
 
 __all__ = ["ESTIMATORS", "ESTIMATOR_FNS"]
 
-# verl estimator name -> capo core estimator name: every registered estimator, CAPO's as "capo", the others as
+# verl estimator name -> capo core estimator name: every registered estimator, CAPO's first as "capo", the others as
 # "capo_<name>" (verl's own grpo, rloo, ... keep their names)
-ESTIMATORS = {n if n == "capo" else f"capo_{n}": n for n in ADVANTAGES.names()}
+ESTIMATORS = {"capo": "capo"} | {f"capo_{n}": n for n in ADVANTAGES.names() if n != "capo"}
 REF_ON = ("set actor_rollout_ref.actor.use_kl_loss=True with actor_rollout_ref.actor.kl_loss_coef=0 so verl "
           "computes ref_log_prob (the KL term then contributes nothing)")
 _ENABLE_REF = REF_ON + ", or disable CAPO's noise mask with +algorithm.capo.noise_mask=off"
