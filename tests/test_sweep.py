@@ -208,6 +208,41 @@ def test_seed_paired_leaves_a_non_finite_difference_out_of_every_number():
     assert with_nan == without and with_nan["n_seeds"] == 3 and with_nan["mean"] == pytest.approx(0.15, abs=1e-12)
 
 
+def test_a_seed_a_measure_could_not_score_is_left_out_by_name_never_the_measure(tmp_path, capsys):
+    """A model whose answers were all wrong has no AUC-mean (None in its record). The paired difference, the change
+    from the start and the change along the curve are read over the other seeds, name the seed left out, and the
+    report says so; before, one such seed dropped the AUC-mean rows of that method from the whole report (and
+    ``paired`` raised TypeError). Differences capo - grpo in AUC-mean over seeds 1, 2, 4 (seed 3 unscored):
+    0.1, 0.2, 0.3 -> mean 0.2, interval as in the hand-computed test below."""
+    recs = [_record("grpo", s, 0.4, 0.6) for s in (1, 2, 3, 4)]
+    recs += [_record("capo", s, 0.4, 0.6 + d) for s, d in ((1, 0.1), (2, 0.2), (4, 0.3))]
+    recs.append(_record("capo", 3, 0.0, None))
+    for r in recs:
+        for i, row in enumerate(r["curves"]["eval"]):
+            row["step"] = 20 * i
+        (tmp_path / f"{r['method']}-seed{r['seed']}.json").write_text(json.dumps(r))
+    (tmp_path / "base.json").write_text(json.dumps(_base_draw(0, 0.3, 0.6)))
+    s = analysis.summary(records.load_records(tmp_path), "grpo", 0.03, records.load_base(tmp_path))
+    d = s["paired"]["capo"]["auc_mean"]
+    assert d["seeds"] == [1, 2, 4] and d["left_out"] == [3] and d["n_seeds"] == 3
+    half = 4.302652729911275 * 0.1 / 3 ** 0.5
+    assert (d["mean"], d["low"], d["high"]) == pytest.approx((0.2, 0.2 - half, 0.2 + half), abs=1e-9)
+    assert s["paired"]["capo"]["accuracy"]["seeds"] == [1, 2, 3, 4] and "left_out" not in s["paired"]["capo"]["accuracy"]
+    base = s["from_base"]["capo"]["auc_mean"]
+    assert base["left_out"] == [3] and base["mean"] == pytest.approx(0.2, abs=1e-12)
+    assert s["along_curve"]["capo"]["auc_mean"]["left_out"] == [3]
+    assert s["along_curve"]["capo"]["accuracy"]["seeds"] == [1, 2, 3, 4]
+    md = tables.markdown(s)
+    assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] |" in md
+    for what in ("the paired difference with the reference", "the change from the start",
+                 "the change along the periodic curve"):
+        assert f"note: capo auc_mean: seed 3 left out of {what}" in md
+    assert "note: capo accuracy" not in md
+    (tmp_path / "base.json").unlink()
+    assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert "note: capo auc_mean: seed 3 left out of the paired difference" in capsys.readouterr().out
+
+
 def test_seed_paired_statistics_hand_computed(tmp_path):
     # differences capo - grpo over seeds 1, 2, 3: 0.1, 0.2, 0.3 -> mean 0.2, sd 0.1,
     # t(0.975, 2) = 4.302652729911275, half-width 4.302652729911275 * 0.1 / sqrt(3) = 0.248414...

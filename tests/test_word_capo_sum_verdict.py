@@ -94,3 +94,22 @@ def test_no_verdict_until_every_seed_of_the_three_folders(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "not in yet" not in out and "P1 (accuracy, capo_sum - CAPO): a loss told -- -0.0200" in out
     assert "capo_sum - grpo mean_tokens (secondary): +0.0000" in out
+
+
+def test_a_seed_with_no_auc_mean_is_shown_na_and_named_where_it_is_left_out(tmp_path, capsys):
+    """A capo_sum seed whose answers were all wrong has no AUC-mean (None in its record): the table shows "n/a" and
+    P2 is read over the other 19 seeds, naming the seed (the script raised TypeError on it)."""
+    old, refs, new = tmp_path / "word_grpo_capo", tmp_path / "word_capo_sum_refs", tmp_path / "word_capo_sum"
+    for m in ("grpo", "capo"):
+        _write(old, m, range(11))
+        _write(refs, m, range(11, 20))
+    _write(new, "capo_sum", range(20), acc=0.43)
+    rec = json.loads((new / "capo_sum-seed14.json").read_text())
+    rec["final"] |= {"accuracy": 0.0, "auc_mean": None}
+    (new / "capo_sum-seed14.json").write_text(json.dumps(rec))
+    assert verdict.main([old, refs, new]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| 14 |"))
+    assert row.endswith("| 0.800 | 90.000 | 0.000 | n/a | 90.000 |"), row
+    assert "over 19 seeds (seed 14 left out: no value)" in out.split("P2 (AUC-mean")[1].splitlines()[0]
+    assert "left out" not in out.split("P1 (accuracy")[1].splitlines()[0]

@@ -22,6 +22,11 @@ How each registered sentence is read (written down on 2026-11-28, before any rec
   in accuracy, AUC-mean and length; the seeds a paired t-test needs for 0.02 at 80% power at the observed sd. Each
   method's change from the start (the 8 base draws of `word_grpo_capo`) is `capo sweep report` over the three
   folders (the registration's command), not repeated here.
+- Added on 2026-12-03, after every record was in (display only; no reading above changed): a seed whose model could
+  not be scored on a measure (capo_sum seed 14 answered all 800 final samples wrong, so it has no AUC-mean) is shown
+  "n/a" in the table and named beside the interval it is left out of, as :func:`capo.sweep.analysis.paired` leaves
+  out a value a seed could not compute (documented in :func:`capo.sweep.analysis.seed_paired` before any record; the
+  script crashed on it instead).
 
     python sweeps/analysis/word_capo_sum_verdict.py [RECORDS_FOLDER ...]
 """
@@ -46,7 +51,9 @@ def fmt(d: dict | None) -> str:
     p = f", Holm p {d['p_holm']:.3f}" if d.get("p_holm") is not None else f", p {d['p']:.3f}"
     need = d.get("seeds_needed")
     need = "" if need is None else f"; {need:.0f} seeds for {SIZE} at 80% power"
-    return f"{d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}] over {d['n_seeds']} seeds{p}{need}"
+    out = f" (seed{'s' * (len(d['left_out']) > 1)} {', '.join(map(str, d['left_out']))} left out: no value)" \
+        if d.get("left_out") else ""
+    return f"{d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}] over {d['n_seeds']} seeds{out}{p}{need}"
 
 
 def _holm_two(p1: dict, p2: dict) -> None:
@@ -106,9 +113,16 @@ def table(records: dict) -> list[str]:
     lines = ["| seed | " + " | ".join(f"{m} {c}" for m in METHODS for c in cols) + " |",
              "|---:|" + "---:|" * (len(METHODS) * len(cols))]
     for s in SEEDS:
-        cells = [f"{records[m][s]['final'][c]:.3f}" if s in records.get(m, {}) else "--" for m in METHODS for c in cols]
+        cells = [_cell(records.get(m, {}).get(s), c) for m in METHODS for c in cols]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _cell(rec: dict | None, col: str) -> str:
+    """A record's value, "--" for a seed not in yet, "n/a" for a value its evaluation could not compute."""
+    if rec is None:
+        return "--"
+    return "n/a" if rec["final"].get(col) is None else f"{rec['final'][col]:.3f}"
 
 
 def missing(records: dict) -> list[str]:

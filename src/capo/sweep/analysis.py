@@ -6,6 +6,8 @@ adjustment from statsmodels."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from capo.evaluation.stats import finite_values
@@ -41,26 +43,24 @@ def from_base(records: dict, bases: list[dict], effect: float) -> dict:
     """Per method and measure: final - base. With one base draw, a one-sample t-interval over the method's seeds of
     final - that draw (the draw's own sampling noise is then not in the interval: it shifts every seed's change
     alike); with several, the difference of the method's seed mean and the base draws' mean, Welch's t-interval
-    (:func:`capo.evaluation.stats.two_sample_interval`: the seeds' and the draws' variances both count)."""
+    (:func:`capo.evaluation.stats.two_sample_interval`: the seeds' and the draws' variances both count). A seed or
+    draw without a value of the measure is left out of it (the seed listed under ``left_out``), as in :func:`paired`."""
     from capo.evaluation.stats import two_sample_interval
 
     out = {}
     for m, by_seed in records.items():
         out[m] = {}
         for k in MEASURES:
-            b = [r["final"].get(k) for r in bases]
-            a = [by_seed[s]["final"].get(k) for s in sorted(by_seed)]
-            if None in a or None in b:
+            b = finite_values([r["final"].get(k) for r in bases])
+            seeds = [s for s in sorted(by_seed) if usable(by_seed[s]["final"].get(k))]
+            if not b or not seeds:
                 continue
+            a, kept = [float(by_seed[s]["final"][k]) for s in seeds], _kept(seeds, sorted(by_seed))
             if len(b) == 1:
-                out[m][k] = {"seeds": sorted(by_seed), "base_draws": 1, **seed_paired([x - b[0] for x in a], effect)}
-                continue
-            a, b = finite_values(a), finite_values(b)  # a measure a seed or draw could not compute counts nowhere, as seed_paired
-            if not a or not b:
+                out[m][k] = {**kept, "base_draws": 1, **seed_paired([x - b[0] for x in a], effect)}
                 continue
             w = two_sample_interval(a, b)
-            out[m][k] = {"seeds": sorted(by_seed), "base_draws": len(b), "n_seeds": len(a),
-                         "mean": float(np.mean(a) - np.mean(b)),
+            out[m][k] = {**kept, "base_draws": len(b), "n_seeds": len(a), "mean": float(np.mean(a) - np.mean(b)),
                          **({"sd": sd_or_none(a), "low": w["low"], "high": w["high"], "p": w["p"]} if w else {})}
     return out
 
@@ -69,26 +69,44 @@ CURVE_MEASURES = ("accuracy", "auc_mean", "auroc", "stochastic_ece", "stochastic
 
 
 def along_curve(records: dict, effect: float) -> dict:
-    """Per method and measure: the last periodic evaluation minus the step-0 one, over the seeds whose curve has a
-    step-0 row (a one-sample t-interval). The periodic evaluation (the held-out split's first ``data.n_eval`` problems,
-    ``run.eval_samples`` each, seeded by the training seed) draws other samples than the final one, so this is a
-    second held-out reading of "how far training moved it", not the same one."""
+    """Per method and measure: the last periodic evaluation minus the step-0 one, over the seeds whose curve has a step-0
+    row and the measure at both ends (a one-sample t-interval; the others listed under ``left_out``). The periodic
+    evaluation (the held-out split's first ``data.n_eval`` problems, ``run.eval_samples`` each, seeded by the
+    training seed) draws other samples than the final one, so this is a second held-out reading of "how far training
+    moved it", not the same one."""
     out = {}
     for m, by_seed in records.items():
         rows = {s: r["curves"].get("eval") or [] for s, r in by_seed.items()}
-        ends = {s: (ev[0], ev[-1]) for s, ev in rows.items() if ev and ev[0]["step"] == 0 and len(ev) > 1}
-        out[m] = {k: {"seeds": sorted(ends), "last_step": sorted({e[1]["step"] for e in ends.values()}),
-                      **seed_paired([ends[s][1]["eval/" + k] - ends[s][0]["eval/" + k] for s in sorted(ends)], effect)}
-                  for k in CURVE_MEASURES
-                  if ends and all(e[i].get("eval/" + k) is not None for e in ends.values() for i in (0, 1))}
+        ends = {s: (ev[0], ev[-1]) for s, ev in sorted(rows.items()) if ev and ev[0]["step"] == 0 and len(ev) > 1}
+        out[m] = {}
+        for k in CURVE_MEASURES:
+            seeds = [s for s, e in ends.items() if all(usable(e[i].get("eval/" + k)) for i in (0, 1))]
+            if seeds:
+                out[m][k] = {**_kept(seeds, list(ends)), "last_step": sorted({ends[s][1]["step"] for s in seeds}),
+                             **seed_paired([ends[s][1]["eval/" + k] - ends[s][0]["eval/" + k] for s in seeds], effect)}
     return out
 
 
 def paired(records: dict, method: str, reference: str, measure: str, effect: float) -> dict:
-    """Seed-paired difference method - reference over the seeds both finished."""
-    seeds = sorted(set(records[method]) & set(records[reference]))
-    d = [records[method][s]["final"][measure] - records[reference][s]["final"][measure] for s in seeds]
-    return {"seeds": seeds, **seed_paired(d, effect)}
+    """Seed-paired difference method - reference over the seeds both finished and both have a value of ``measure``
+    for: a seed where either could not compute it (an AUC of a model whose answers were all wrong, or all right) is
+    left out of every number and listed under ``left_out`` (the report names it), never a reason to drop the
+    measure."""
+    both = sorted(set(records[method]) & set(records[reference]))
+    value = {(m, s): records[m][s]["final"].get(measure) for m in (method, reference) for s in both}
+    seeds = [s for s in both if usable(value[method, s]) and usable(value[reference, s])]
+    return {**_kept(seeds, both), **seed_paired([value[method, s] - value[reference, s] for s in seeds], effect)}
+
+
+def usable(x) -> bool:
+    """A number a seed statistic can use: not None, NaN or inf."""
+    return x is not None and math.isfinite(float(x))
+
+
+def _kept(seeds: list, candidates: list) -> dict:
+    """``seeds`` (those a reading uses) and, when there are any, ``left_out`` (the candidates without a value)."""
+    left_out = [s for s in candidates if s not in seeds]
+    return {"seeds": list(seeds)} | ({"left_out": left_out} if left_out else {})
 
 
 def seed_paired(diffs, effect: float) -> dict:
@@ -150,7 +168,10 @@ def holm(diffs: dict, measures=MEASURES) -> None:
 
 
 def _has(records, m, ref, k) -> bool:
-    return all(r["final"].get(k) is not None for x in (m, ref) for r in records[x].values())
+    """Whether ``m`` and ``ref`` both have ``k`` on a seed they share (a measure of the task, not one no record of
+    theirs has)."""
+    return any(usable(records[m][s]["final"].get(k)) and usable(records[ref][s]["final"].get(k))
+               for s in set(records[m]) & set(records[ref]))
 
 
 def mean_or_none(v):

@@ -14,6 +14,8 @@ Prints, and writes to OUT/summary.md and OUT/summary.json:
   change from the start, final - base (the initial model under the same evaluation): with one draw a 95% t-interval
   over the method's seeds, with several Welch's t-interval of the seed mean minus the draws' mean;
 - for runs whose periodic curve starts at step 0: the change along that curve (last periodic evaluation - step 0).
+- a note for every seed a reading left out because a method could not compute the measure there (an AUC of a
+  model whose answers were all wrong or all right): each reading stands on the other seeds, and says so.
 Figures: OUT/curves.png (small multiples: each method's held-out accuracy and AUC-mean -- for stochastic outcomes the
 stated-probability ECE and |m - p_c| -- during training over the reference's, mean, a band of +-1 sd over seeds and
 each seed), OUT/plane.png (every method on the final accuracy / AUC-mean plane: each seed, the mean +-1 sd, the

@@ -116,8 +116,23 @@ def markdown(s: dict) -> str:
             if "sd" in d:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
                              f"| {d['sd']:.3f} | {d['p']:.3g} | {d['p_holm']:.3g} | {_n(d)} |")
-    return "\n".join(_glance_lines(s) + lines + _from_base_lines(s) + _along_curve_lines(s.get("along_curve") or {})) \
-        + "\n"
+    return "\n".join(_glance_lines(s) + lines + _from_base_lines(s) + _along_curve_lines(s.get("along_curve") or {})
+                     + left_out_lines(s)) + "\n"
+
+
+SECTIONS = {"paired": "the paired difference with the reference", "from_base": "the change from the start",
+            "along_curve": "the change along the periodic curve"}
+
+
+def left_out_lines(s: dict) -> list[str]:
+    """A note for each reading that left seeds out because a method (or the reference) has no value of the measure
+    there -- an AUC of a model whose answers were all wrong or all right: the reading stands on the other seeds, and
+    a reader must know that the seed that could not be scored is not in it."""
+    notes = [f"note: {m} {k}: seed{'s' * (len(d['left_out']) > 1)} {', '.join(map(str, d['left_out']))} left out of "
+             f"{what} (no value there: the measure could not be computed for that model)"
+             for section, what in SECTIONS.items() for m, by_k in (s.get(section) or {}).items()
+             for k, d in by_k.items() if d.get("left_out")]
+    return [""] + notes if notes else []
 
 
 def _glance_lines(s: dict) -> list[str]:
