@@ -82,3 +82,19 @@ def test_run_directory_is_locked(tiny_model, tmp_path):
     with run_lock(tmp_path, "eval"):  # the refusal names the command holding the folder
         with pytest.raises(ConfigError, match="another capo eval"):
             Trainer(cfg_for(tiny_model, tmp_path, **{"run.steps": 1})).train()
+
+
+def test_advantages_outside_train_with_a_mask_says_to_calibrate_first(tiny_model, tmp_path):
+    """`Trainer.advantages` is called outside `train()` (as these tests do): with CAPO's noise mask on and no thresholds
+    measured yet it raised a TypeError from unpacking None; it now names the call to make first."""
+    tr = Trainer(cfg_for(tiny_model, tmp_path, **{"rollout.prompts_per_step": 4, "algo.name": "capo",
+                                                  "algo.noise_mask": "fixed", "algo.mask_low": 1.0,
+                                                  "algo.mask_high": 1e9}))
+    ro, g, rewards = _fixed_batch(tr)
+    ref_logp = tr.logprobs(tr.ref, ro)
+    with pytest.raises(CapoError, match=r"trainer.mask_thresholds = trainer.calibrate_mask\(\) first"):
+        tr.advantages(ro, g, rewards, ref_logp, None)
+    tr.mask_thresholds = tr.calibrate_mask()
+    assert tr.mask_thresholds == (1.0, 1e9)
+    batch, _ = tr.advantages(ro, g, rewards, ref_logp, None)
+    assert batch.advantages.shape == (16,) and batch.active.all()

@@ -291,6 +291,10 @@ class Trainer:
         a = self.cfg.algo
         mask = None
         if a.noise_mask != "off":  # thresholds measured or fixed before training (calibrate_mask)
+            if self.mask_thresholds is None:
+                raise CapoError(f"algo.noise_mask={a.noise_mask}: the mask's thresholds are not set yet (train() "
+                                "measures them before its first step); outside train(), set "
+                                "trainer.mask_thresholds = trainer.calibrate_mask() first")
             mask = MaskThresholds("fixed", *self.mask_thresholds, engine="capo train")
         return StepSpec(a.advantage, advantage_kwargs=a.advantage_kwargs, loss=a.loss,
                         reward=a.reward if ":" not in a.reward else "user", reward_kwargs=a.reward_kwargs, mask=mask,
@@ -485,6 +489,7 @@ class Trainer:
         low, high = ppl_quantile_thresholds(self.acc.gather(ppl.to(self.acc.device)).cpu(), a.mask_q_low,
                                             a.mask_q_high)
         if self.acc.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)  # called outside train() too
             (self.run_dir / "mask_thresholds.json").write_text(json.dumps({"low": low, "high": high}))
         return low, high
 
