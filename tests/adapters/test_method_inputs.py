@@ -279,3 +279,37 @@ def test_a_preset_giving_one_clip_bound_runs_the_trainers_bounds_in_both_engines
     actor = "actor_rollout_ref.actor"
     assert f"{actor}.clip_ratio_low=0.1" in verl and f"{actor}.clip_ratio_high=0.2" in verl
     assert load_config(None, {"algo.name": "one_bound"}).algo.loss_kwargs == {"eps_low": 0.1}  # ppo_clip's 0.2 above
+
+
+def test_the_trainer_trl_and_verl_need_reference_log_probs_by_one_rule():
+    """Reference log-probs: a KL penalty, a noise mask that is on, or an estimator built from them (ACE). The rule was
+    written three times (trainer config, TRL, verl presets); the three now call ``needs_reference`` and agree on every
+    preset; hand-checked cases first."""
+    from capo.core.presets import ALGORITHMS
+    from capo.rollout.method_inputs import needs_reference
+    from capo.trainer.config import load_config
+
+    assert not needs_reference("grpo", "off") and needs_reference("grpo", "off", kl_coef=0.01)
+    assert needs_reference("grpo", "quantile") and needs_reference("ace", "off")
+    assert not needs_reference("seed_grpo", "off") and not needs_reference("no_such_estimator", "off")
+    pytest.importorskip("trl")
+    from capo.adapters.trl import capo_preset
+    from capo.adapters.verl_plugin import preset_overrides
+
+    def engine_needs(build, read):  # None: a loss the engine cannot run (refused with the reason, tested above)
+        try:
+            return read(build())
+        except ConfigError:
+            return None
+
+    read, needing = 0, set()
+    for name in sorted(ALGORITHMS):
+        cfg = load_config(None, {"algo.name": name})
+        want = needs_reference(cfg.algo.advantage, cfg.algo.noise_mask, kl_coef=cfg.algo.kl_coef)
+        assert cfg.needs_reference == want, name
+        got = (engine_needs(lambda: capo_preset(name)[0], lambda c: c.needs_reference()),
+               engine_needs(lambda: preset_overrides(name), lambda o: "actor_rollout_ref.actor.kl_loss_coef=0" in o))
+        assert all(x in (want, None) for x in got), (name, want, got)
+        read += sum(x is not None for x in got)
+        needing |= {name} if want else set()
+    assert read >= len(ALGORITHMS) and {"capo", "capo_sum", "ace"} <= needing and "grpo" not in needing

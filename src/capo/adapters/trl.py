@@ -69,7 +69,7 @@ from capo.core import (
 from capo.errors import CapoError, ConfigError
 from capo.processes import leave_process_group as _leave
 from capo.rollout.grading import reads_stated_confidence
-from capo.rollout.method_inputs import advantage_inputs, needed_data, summed_reward_unread
+from capo.rollout.method_inputs import advantage_inputs, needed_data, needs_reference, summed_reward_unread
 from capo.rollout.step import MaskThresholds, StepBatch, StepSpec, noise_mask_thresholds, step_advantages
 from capo.verify import DEFAULT_ANSWER_FORMAT
 
@@ -142,7 +142,7 @@ class CapoAdvantageConfig:
 
     def needs_reference(self) -> bool:
         """Reference log-probs: CAPO's noise mask, or an estimator input built from them (ACE)."""
-        return self.uses_mask() or "ref_token_logp" in needed_data(self.advantage)
+        return needs_reference(self.advantage, resolve_noise_mask(self.advantage, self.noise_mask))
 
     def needs_scores(self) -> bool:
         return needs_scores(self.advantage) or "token_logp" in needed_data(self.advantage) or self.calibration_metrics

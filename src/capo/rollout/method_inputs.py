@@ -33,7 +33,7 @@ from capo.errors import ConfigError
 from capo.rollout.grading import answer_classes
 
 __all__ = ["MethodInputs", "StepBatch", "StepSpec", "advantage_inputs", "method_inputs", "needed_data",
-           "summed_reward_unread", "verdicts_only"]
+           "needs_reference", "summed_reward_unread", "verdicts_only"]
 
 # input name -> the engine data it is built from (what an engine must supply)
 _NEEDS = {"confidence_shift": ("token_logp", "ref_token_logp"), "cluster_ids": ("answers",),
@@ -95,6 +95,15 @@ def needed_data(advantage: str, loss: str | None = None, *, reward: str = "corre
             continue
         out.update(_NEEDS[name])
     return out
+
+
+def needs_reference(advantage: str, noise_mask: str, *, kl_coef: float = 0.0) -> bool:
+    """Whether a run needs the frozen reference model's log-probs: a KL penalty (``kl_coef`` > 0), a noise mask that
+    is on (``noise_mask``, resolved: ``off``, ``fixed`` or ``quantile``; it reads PPL_ref), or an estimator input built
+    from them (ACE's confidence shift). The one rule capo's trainer, TRL and verl follow; an unknown estimator needs
+    nothing here (its name is refused where it is checked)."""
+    return kl_coef > 0 or noise_mask != "off" or (advantage in ADVANTAGES
+                                                  and "ref_token_logp" in needed_data(advantage))
 
 
 @dataclass

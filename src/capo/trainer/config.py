@@ -32,7 +32,7 @@ from capo.rundir import BOOKKEEPING, MICRO_BATCH, yaml_dumps, yaml_loads
 from capo.rollout.engine import DECODERS, ENGINES, KV_CACHES, check_engine
 from capo.rollout.grading import reward_answer_format
 from capo.rollout.logprobs import ATTENTIONS
-from capo.rollout.method_inputs import needed_data, summed_reward_unread, verdicts_only
+from capo.rollout.method_inputs import needs_reference, summed_reward_unread, verdicts_only
 from capo.tasks.datasets import DATASET_NAMES, FILE_ANSWER_FORMATS, GENERATED_TASKS, dataset_problem
 from capo.tasks.prompts import check_response_prefix
 from capo.verify import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
@@ -388,9 +388,8 @@ class TrainConfig:
 
     @property
     def needs_reference(self) -> bool:
-        a = self.algo
-        method = a.advantage in ADVANTAGES and "ref_token_logp" in needed_data(a.advantage)  # e.g. ACE
-        return a.kl_coef > 0 or a.noise_mask != "off" or method
+        """The frozen reference model's log-probs are computed each step (:func:`capo.rollout.method_inputs.needs_reference`)."""
+        return needs_reference(self.algo.advantage, self.algo.noise_mask, kl_coef=self.algo.kl_coef)
 
     @property
     def single_update(self) -> bool:

@@ -7,7 +7,7 @@ import os
 from capo.adapters._common import engine_preset, loss_knobs
 from capo.adapters.verl_plugin.estimators import ESTIMATORS
 from capo.core import default_noise_mask
-from capo.rollout.method_inputs import needed_data
+from capo.rollout.method_inputs import needs_reference
 
 __all__ = ["REWARD_FILE", "preset_overrides"]
 
@@ -45,6 +45,6 @@ def preset_overrides(name: str) -> list[str]:
     out += [f"+reward.custom_reward_function.reward_kwargs.{k}={v}" for k, v in p["reward_kwargs"].items()]
     if p["noise_mask"] != default_noise_mask(p["advantage"]):  # the mask applies to any estimator
         out.append(f"+algorithm.capo.noise_mask={p['noise_mask']}")
-    if p["noise_mask"] != "off" or "ref_token_logp" in needed_data(p["advantage"]):
+    if needs_reference(p["advantage"], p["noise_mask"]):  # verl computes them only with its KL loss on
         out += [f"{actor}.use_kl_loss=True", f"{actor}.kl_loss_coef=0"]
     return out
