@@ -67,6 +67,18 @@ def test_normalize_short(raw, want):
     ("Kyiv", "Kyiv|Kiev", True),
     ("Bogotá", "Bogota", True),  # accents
     ("Ouagadougou, which", "Ouagadougou", True),  # the part before the first comma
+    # an inverted name is read whole (found by an audit: the first two were judged correct by their part "Congo" /
+    # "Korea" before the comma, the other country's alias)
+    ("Congo, Democratic Republic of the", "Republic of the Congo|Congo-Brazzaville|Congo", False),
+    ("Korea, Democratic People's Republic of", "South Korea|Korea|Korea, Republic of", False),
+    ("Korea, Republic of", "South Korea|Korea|Korea, Republic of", True),  # the inverted alias itself
+    ("Congo, The Democratic Republic of the", "Democratic Republic of the Congo|Congo, The Democratic Republic of the",
+     True),
+    ("Congo, Democratic Republic of the", "Democratic Republic of the Congo|DRC", True),  # in natural order
+    ("Tanzania, United Republic of", "Tanzania", False),  # read whole, and no alias says it
+    ("Tanzania, United Republic of", "Tanzania|United Republic of Tanzania", True),
+    ("Paris, France", "Paris", True),  # a tail that is not part of the name
+    ("Paris, of course", "Paris", True),
     ("Washington, D.C.", "Washington|Washington, D.C.|Washington DC", True),
     ("The United States", "United States|USA", True),  # the article
     ("The U.S.", "United States|US|USA", True),  # a dotted abbreviation of an alias

@@ -15,7 +15,11 @@ A gold answer for these formats is one string holding every accepted alternative
    "us"), apostrophes, other punctuation (to spaces), ``&`` (to "and"), "saint" (to "st") and a leading article
    ("the", "a", "an").
 3. The answer is correct when its normal form, or that of its part before the first comma ("Ouagadougou, which"
-   read as "Ouagadougou"), equals the normal form of any alternative of the gold.
+   read as "Ouagadougou"), equals the normal form of any alternative of the gold. The part before the comma is not
+   read alone when what follows ends in "of" or "of the": that is an inverted name whose tail belongs to it, read in
+   its natural order instead ("Congo, Democratic Republic of the" as "Democratic Republic of the Congo", not
+   "Congo", Brazzaville's country; "Korea, Democratic People's Republic of" is not South Korea's "Korea"; so
+   "Tanzania, United Republic of" matches "United Republic of Tanzania" but not a gold of "Tanzania" alone).
 
 Every function is a pure string function, linear in the length of its input (no backtracking-prone pattern), safe to
 call in the parent process on arbitrary model output.
@@ -42,6 +46,7 @@ _ARTICLE = re.compile(r"^(?:the|a|an) ")
 _PUNCT = re.compile(r"[^\w ]+")
 _DOTTED = re.compile(r"(?<!\w)(?:[a-z]\.){2,}")  # an abbreviation of dotted single letters: "u.s.", "u.k.", "u.s.a."
 _SPACES = re.compile(r"\s+")
+_INVERTED_TAIL = re.compile(r"(?:^| )of(?: the)?$")  # the normal form of "Democratic Republic of the" (step 3)
 
 
 def normalize_short(text: str) -> str:
@@ -93,5 +98,9 @@ def judge_short(answer: str | None, gold: str) -> bool | None:
     docstring); None when there is no answer."""
     if answer is None:
         return None
-    forms = {normalize_short(answer), normalize_short(answer.split(",", 1)[0])}
+    forms = {normalize_short(answer)}
+    head, comma, tail = answer.partition(",")
+    if comma:  # "Ouagadougou, which" -> "Ouagadougou"; "Congo, Democratic Republic of the" -> its natural order
+        inverted = _INVERTED_TAIL.search(normalize_short(tail))
+        forms.add(normalize_short(f"{tail} {head}" if inverted else head))
     return any(normalize_short(a) in forms for a in gold_alternatives(gold))
