@@ -59,6 +59,10 @@ def test_extract_boxed_deep_nesting_is_linear():
         ("#### 1\n#### 2", "2"),
         ("####", None),
         ("no marker 5", None),
+        # a unit in words after the number (math-verify read "12 eggs" as 12*e*g*g*s: wrong against 12)
+        ("#### 12 eggs", "12"), ("#### $18 dollars.", "18"), ("#### 1,200 km/h", "1200"), ("#### -3 degrees", "-3"),
+        ("#### 7 and 8", "7 and 8"), ("#### 3 x 4", "3 x 4"), ("#### 2 + 3 apples", "2 + 3 apples"),
+        ("#### x = 5 cm", "x = 5 cm"),
         (None, None),
     ],
 )

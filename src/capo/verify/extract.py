@@ -133,10 +133,15 @@ def normalize_number(s: str) -> str:
     return t
 
 
+# a number followed by a unit in words only: "12 eggs", "$18 dollars.", "5 km/h" (no digit, no operator after it)
+_UNIT_AFTER = re.compile(r"(?P<number>.*?\d)\s+[^\W\d_][^\d+*=^()\[\]{}<>]*")
+
+
 def extract_gsm8k(text: str | None) -> str | None:
     """The answer after the last ``#### `` marker (GSM8K reference format), normalised; ``None`` if absent.
 
-    ``"... #### 1,234."`` gives ``"1234"``. Only the rest of that line is taken.
+    ``"... #### 1,234."`` gives ``"1234"``; ``"#### 12 eggs"`` gives ``"12"`` (a unit in words after the number:
+    math-verify read it as a product, 12*e*g*g*s, and graded it wrong). Only the rest of that line is taken.
     """
     if not text or "####" not in text:
         return None
@@ -148,6 +153,9 @@ def extract_gsm8k(text: str | None) -> str | None:
     ans = ans.strip()
     if not ans:
         return None
+    unit = _UNIT_AFTER.fullmatch(ans)
+    if unit and _GROUPED.fullmatch(number := normalize_number(unit["number"])):
+        return number
     return normalize_number(ans)
 
 
