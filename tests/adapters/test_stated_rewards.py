@@ -254,3 +254,15 @@ def test_a_verl_reward_function_says_which_keyword_it_ignores():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         compute_score_ppo_c("math", text, "4", {}, weight=0.1, reward_router_address=None, reward_model_tokenizer=None)
+
+
+def test_every_core_reward_is_one_the_adapters_compute_from_text():
+    """``TEXT_REWARDS`` lists the core rewards in the order the adapters offer them: the registry's rewards, each with
+    a verl reward function of its name; a reward registered without one would be missing from the engines without a
+    word (the list is a second copy of the registry's names, held to it here)."""
+    from capo.adapters.verl_plugin import rewards as verl_rewards
+    from capo.core import REWARDS
+
+    assert sorted(TEXT_REWARDS) == REWARDS.names() and len(set(TEXT_REWARDS)) == len(TEXT_REWARDS)
+    for kind in TEXT_REWARDS:
+        assert callable(getattr(verl_rewards, f"compute_score_{kind}", None)), kind

@@ -23,7 +23,8 @@ from capo.verify import DEFAULT_ANSWER_FORMAT
 # The core rewards the adapters compute from text (TRL reward functions, verl compute_score_*), in the order
 # capo.core.rewards registers them; which of them read a stated confidence (RLCR's <answer>/<confidence> tags, or a
 # format that states one: STATED_FORMATS, the stochastic tasks') is the registry's to say
-# (capo.rollout.grading.reads_stated_confidence).
+# (capo.rollout.grading.reads_stated_confidence). Every registered reward, each with a verl compute_score_<name>
+# (held to the registry by tests/adapters/test_stated_rewards.py).
 TEXT_REWARDS = ("correctness", "rlcr", "ppo_c", "log_score", "brier_score")
 # Which log-probs feed lpm and PPL_ref: "raw" = temperature-1 log-probs (the paper's, capo's trainer),
 # "sampling" = the engine's temperature-scaled ones (identical at temperature 1).
