@@ -136,6 +136,20 @@ def completion_text(completion) -> str:
 # algorithm presets (capo.core.presets.ALGORITHMS) as an engine can run them
 # ---------------------------------------------------------------------------------------------------------------
 
+# capo's policy losses verl runs -> verl's actor.policy_loss.loss_mode (equal on the same tensors:
+# tests/adapters/test_verl.py::test_policy_losses_agree_with_verls); the others are refused by _UNREACHABLE
+VERL_LOSS_MODES = {"ppo_clip": "vanilla", "clip_cov": "clip_cov", "kl_cov": "kl_cov", "gspo": "gspo", "cispo": "cispo"}
+
+
+def _verl_loss_problem(loss: str) -> str | None:
+    if loss in VERL_LOSS_MODES:
+        return None
+    if "rewards" in POLICY_LOSSES.reads(loss):
+        return (f"policy loss {loss!r}: verl's policy-loss functions receive only log-probs, advantages and the mask, "
+                "not the rewards this loss reads")
+    return f"policy loss {loss!r} has no verl equivalent"
+
+
 # Why an engine cannot run a component of a preset (None: it can). Each engine maps the rest to its own settings.
 _UNREACHABLE = {
     "trl": {
@@ -149,9 +163,7 @@ _UNREACHABLE = {
             "DAPO's overlong shaping: TRL has no soft overlong penalty; run it with `capo train`"),
     },
     "verl": {
-        "loss": lambda v: None if v in ("ppo_clip", "clip_cov", "kl_cov", "gspo", "cispo") else (
-            f"policy loss {v!r}: verl's policy-loss functions receive only log-probs, advantages and the mask, "
-            "not the rewards this loss reads" if v == "c2gspg" else f"policy loss {v!r} has no verl equivalent"),
+        "loss": _verl_loss_problem,
         "group_filter": lambda v: None if not v else (
             "DAPO's group filter: use verl's own algorithm.filter_groups settings"),
         "overlong_cache": lambda v: None if not v else (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from capo.adapters._common import engine_preset, loss_knobs
+from capo.adapters._common import VERL_LOSS_MODES, engine_preset, loss_knobs
 from capo.adapters.verl_plugin.estimators import ESTIMATORS
 from capo.core import default_noise_mask
 from capo.rollout.method_inputs import needs_reference
@@ -31,7 +31,7 @@ def preset_overrides(name: str) -> list[str]:
     lk = loss_knobs(p["loss"], p["loss_kwargs"])
     actor = "actor_rollout_ref.actor"
     out = [f"algorithm.adv_estimator={verl_est}",
-           f"{actor}.policy_loss.loss_mode={'vanilla' if p['loss'] == 'ppo_clip' else p['loss']}",
+           f"{actor}.policy_loss.loss_mode={VERL_LOSS_MODES[p['loss']]}",
            f"{actor}.loss_agg_mode={p['aggregation']}",
            f"{actor}.clip_ratio_low={1.0 if lk.get('eps_low', 0.2) is None else lk.get('eps_low', 0.2)}",
            f"{actor}.clip_ratio_high={lk.get('eps_high', 0.2)}",
