@@ -27,9 +27,10 @@ in two countries; cities that are a country's capital (the ``capital`` relations
 
 Split by entity: every question about one country (its capital, the country of its capital, its continent), one
 city or one element lands in the same split, chosen by the sha256 of the entity's key (:data:`EVAL_PERCENT` in 100
-held out), so no held-out entity is ever trained on. The gold answer holds its aliases, ``|``-separated
-(:mod:`capo.verify.short`). Problems come in a fixed order (shuffled once by a fixed seed, so a prefix mixes the
-relations).
+held out), so no held-out entity is ever trained on; a training question that a held-out one (or an earlier
+training one) already asks -- GeoNames lists a few cities twice in one country -- is dropped (:func:`_unleaked`).
+The gold answer holds its aliases, ``|``-separated (:mod:`capo.verify.short`). Problems come in a fixed order
+(shuffled once by a fixed seed, so a prefix mixes the relations).
 """
 
 from __future__ import annotations
