@@ -203,7 +203,7 @@ def test_reward_settings_the_update_never_reads_are_noted(over, says):
 def test_no_preset_sets_a_reward_its_update_never_reads(algo):
     notes: list[str] = []
     load_config(None, {"algo.name": algo}, notes=notes)
-    assert notes == []
+    assert [n for n in notes if "sum score (capo_sum)" not in n] == []  # that one is about the method (below)
 
 
 def test_numbers_in_exponent_form_are_floats_in_every_yaml_capo_reads(tmp_path):
@@ -270,3 +270,16 @@ def test_an_integer_on_the_command_line_is_read_as_the_same_text_in_a_config_fil
             assert "run.steps must be of type int" in str(e)
             got.append(None)
     assert got[0] == got[1] == (3 if text in ("3", "3.0", "3e0", "+3") else None)
+
+
+def test_capo_sum_says_where_it_was_measured_to_fail():
+    """The registered `word_capo_sum` comparison: the sum score gained no accuracy where lengths vary; `capo train`
+    with it says so and how to check a task, once; CAPO as shipped says nothing."""
+    for name, overrides, said in (("capo_sum", {}, True), ("capo", {}, False),
+                                  ("capo", {"algo.advantage_kwargs": {"tau": 1.0, "score": "sum"}}, True),
+                                  ("grpo", {}, False)):
+        notes: list[str] = []
+        load_config(None, {"algo.name": name, **overrides}, notes=notes)
+        hits = [n for n in notes if "sum score (capo_sum)" in n]
+        assert len(hits) == int(said), (name, notes)
+        assert not said or "lengths check" in hits[0]

@@ -568,8 +568,18 @@ def load_config(config: str | None = None, overrides: dict | None = None, *,
         cfg.update({sec: {key: val}}, source="command line")
     cfg = cfg.resolved()
     if notes is not None:
-        notes.extend(unread_reward_notes(cfg.algo))
+        notes.extend(unread_reward_notes(cfg.algo) + sum_score_notes(cfg.algo))
     return cfg
+
+
+def sum_score_notes(a: AlgorithmConfig) -> list[str]:
+    """CAPO with whole-sequence scores (``capo_sum``): what it was measured to cost where response lengths vary."""
+    if a.advantage != "capo" or a.advantage_kwargs.get("score") != "sum":
+        return []
+    return ["CAPO's sum score (capo_sum) is calibrated at its fixed point only where a question's responses have one "
+            "length; on reasoning traces of varying length it gained no accuracy and ran to the token budget on 7 of "
+            "20 seeds (docs/results/fixed-point.md). Check your task with capo eval's lengths check (docs/how-to/"
+            "train.md, 'CAPO or capo_sum')"]
 
 
 def unread_reward_notes(a: AlgorithmConfig) -> list[str]:
