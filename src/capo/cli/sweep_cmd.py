@@ -14,6 +14,7 @@ from pathlib import Path
 from capo.cli.flags import add_settings, given_flags
 from capo.errors import ConfigError
 from capo.settings import from_namespace, opt
+from capo.sweep.report import DEFAULT_EFFECT, DEFAULT_REFERENCE
 from capo.sweep.runner import DEFAULT_KEEP, KEEP, KEEP_HELP, train_seconds
 from capo.sweep.spec import EVAL_DEFAULTS, REQUIRED_KEYS, SPEC_KEYS
 
@@ -60,9 +61,9 @@ class SweepReportSettings:
     records: list = opt([], "a sweep's records folder (sweeps/records/NAME), or several whose records share preset, "
                         "evaluation and training settings (one comparison); with --compare-summary one "
                         "`capo report --figures` PREFIX-summary.json", flag="records", nargs="+", metavar="RECORDS")
-    reference: str = opt("grpo", "the method every other is paired against, by training seed")
-    effect: float = opt(0.03, "the difference the power analysis is for: the seeds a paired t-test needs to detect "
-                        "it at 80%% power and the 5%% level")  # %% : argparse formats help strings
+    reference: str = opt(DEFAULT_REFERENCE, "the method every other is paired against, by training seed")
+    effect: float = opt(DEFAULT_EFFECT, "the difference the power analysis is for: the seeds a paired t-test needs to "
+                        "detect it at 80%% power and the 5%% level")  # %% : argparse formats help strings
     out: str | None = opt(None, "output folder of summary.md, summary.json and the figures (default: "
                           "docs/figures/sweeps/NAME relative to the current directory, the records folders' names "
                           "joined by + for several)")

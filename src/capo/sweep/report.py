@@ -33,6 +33,8 @@ from pathlib import Path
 from capo.errors import ConfigError, DataError
 
 DEFAULT_OUT = Path("docs") / "figures" / "sweeps"  # relative to the current directory; the folder is the records' name
+DEFAULT_REFERENCE = "grpo"  # the method every other is paired against, unless a report names another
+DEFAULT_EFFECT = 0.03  # the difference the power analysis is for
 
 
 def default_out(folders: list[Path]) -> Path:
@@ -40,8 +42,8 @@ def default_out(folders: list[Path]) -> Path:
     return Path.cwd() / DEFAULT_OUT / "+".join(Path(f).name for f in folders)
 
 
-def write_report(folders: list[Path], reference: str = "grpo", effect: float = 0.03, out: Path | None = None,
-                 base_draws: int | None = None, curve_tables: bool = False) -> list[Path]:
+def write_report(folders: list[Path], reference: str = DEFAULT_REFERENCE, effect: float = DEFAULT_EFFECT,
+                 out: Path | None = None, base_draws: int | None = None, curve_tables: bool = False) -> list[Path]:
     """Read the records of ``folders`` (one comparison), print the summary (and, with ``curve_tables``, each run's
     held-out curve), write OUT/summary.md, OUT/summary.json and the figures; returns the figures written."""
     from capo.sweep.analysis import summary
@@ -103,7 +105,7 @@ def _draw(records: dict, s: dict, reference: str, out: Path, bases: list[dict]) 
     return figures
 
 
-def compare_summary_report(path: Path, reference: str = "grpo", effect: float = 0.03) -> str:
+def compare_summary_report(path: Path, reference: str = DEFAULT_REFERENCE, effect: float = DEFAULT_EFFECT) -> str:
     """The seed-paired table of a ``capo report --figures`` summary JSON (model -> measure -> per-seed list)."""
     from capo.sweep.tables import check_compare_summary, from_compare_summary
 

@@ -18,6 +18,7 @@ import numpy as np
 from capo.errors import CapoError
 from capo.rundir import atomic_write_text
 from capo.sweep.analysis import holm, seed_paired
+from capo.sweep.report import DEFAULT_REFERENCE
 
 MEASURES = ("ece", "abs_err_rate", "auroc", "accuracy")
 LABELS = {"ece": "ECE", "abs_err_rate": "mean abs(q - p_c)", "auroc": "AUROC", "accuracy": "accuracy"}
@@ -106,7 +107,7 @@ def figure(recs: dict, path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("records", type=Path, help="folder of table-model records (METHOD-seedS.json)")
-    ap.add_argument("--reference", default="grpo", help="method the others are paired with")
+    ap.add_argument("--reference", default=DEFAULT_REFERENCE, help="method the others are paired with")
     ap.add_argument("--out", type=Path, default=None, help="write summary.json, summary.md and table_model.png here")
     a = ap.parse_args(argv)
     try:
