@@ -238,9 +238,26 @@ def test_a_seed_a_measure_could_not_score_is_left_out_by_name_never_the_measure(
                  "the change along the periodic curve"):
         assert f"note: capo auc_mean: seed 3 left out of {what}" in md
     assert "note: capo accuracy" not in md
+    assert "note: capo auc_mean: mean over 3 of its 4 seeds (seed 3: no value)" in md
     (tmp_path / "base.json").unlink()
     assert main(["sweep", "report", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert "note: capo auc_mean: seed 3 left out of the paired difference" in capsys.readouterr().out
+
+
+def test_a_seed_whose_record_predates_a_measure_is_not_in_it_and_the_note_says_why():
+    """A record without a measure's key (its evaluation had nothing to compute it from, or it predates the measure):
+    its seed is not in that measure's readings, and the note says it was not measured (not that the model could not
+    be scored)."""
+    recs = {m: {s: _record(m, s, 0.4, 0.6 + (0.1 * s if m == "capo" else 0)) for s in (1, 2, 3, 4)}
+            for m in ("grpo", "capo")}
+    del recs["capo"][4]["final"]["auroc"]
+    s = analysis.summary(recs, "grpo", 0.03)
+    d = s["paired"]["capo"]["auroc"]
+    assert d["seeds"] == [1, 2, 3] and d["unmeasured"] == [4] and "left_out" not in d
+    md = tables.markdown(s)
+    assert "note: capo auroc: seed 4 not in the paired difference with the reference (no such measure in the " \
+           "record: its evaluation had nothing to compute it from, or predates it)" in md
+    assert "could not be computed" not in md
 
 
 def test_seed_paired_statistics_hand_computed(tmp_path):

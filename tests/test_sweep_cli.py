@@ -209,6 +209,19 @@ def test_a_well_formed_compare_summary_is_read(tmp_path, monkeypatch, capsys):
     assert "paired by their position" in capsys.readouterr().out
 
 
+def test_a_compare_summary_run_without_a_value_is_left_out_by_name_never_the_measure(tmp_path, monkeypatch, capsys):
+    """One run of a model whose AUC-mean could not be computed (null) dropped the model's whole AUC-mean row, as the
+    records' report did (found by a review of that fix). Differences capo - grpo over seeds 1-3: +0.03, +0.03, +0.04."""
+    monkeypatch.chdir(tmp_path)
+    body = {"grpo": {"seeds": ["0", "1", "2", "3"], "accuracy": [0.5] * 4, "auc_mean": [0.70, 0.72, 0.71, 0.69]},
+            "capo": {"seeds": ["0", "1", "2", "3"], "accuracy": [0.6, 0.5, 0.6, 0.5], "auc_mean": [None, 0.75, 0.74, 0.73]}}
+    (tmp_path / "s.json").write_text(json.dumps(body))
+    assert main(["sweep", "report", "s.json", "--compare-summary", "--reference", "grpo"]) == 0
+    out = capsys.readouterr().out
+    assert "| capo | auc_mean | 3 | +0.033 [" in out and "| capo | accuracy | 4 |" in out
+    assert "note: capo auc_mean: seeds 0 left out" in out and "note: capo accuracy" not in out
+
+
 def test_sweep_without_an_action_or_with_an_unknown_flag_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
         main(["sweep"])

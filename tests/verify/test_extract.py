@@ -62,7 +62,13 @@ def test_extract_boxed_deep_nesting_is_linear():
         # a unit in words after the number (math-verify read "12 eggs" as 12*e*g*g*s: wrong against 12)
         ("#### 12 eggs", "12"), ("#### $18 dollars.", "18"), ("#### 1,200 km/h", "1200"), ("#### -3 degrees", "-3"),
         ("#### 7 and 8", "7 and 8"), ("#### 3 x 4", "3 x 4"), ("#### 2 + 3 apples", "2 + 3 apples"),
-        ("#### x = 5 cm", "x = 5 cm"),
+        ("#### x = 5 cm", "x = 5 cm"), ("#### 3 square meters", "3"),
+        # words that change the value are no unit (found by a review: each gave the leading number)
+        ("#### 7 and a half hours", "7 and a half hours"), ("#### 2 million", "2 million"),
+        ("#### 1.5 billion dollars", "1.5 billion dollars"), ("#### 5 squared", "5 squared"),
+        ("#### 12 times", "12 times"), ("#### 12 or more", "12 or more"), ("#### 12 pi", "12 pi"),
+        ("#### 12 π", "12 π"), ("#### 12 x", "12 x"), ("#### 12 half", "12 half"),
+        ("#### 12 thousandths", "12 thousandths"), ("#### 12 more apples", "12 more apples"),
         (None, None),
     ],
 )

@@ -79,6 +79,16 @@ def test_normalize_short(raw, want):
     ("Tanzania, United Republic of", "Tanzania|United Republic of Tanzania", True),
     ("Paris, France", "Paris", True),  # a tail that is not part of the name
     ("Paris, of course", "Paris", True),
+    ("London, UK", "London", True),
+    ("Paris, the capital of", "Paris", True),  # a cut sentence (lower case), not an inverted name
+    # a qualifier after the comma changes the place (found by a review: each was read by its head)
+    ("Congo, Dem. Rep.", "Republic of the Congo|Congo-Brazzaville|Congo", False),
+    ("Congo, Kinshasa", "Republic of the Congo|Congo-Brazzaville|Congo", False),
+    ("Congo, DR", "Republic of the Congo|Congo-Brazzaville|Congo", False),
+    ("Congo, DR", "Democratic Republic of the Congo|DRC|DR Congo", True),
+    ("Korea, North", "South Korea|Korea|Korea, Republic of", False),
+    ("Korea, North", "North Korea", True),
+    ("Congo, Democratic Republic of the, which", "Republic of the Congo|Congo-Brazzaville|Congo", False),
     ("Washington, D.C.", "Washington|Washington, D.C.|Washington DC", True),
     ("The United States", "United States|USA", True),  # the article
     ("The U.S.", "United States|US|USA", True),  # a dotted abbreviation of an alias

@@ -144,7 +144,7 @@ VERL_LOSS_MODES = {"ppo_clip": "vanilla", "clip_cov": "clip_cov", "kl_cov": "kl_
 def _verl_loss_problem(loss: str) -> str | None:
     if loss in VERL_LOSS_MODES:
         return None
-    if "rewards" in POLICY_LOSSES.reads(loss):
+    if loss in POLICY_LOSSES and "rewards" in POLICY_LOSSES.reads(loss):
         return (f"policy loss {loss!r}: verl's policy-loss functions receive only log-probs, advantages and the mask, "
                 "not the rewards this loss reads")
     return f"policy loss {loss!r} has no verl equivalent"

@@ -52,10 +52,11 @@ def from_base(records: dict, bases: list[dict], effect: float) -> dict:
         out[m] = {}
         for k in MEASURES:
             b = finite_values([r["final"].get(k) for r in bases])
-            seeds = [s for s in sorted(by_seed) if usable(by_seed[s]["final"].get(k))]
+            measured = [s for s in sorted(by_seed) if k in by_seed[s]["final"]]
+            seeds = [s for s in measured if usable(by_seed[s]["final"][k])]
             if not b or not seeds:
                 continue
-            a, kept = [float(by_seed[s]["final"][k]) for s in seeds], _kept(seeds, sorted(by_seed))
+            a, kept = [float(by_seed[s]["final"][k]) for s in seeds], _kept(seeds, measured, sorted(by_seed))
             if len(b) == 1:
                 out[m][k] = {**kept, "base_draws": 1, **seed_paired([x - b[0] for x in a], effect)}
                 continue
@@ -80,9 +81,10 @@ def along_curve(records: dict, effect: float) -> dict:
         ends = {s: (ev[0], ev[-1]) for s, ev in sorted(rows.items()) if ev and ev[0]["step"] == 0 and len(ev) > 1}
         out[m] = {}
         for k in CURVE_MEASURES:
-            seeds = [s for s, e in ends.items() if all(usable(e[i].get("eval/" + k)) for i in (0, 1))]
+            measured = [s for s, e in ends.items() if all("eval/" + k in e[i] for i in (0, 1))]
+            seeds = [s for s in measured if all(usable(ends[s][i]["eval/" + k]) for i in (0, 1))]
             if seeds:
-                out[m][k] = {**_kept(seeds, list(ends)), "last_step": sorted({ends[s][1]["step"] for s in seeds}),
+                out[m][k] = {**_kept(seeds, measured, list(ends)), "last_step": sorted({ends[s][1]["step"] for s in seeds}),
                              **seed_paired([ends[s][1]["eval/" + k] - ends[s][0]["eval/" + k] for s in seeds], effect)}
     return out
 
@@ -90,12 +92,15 @@ def along_curve(records: dict, effect: float) -> dict:
 def paired(records: dict, method: str, reference: str, measure: str, effect: float) -> dict:
     """Seed-paired difference method - reference over the seeds both finished and both have a value of ``measure``
     for: a seed where either could not compute it (an AUC of a model whose answers were all wrong, or all right) is
-    left out of every number and listed under ``left_out`` (the report names it), never a reason to drop the
+    left out of every number and listed under ``left_out``, one whose record has no such key (nothing to compute it
+    from, or written before it existed) under ``unmeasured`` (the report names both), never a reason to drop the
     measure."""
     both = sorted(set(records[method]) & set(records[reference]))
-    value = {(m, s): records[m][s]["final"].get(measure) for m in (method, reference) for s in both}
-    seeds = [s for s in both if usable(value[method, s]) and usable(value[reference, s])]
-    return {**_kept(seeds, both), **seed_paired([value[method, s] - value[reference, s] for s in seeds], effect)}
+    measured = [s for s in both if all(measure in records[m][s]["final"] for m in (method, reference))]
+    value = {(m, s): records[m][s]["final"][measure] for m in (method, reference) for s in measured}
+    seeds = [s for s in measured if usable(value[method, s]) and usable(value[reference, s])]
+    return {**_kept(seeds, measured, both),
+            **seed_paired([value[method, s] - value[reference, s] for s in seeds], effect)}
 
 
 def usable(x) -> bool:
@@ -103,10 +108,14 @@ def usable(x) -> bool:
     return x is not None and math.isfinite(float(x))
 
 
-def _kept(seeds: list, candidates: list) -> dict:
-    """``seeds`` (those a reading uses) and, when there are any, ``left_out`` (the candidates without a value)."""
-    left_out = [s for s in candidates if s not in seeds]
-    return {"seeds": list(seeds)} | ({"left_out": left_out} if left_out else {})
+def _kept(seeds: list, measured: list, candidates: list) -> dict:
+    """``seeds`` (those a reading uses) and, when there are any, ``left_out`` (measured seeds without a value: the
+    measure could not be computed for that model) and ``unmeasured`` (candidates whose records have no such key: the
+    evaluation had nothing to compute it from, e.g. no stated confidence, or predates the measure)."""
+    left_out = [s for s in measured if s not in seeds]
+    unmeasured = [s for s in candidates if s not in measured]
+    return {"seeds": list(seeds)} | ({"left_out": left_out} if left_out else {}) | (
+        {"unmeasured": unmeasured} if unmeasured else {})
 
 
 def seed_paired(diffs, effect: float) -> dict:

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from capo.errors import DataError, is_real
-from capo.sweep.analysis import LABELS, MEASURES, OPTIONAL_MEASURES, headline_pair, mean_or_none, seed_paired
+from capo.sweep.analysis import (LABELS, MEASURES, OPTIONAL_MEASURES, headline_pair, mean_or_none, seed_paired,
+                                 usable)
 
 # the measures of a `capo report --figures` summary the seed-paired table reads, in its order
 COMPARE_MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "verbal_ece")
@@ -57,17 +58,23 @@ def from_compare_summary(path: Path, reference: str, effect: float) -> str:
     data = json.loads(Path(path).read_text())
     lines = [f"| model | measure | seeds | difference vs {reference} [95% t-interval over seeds] | sd | p |",
              "|---|---|---|---|---|---|"]
-    by_position = False
+    by_position, notes = False, []
     for m in sorted(data):
         if m in (reference, "base"):
             continue
         for k in COMPARE_MEASURES:
             pairs, positional = _seed_pairs(data[m], data[reference], k)
             by_position |= positional and bool(pairs)
-            d = seed_paired([x - y for x, y in pairs], effect)
+            kept = [(x, y) for _, x, y in pairs if usable(x) and usable(y)]
+            d = seed_paired([x - y for x, y in kept], effect)
             if "sd" in d:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
                              f"{d['sd']:.3f} | {d['p']:.3g} |")
+            gone = [str(s) for s, x, y in pairs if not (usable(x) and usable(y))]
+            if gone and kept:
+                notes.append(f"note: {m} {k}: {'runs' if positional else 'seeds'} {', '.join(gone)} left out (no "
+                             "value there: the measure could not be computed for that run)")
+    lines += [""] + notes if notes else []
     if by_position:
         lines += ["", f"{path} records no training seeds (written by an older capo): runs were paired by their "
                       "position in each list, which is right only if every model's runs were given in the same seed "
@@ -76,18 +83,19 @@ def from_compare_summary(path: Path, reference: str, effect: float) -> str:
 
 
 def _seed_pairs(a_entry: dict, b_entry: dict, key: str) -> tuple[list, bool]:
-    """(a, b) value pairs of one measure over the seeds both models ran, and whether they were paired by position
-    (no ``seeds`` recorded). No pairs when a value is missing or a model lists a seed twice."""
+    """(seed, a, b) value triples of one measure over the seeds both models ran (a value may be None or NaN: the
+    caller leaves it out and says so), and whether they were paired by position (no ``seeds`` recorded; then the
+    "seed" is the run's position). No pairs when a model lacks the measure or lists a seed twice."""
     a, b = a_entry.get(key), b_entry.get(key)
-    if not a or not b or None in a or None in b:
+    if not a or not b:
         return [], False
     sa, sb = a_entry.get("seeds"), b_entry.get("seeds")
     if sa is None or sb is None:
-        return (list(zip(a, b)) if len(a) == len(b) else []), True
+        return ([(i, x, y) for i, (x, y) in enumerate(zip(a, b))] if len(a) == len(b) else []), True
     if len(set(sa)) != len(sa) or len(set(sb)) != len(sb) or len(sa) != len(a) or len(sb) != len(b):
         return [], False
     va, vb = dict(zip(sa, a)), dict(zip(sb, b))
-    return [(va[s], vb[s]) for s in sorted(set(va) & set(vb), key=lambda x: (len(str(x)), str(x)))], False
+    return [(s, va[s], vb[s]) for s in sorted(set(va) & set(vb), key=lambda x: (len(str(x)), str(x)))], False
 
 
 def markdown(s: dict) -> str:
@@ -122,16 +130,34 @@ def markdown(s: dict) -> str:
 
 SECTIONS = {"paired": "the paired difference with the reference", "from_base": "the change from the start",
             "along_curve": "the change along the periodic curve"}
+# the measures the change-from-the-start table shows (the others are in the summary's data only)
+FROM_BASE_SHOWN = ("accuracy", "auc_mean", "auroc", "ece", "brier", *OPTIONAL_MEASURES)
 
 
 def left_out_lines(s: dict) -> list[str]:
-    """A note for each reading that left seeds out because a method (or the reference) has no value of the measure
-    there -- an AUC of a model whose answers were all wrong or all right: the reading stands on the other seeds, and
-    a reader must know that the seed that could not be scored is not in it."""
-    notes = [f"note: {m} {k}: seed{'s' * (len(d['left_out']) > 1)} {', '.join(map(str, d['left_out']))} left out of "
-             f"{what} (no value there: the measure could not be computed for that model)"
-             for section, what in SECTIONS.items() for m, by_k in (s.get(section) or {}).items()
-             for k, d in by_k.items() if d.get("left_out")]
+    """A note for each mean and reading of the tables that left seeds out: a method (or the reference) has no value
+    of the measure there -- an AUC of a model whose answers were all wrong or all right -- or its record has no such
+    measure (its evaluation had nothing to compute it from, e.g. no stated confidence, or was written before the
+    measure existed). The reading stands on the other seeds, and a reader must know which are not
+    in it."""
+    def seeds(xs):
+        return f"seed{'s' * (len(xs) > 1)} {', '.join(map(str, xs))}"
+
+    notes = [f"note: {m} {k}: mean over {len(v['seeds']) - len(gone)} of its {len(v['seeds'])} seeds ({seeds(gone)}: "
+             "no value)" for m, v in s["methods"].items() for k in MEASURES if k in v
+             if (gone := [x for x, y in zip(v["seeds"], v[k]["per_seed"]) if not usable(y)])
+             and len(gone) < len(v["seeds"])]
+    for section, what in SECTIONS.items():
+        for m, by_k in (s.get(section) or {}).items():
+            for k, d in by_k.items():
+                if section == "from_base" and k not in FROM_BASE_SHOWN:
+                    continue
+                if d.get("left_out"):
+                    notes.append(f"note: {m} {k}: {seeds(d['left_out'])} left out of {what} (no value there: the "
+                                 "measure could not be computed for that model)")
+                if d.get("unmeasured"):
+                    notes.append(f"note: {m} {k}: {seeds(d['unmeasured'])} not in {what} (no such measure in the "
+                                 "record: its evaluation had nothing to compute it from, or predates it)")
     return [""] + notes if notes else []
 
 
@@ -182,7 +208,7 @@ def _from_base_lines(s: dict) -> list[str]:
              "", "| method | measure | seeds | change [95% CI] | sd over seeds | p |", "|---|---|---|---|---|---|"]
     for m, by_k in s["from_base"].items():
         for k, d in by_k.items():
-            if k in ("accuracy", "auc_mean", "auroc", "ece", "brier", *OPTIONAL_MEASURES) and d["mean"] is not None:
+            if k in FROM_BASE_SHOWN and d["mean"] is not None:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {_ci_cells(d)} |")
     return lines
 

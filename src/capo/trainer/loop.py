@@ -3,7 +3,8 @@
 Runs on one CPU/GPU or data-parallel under ``accelerate launch`` (each process samples its share of the prompts;
 losses are normalised by *global* token/sequence counts so 1 process and P processes, and any number of gradient
 accumulation micro-batches, give the same update). What it computes only when the configuration needs it:
-- reference log-probs: only with ``algo.kl_coef > 0`` or CAPO's noise mask;
+- reference log-probs: only when :func:`capo.rollout.method_inputs.needs_reference` says so (``algo.kl_coef > 0``, a
+  noise mask, or an estimator built from them: ACE);
 - old log-probs: only with several updates per rollout batch (``optim.ppo_epochs`` or ``optim.mini_batches`` > 1);
   otherwise the training forward's own (detached) log-probs are the old ones, exactly;
 - CAPO's sequence confidences: the rollout-time log-probs recorded during generation (no extra pass).

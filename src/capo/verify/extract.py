@@ -133,15 +133,30 @@ def normalize_number(s: str) -> str:
     return t
 
 
-# a number followed by a unit in words only: "12 eggs", "$18 dollars.", "5 km/h" (no digit, no operator after it)
-_UNIT_AFTER = re.compile(r"(?P<number>.*?\d)\s+[^\W\d_][^\d+*=^()\[\]{}<>]*")
+# a number followed by a unit of one to three words: "12 eggs", "$18 dollars.", "5 km/h", "3 square meters"
+_UNIT_AFTER = re.compile(r"(?P<number>.*?\d)\s+(?P<unit>[^\W\d_][\w'/]*(?:\s+[^\W\d_][\w'/]*){0,2})\.?")
+# words after a number that change its value or make it an expression, not a unit: never dropped
+NOT_UNITS = frozenset({"and", "or", "plus", "minus", "times", "over", "divided", "by", "squared", "cubed", "half",
+                       "halves", "quarter", "quarters", "third", "thirds", "dozen", "dozens", "score", "hundred",
+                       "hundreds", "thousand", "thousands", "thousandth", "thousandths", "million", "millions",
+                       "billion", "billions", "trillion", "percent", "more", "less", "fewer", "than", "to", "pi",
+                       "point", "hundredths", "tenths", "per", "of", "out"})
+
+
+def _unit(words: str) -> bool:
+    """Whether ``words`` after a number are a unit (:data:`_UNIT_AFTER`): words of two letters or more, none in
+    :data:`NOT_UNITS`, no digit (the pattern)."""
+    ws = words.lower().split()
+    return all(len(w) > 1 and w not in NOT_UNITS and w.isascii() for w in ws)
 
 
 def extract_gsm8k(text: str | None) -> str | None:
     """The answer after the last ``#### `` marker (GSM8K reference format), normalised; ``None`` if absent.
 
-    ``"... #### 1,234."`` gives ``"1234"``; ``"#### 12 eggs"`` gives ``"12"`` (a unit in words after the number:
-    math-verify read it as a product, 12*e*g*g*s, and graded it wrong). Only the rest of that line is taken.
+    ``"... #### 1,234."`` gives ``"1234"``; ``"#### 12 eggs"`` gives ``"12"`` (a unit of one to three words after
+    the number: math-verify read it as a product, 12*e*g*g*s, and graded it wrong); words that change the value
+    (``"2 million"``, ``"7 and a half"``, ``"12 times"``: :data:`NOT_UNITS`) are kept, as is a one-letter word
+    (``"12 x"``, ``"12 e"``). Only the rest of that line is taken.
     """
     if not text or "####" not in text:
         return None
@@ -154,7 +169,7 @@ def extract_gsm8k(text: str | None) -> str | None:
     if not ans:
         return None
     unit = _UNIT_AFTER.fullmatch(ans)
-    if unit and _GROUPED.fullmatch(number := normalize_number(unit["number"])):
+    if unit and _unit(unit["unit"]) and _GROUPED.fullmatch(number := normalize_number(unit["number"])):
         return number
     return normalize_number(ans)
 

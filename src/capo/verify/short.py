@@ -15,11 +15,14 @@ A gold answer for these formats is one string holding every accepted alternative
    "us"), apostrophes, other punctuation (to spaces), ``&`` (to "and"), "saint" (to "st") and a leading article
    ("the", "a", "an").
 3. The answer is correct when its normal form, or that of its part before the first comma ("Ouagadougou, which"
-   read as "Ouagadougou"), equals the normal form of any alternative of the gold. The part before the comma is not
-   read alone when what follows ends in "of" or "of the": that is an inverted name whose tail belongs to it, read in
-   its natural order instead ("Congo, Democratic Republic of the" as "Democratic Republic of the Congo", not
-   "Congo", Brazzaville's country; "Korea, Democratic People's Republic of" is not South Korea's "Korea"; so
-   "Tanzania, United Republic of" matches "United Republic of Tanzania" but not a gold of "Tanzania" alone).
+   read as "Ouagadougou", "Paris, France" as "Paris"), equals the normal form of any alternative of the gold. An
+   inverted name is read in its natural order instead of by its head: a part after the comma that starts with a
+   capital and ends in "of" / "of the" or holds a word that changes which place is meant (:data:`QUALIFIERS`:
+   compass points, "Democratic", "Republic", "Dem.", "Rep.", "DR", ...). So "Congo, Democratic Republic of the"
+   reads "Democratic Republic of the Congo", "Korea, North" "North Korea" and "Congo, Dem. Rep." "Dem Rep Congo":
+   none of them is Brazzaville's "Congo" or South Korea's "Korea", and "Tanzania, United Republic of" matches
+   "United Republic of Tanzania" but not a gold of "Tanzania" alone. "Paris, the capital of" (lower case) is
+   "Paris". A qualified form no list names can still be read by its head.
 
 Every function is a pure string function, linear in the length of its input (no backtracking-prone pattern), safe to
 call in the parent process on arbitrary model output.
@@ -47,6 +50,11 @@ _PUNCT = re.compile(r"[^\w ]+")
 _DOTTED = re.compile(r"(?<!\w)(?:[a-z]\.){2,}")  # an abbreviation of dotted single letters: "u.s.", "u.k.", "u.s.a."
 _SPACES = re.compile(r"\s+")
 _INVERTED_TAIL = re.compile(r"(?:^| )of(?: the)?$")  # the normal form of "Democratic Republic of the" (step 3)
+# words that, after a comma, change which place a name means (step 3), in normal form
+QUALIFIERS = frozenset({"north", "south", "east", "west", "northern", "southern", "eastern", "western", "central",
+                        "upper", "lower", "new", "democratic", "dem", "republic", "rep", "dr", "peoples", "people",
+                        "islamic", "federal", "federated", "united", "equatorial", "plurinational", "bolivarian",
+                        "kinshasa", "brazzaville", "american", "british", "french", "province"})  # not "UK": "London, UK"
 
 
 def normalize_short(text: str) -> str:
@@ -101,6 +109,12 @@ def judge_short(answer: str | None, gold: str) -> bool | None:
     forms = {normalize_short(answer)}
     head, comma, tail = answer.partition(",")
     if comma:  # "Ouagadougou, which" -> "Ouagadougou"; "Congo, Democratic Republic of the" -> its natural order
-        inverted = _INVERTED_TAIL.search(normalize_short(tail))
-        forms.add(normalize_short(f"{tail} {head}" if inverted else head))
+        forms.add(normalize_short(f"{tail} {head}" if _inverted(tail) else head))
     return any(normalize_short(a) in forms for a in gold_alternatives(gold))
+
+
+def _inverted(tail: str) -> bool:
+    """Whether the part after a name's comma belongs to the name (module docstring, step 3)."""
+    t = tail.strip()
+    words = normalize_short(t).split()
+    return bool(t[:1].isupper() and words and (_INVERTED_TAIL.search(" ".join(words)) or QUALIFIERS & set(words)))
