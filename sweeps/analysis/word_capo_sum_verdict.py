@@ -22,11 +22,11 @@ How each registered sentence is read (written down on 2026-11-28, before any rec
   in accuracy, AUC-mean and length; the seeds a paired t-test needs for 0.02 at 80% power at the observed sd. Each
   method's change from the start (the 8 base draws of `word_grpo_capo`) is `capo sweep report` over the three
   folders (the registration's command), not repeated here.
-- Added on 2026-12-03, after every record was in (display only; no reading above changed): a seed whose model could
-  not be scored on a measure (capo_sum seed 14 answered all 800 final samples wrong, so it has no AUC-mean) is shown
-  "n/a" in the table and named beside the interval it is left out of, as :func:`capo.sweep.analysis.paired` leaves
-  out a value a seed could not compute (documented in :func:`capo.sweep.analysis.seed_paired` before any record; the
-  script crashed on it instead).
+- Added on 2026-12-03, after every record was in: a seed whose model could not be scored on a measure (capo_sum seed
+  14 had no correct answer among its 800 final samples, so it has no AUC-mean) is shown "n/a" in the table and named
+  beside the interval it is left out of (:func:`capo.sweep.analysis.paired`). That is a choice made after the
+  records: the reading above had no rule for an undefined value, and the script crashed on it. Scored at chance
+  (0.5) instead, P2 reads the same (docs/results/fixed-point.md).
 
     python sweeps/analysis/word_capo_sum_verdict.py [RECORDS_FOLDER ...]
 """

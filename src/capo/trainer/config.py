@@ -577,9 +577,9 @@ def sum_score_notes(a: AlgorithmConfig) -> list[str]:
     if a.advantage != "capo" or a.advantage_kwargs.get("score") != "sum":
         return []
     return ["CAPO's sum score (capo_sum) is calibrated at its fixed point only where a question's responses have one "
-            "length; on reasoning traces of varying length it gained no accuracy on average and ran to the token "
-            "budget on 7 of 20 seeds (docs/results/fixed-point.md). Check your task with capo eval's lengths check "
-            "(docs/how-to/train.md, 'CAPO or capo_sum')"]
+            "length; on reasoning traces of varying length it gained no accuracy on average and collapsed on 7 of 20 "
+            "seeds (docs/results/fixed-point.md). Check your task with capo eval's lengths check (docs/how-to/"
+            "train.md, 'CAPO or capo_sum')"]
 
 
 def unread_reward_notes(a: AlgorithmConfig) -> list[str]:
