@@ -236,7 +236,7 @@ def test_a_seed_a_measure_could_not_score_is_left_out_by_name_never_the_measure(
     assert "| capo | auc_mean | 3 | +0.200 [-0.048, +0.448] |" in md
     for what in ("the paired difference with the reference", "the change from the start",
                  "the change along the periodic curve"):
-        assert f"note: capo auc_mean: seed 3 left out of {what}" in md
+        assert f"note: capo auc_mean: seed 3 left out of {what} (no value there" in md
     assert "note: capo accuracy" not in md
     assert "note: capo auc_mean: mean over 3 of its 4 seeds (seed 3: no value)" in md
     (tmp_path / "base.json").unlink()
@@ -256,7 +256,7 @@ def test_a_seed_whose_record_predates_a_measure_is_not_in_it_and_the_note_says_w
     assert d["seeds"] == [1, 2, 3] and d["unmeasured"] == [4] and "left_out" not in d
     md = tables.markdown(s)
     assert "note: capo auroc: seed 4 not in the paired difference with the reference (no such measure in the " \
-           "record: its evaluation had nothing to compute it from, or predates it)" in md
+           "record, of capo or of grpo: its evaluation had nothing to compute it from, or predates it)" in md
     assert "could not be computed" not in md
 
 

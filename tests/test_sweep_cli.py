@@ -220,6 +220,12 @@ def test_a_compare_summary_run_without_a_value_is_left_out_by_name_never_the_mea
     out = capsys.readouterr().out
     assert "| capo | auc_mean | 3 | +0.033 [" in out and "| capo | accuracy | 4 |" in out
     assert "note: capo auc_mean: seeds 0 left out" in out and "note: capo accuracy" not in out
+    body["grpo"]["auc_mean"] = [None] * 4  # no pair has a value: the row cannot be shown, and the note says why
+    (tmp_path / "s.json").write_text(json.dumps(body))
+    assert main(["sweep", "report", "s.json", "--compare-summary", "--reference", "grpo"]) == 0
+    out = capsys.readouterr().out
+    assert "| capo | auc_mean |" not in out
+    assert "note: capo auc_mean: not shown (0 of 4 paired seeds have a value of both capo and grpo" in out
 
 
 def test_sweep_without_an_action_or_with_an_unknown_flag_is_refused(capsys):

@@ -273,7 +273,7 @@ def test_an_integer_on_the_command_line_is_read_as_the_same_text_in_a_config_fil
 
 
 def test_capo_sum_says_where_it_was_measured_to_fail():
-    """The registered `word_capo_sum` comparison: the sum score gained no accuracy where lengths vary; `capo train`
+    """The registered `word_capo_sum` comparison: the sum score gained no accuracy on the reasoning testbed; `capo train`
     with it says so and how to check a task, once; CAPO as shipped says nothing."""
     for name, overrides, said in (("capo_sum", {}, True), ("capo", {}, False),
                                   ("capo", {"algo.advantage_kwargs": {"tau": 1.0, "score": "sum"}}, True),

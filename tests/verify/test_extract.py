@@ -69,6 +69,12 @@ def test_extract_boxed_deep_nesting_is_linear():
         ("#### 12 times", "12 times"), ("#### 12 or more", "12 or more"), ("#### 12 pi", "12 pi"),
         ("#### 12 π", "12 π"), ("#### 12 x", "12 x"), ("#### 12 half", "12 half"),
         ("#### 12 thousandths", "12 thousandths"), ("#### 12 more apples", "12 more apples"),
+        # found by a second review: a digit in a "unit" is no unit; more scale words; real units taken
+        ("#### 3 x4", "3 x4"), ("#### 2 trillions", "2 trillions"), ("#### 3 tenths", "3 tenths"),
+        ("#### 5 lakh", "5 lakh"), ("#### 5 grand", "5 grand"), ("#### 5 factorial", "5 factorial"),
+        ("#### 5 below zero", "5 below zero"),
+        ("#### 12 eggs!", "12"), ("#### 5 cups of flour", "5"), ("#### 12 eggs per day", "12"),
+        ("#### 24 sq. ft.", "24"), ("#### 100 m²", "100"),
         (None, None),
     ],
 )

@@ -20,9 +20,18 @@ from capo.verify.short import MAX_WORDS, extract_short, gold_alternatives, judge
     ("Its atomic number is 26", "26"),
     ("Kuala Lumpur", "Kuala Lumpur"),
     ("Paris is the capital of France", "the capital of France"),  # literal reading
+    ("U.S.", "U.S."), ("It is the U.K.", "the U.K."),  # a dotted abbreviation keeps its last full stop
 ])
 def test_extract_short_reads_the_answer(text, want):
     assert extract_short(text) == want
+
+
+def test_a_dotted_abbreviation_is_graded_through_extraction():
+    """Found by a review: extraction dropped the last full stop of "U.S.", which then read "u s" and was judged wrong
+    against "US" (the judge's own test passed the dotted form in directly)."""
+    assert judge_short(extract_short("U.S."), "United States|US|USA") is True
+    assert judge_short(extract_short("The U.K."), "United Kingdom|UK") is True
+    assert judge_short(extract_short("Paris."), "Paris") is True
 
 
 @pytest.mark.parametrize("text", [
@@ -89,6 +98,17 @@ def test_normalize_short(raw, want):
     ("Korea, North", "South Korea|Korea|Korea, Republic of", False),
     ("Korea, North", "North Korea", True),
     ("Congo, Democratic Republic of the, which", "Republic of the Congo|Congo-Brazzaville|Congo", False),
+    # found by a second review: a country name after a city is context, not a qualifier; an abbreviated inverted
+    # name is its own country; a lower-case inverted tail is still inverted
+    ("London, United Kingdom", "London", True), ("Seoul, South Korea", "Seoul", True),
+    ("Wellington, New Zealand", "Wellington", True),
+    ("Congo, Rep.", "Republic of the Congo|Congo-Brazzaville|Congo", True),
+    ("Congo, Rep.", "Democratic Republic of the Congo|DRC", False),
+    ("Korea, Rep.", "South Korea|Korea|Korea, Republic of", True), ("Korea, South", "South Korea|Korea", True),
+    ("Congo, the Democratic Republic of the", "Republic of the Congo|Congo-Brazzaville|Congo", False),
+    ("Congo, the Democratic Republic of the", "Democratic Republic of the Congo|DRC", True),
+    ("Congo, Dem. Rep.", "Democratic Republic of the Congo|DRC", True),
+    ("Congo, Democratic Republic of the, which", "Democratic Republic of the Congo|DRC", True),
     ("Washington, D.C.", "Washington|Washington, D.C.|Washington DC", True),
     ("The United States", "United States|USA", True),  # the article
     ("The U.S.", "United States|US|USA", True),  # a dotted abbreviation of an alias

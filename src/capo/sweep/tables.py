@@ -71,9 +71,13 @@ def from_compare_summary(path: Path, reference: str, effect: float) -> str:
                 lines.append(f"| {m} | {k} | {d['n_seeds']} | {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
                              f"{d['sd']:.3f} | {d['p']:.3g} |")
             gone = [str(s) for s, x, y in pairs if not (usable(x) and usable(y))]
-            if gone and kept:
-                notes.append(f"note: {m} {k}: {'runs' if positional else 'seeds'} {', '.join(gone)} left out (no "
-                             "value there: the measure could not be computed for that run)")
+            what = "runs (by position)" if positional else "seeds"
+            if pairs and "sd" not in d:
+                notes.append(f"note: {m} {k}: not shown ({len(kept)} of {len(pairs)} paired {what} have a value of "
+                             f"both {m} and {reference}; an interval needs 2)")
+            elif gone:
+                notes.append(f"note: {m} {k}: {what} {', '.join(gone)} left out (no value of {m} or {reference} "
+                             "there: the measure could not be computed for that run)")
     lines += [""] + notes if notes else []
     if by_position:
         lines += ["", f"{path} records no training seeds (written by an older capo): runs were paired by their "
@@ -149,15 +153,16 @@ def left_out_lines(s: dict) -> list[str]:
              and len(gone) < len(v["seeds"])]
     for section, what in SECTIONS.items():
         for m, by_k in (s.get(section) or {}).items():
+            whose = f", of {m} or of {s['reference']}" if section == "paired" else ""
             for k, d in by_k.items():
                 if section == "from_base" and k not in FROM_BASE_SHOWN:
                     continue
                 if d.get("left_out"):
-                    notes.append(f"note: {m} {k}: {seeds(d['left_out'])} left out of {what} (no value there: the "
-                                 "measure could not be computed for that model)")
+                    notes.append(f"note: {m} {k}: {seeds(d['left_out'])} left out of {what} (no value there{whose}: "
+                                 "the measure could not be computed for that model)")
                 if d.get("unmeasured"):
                     notes.append(f"note: {m} {k}: {seeds(d['unmeasured'])} not in {what} (no such measure in the "
-                                 "record: its evaluation had nothing to compute it from, or predates it)")
+                                 f"record{whose}: its evaluation had nothing to compute it from, or predates it)")
     return [""] + notes if notes else []
 
 

@@ -133,21 +133,25 @@ def normalize_number(s: str) -> str:
     return t
 
 
-# a number followed by a unit of one to three words: "12 eggs", "$18 dollars.", "5 km/h", "3 square meters"
-_UNIT_AFTER = re.compile(r"(?P<number>.*?\d)\s+(?P<unit>[^\W\d_][\w'/]*(?:\s+[^\W\d_][\w'/]*){0,2})\.?")
+# a number followed by a unit of one to three words of letters ("12 eggs", "$18 dollars.", "5 km/h", "24 sq. ft.",
+# "100 m²"): no digit in a word
+_WORD = r"[^\W\d_](?:[^\W\d_]|['/.])*"  # letters, and ' / . inside ("km/h", "sq.")
+_UNIT_AFTER = re.compile(rf"(?P<number>.*?\d)\s+(?P<unit>{_WORD}(?:\s+{_WORD}){{0,2}})[.!]?")
 # words after a number that change its value or make it an expression, not a unit: never dropped
-NOT_UNITS = frozenset({"and", "or", "plus", "minus", "times", "over", "divided", "by", "squared", "cubed", "half",
-                       "halves", "quarter", "quarters", "third", "thirds", "dozen", "dozens", "score", "hundred",
-                       "hundreds", "thousand", "thousands", "thousandth", "thousandths", "million", "millions",
-                       "billion", "billions", "trillion", "percent", "more", "less", "fewer", "than", "to", "pi",
-                       "point", "hundredths", "tenths", "per", "of", "out"})
+NOT_UNITS = frozenset({
+    "and", "or", "plus", "minus", "times", "over", "divided", "by", "squared", "cubed", "factorial", "to", "than",
+    "more", "less", "fewer", "below", "above", "under", "negative", "percent", "point", "pi", "zero",
+    "half", "halves", "quarter", "quarters", "third", "thirds", "fourth", "fourths", "fifth", "fifths", "sixth",
+    "sixths", "eighth", "eighths", "tenth", "tenths", "hundredth", "hundredths", "thousandth", "thousandths",
+    "dozen", "dozens", "score", "hundred", "hundreds", "thousand", "thousands", "million", "millions", "billion",
+    "billions", "trillion", "trillions", "quadrillion", "quadrillions", "lakh", "lakhs", "crore", "crores", "grand",
+    "bn", "mn", "mil", "k"})
 
 
 def _unit(words: str) -> bool:
-    """Whether ``words`` after a number are a unit (:data:`_UNIT_AFTER`): words of two letters or more, none in
-    :data:`NOT_UNITS`, no digit (the pattern)."""
-    ws = words.lower().split()
-    return all(len(w) > 1 and w not in NOT_UNITS and w.isascii() for w in ws)
+    """Whether ``words`` after a number are a unit (:data:`_UNIT_AFTER`): words of two characters or more, none in
+    :data:`NOT_UNITS` (a one-letter word is a variable or a constant: "12 x", "12 e", "12 π")."""
+    return all(len(w) > 1 and w.strip(".") not in NOT_UNITS for w in words.lower().split())
 
 
 def extract_gsm8k(text: str | None) -> str | None:

@@ -15,14 +15,15 @@ A gold answer for these formats is one string holding every accepted alternative
    "us"), apostrophes, other punctuation (to spaces), ``&`` (to "and"), "saint" (to "st") and a leading article
    ("the", "a", "an").
 3. The answer is correct when its normal form, or that of its part before the first comma ("Ouagadougou, which"
-   read as "Ouagadougou", "Paris, France" as "Paris"), equals the normal form of any alternative of the gold. An
-   inverted name is read in its natural order instead of by its head: a part after the comma that starts with a
-   capital and ends in "of" / "of the" or holds a word that changes which place is meant (:data:`QUALIFIERS`:
-   compass points, "Democratic", "Republic", "Dem.", "Rep.", "DR", ...). So "Congo, Democratic Republic of the"
-   reads "Democratic Republic of the Congo", "Korea, North" "North Korea" and "Congo, Dem. Rep." "Dem Rep Congo":
-   none of them is Brazzaville's "Congo" or South Korea's "Korea", and "Tanzania, United Republic of" matches
-   "United Republic of Tanzania" but not a gold of "Tanzania" alone. "Paris, the capital of" (lower case) is
-   "Paris". A qualified form no list names can still be read by its head.
+   read as "Ouagadougou", "London, United Kingdom" as "London"), equals the normal form of any alternative of the
+   gold. An inverted name is not read by its head: when every word after the comma (besides "of" and "the") is one
+   that turns a place's name into another place's (:data:`QUALIFIERS`: compass points, "Democratic", "Republic",
+   "Dem.", "Rep.", "DR", "United", ...), the answer is compared whole, in natural order, with abbreviations written
+   out and "of" / "the" dropped on both sides (:func:`inverted_form`). So "Korea, North" is North Korea,
+   "Congo, Dem. Rep." and "Congo, the Democratic Republic of the" are the Democratic Republic of the Congo, not
+   Brazzaville's "Congo", "Congo, Rep." is the Republic of the Congo, and "Tanzania, United Republic of" matches
+   "United Republic of Tanzania" but not a gold of "Tanzania" alone. A qualified form with any other word ("Paris,
+   Texas") is still read by its head.
 
 Every function is a pure string function, linear in the length of its input (no backtracking-prone pattern), safe to
 call in the parent process on arbitrary model output.
@@ -33,7 +34,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["MAX_WORDS", "SHORT_FORMATS", "gold_alternatives", "extract_short", "judge_short", "normalize_short"]
+__all__ = ["MAX_WORDS", "QUALIFIERS", "SHORT_FORMATS", "gold_alternatives", "extract_short", "inverted_form",
+           "judge_short", "normalize_short"]
 
 SHORT_FORMATS = ("short", "rlcr_short")  # the answer formats judged here (``rlcr_short``: RLCR's tags around one)
 MAX_WORDS = 6  # the longest answer, in words, read as an answer (longer lines must state it after " is ")
@@ -49,12 +51,14 @@ _ARTICLE = re.compile(r"^(?:the|a|an) ")
 _PUNCT = re.compile(r"[^\w ]+")
 _DOTTED = re.compile(r"(?<!\w)(?:[a-z]\.){2,}")  # an abbreviation of dotted single letters: "u.s.", "u.k.", "u.s.a."
 _SPACES = re.compile(r"\s+")
-_INVERTED_TAIL = re.compile(r"(?:^| )of(?: the)?$")  # the normal form of "Democratic Republic of the" (step 3)
-# words that, after a comma, change which place a name means (step 3), in normal form
+# words that, after a comma, turn a place's name into another place's (step 3), in normal form; a tail made of these
+# alone (and "of", "the") is part of the name ("Korea, North"), a tail with any other word is not ("Seoul, South Korea")
 QUALIFIERS = frozenset({"north", "south", "east", "west", "northern", "southern", "eastern", "western", "central",
                         "upper", "lower", "new", "democratic", "dem", "republic", "rep", "dr", "peoples", "people",
                         "islamic", "federal", "federated", "united", "equatorial", "plurinational", "bolivarian",
-                        "kinshasa", "brazzaville", "american", "british", "french", "province"})  # not "UK": "London, UK"
+                        "kinshasa", "brazzaville", "american", "british", "french"})
+_SPELLED_OUT = {"dem": "democratic", "rep": "republic", "dr": "democratic republic"}
+_LINKS = ("of", "the")
 
 
 def normalize_short(text: str) -> str:
@@ -69,8 +73,12 @@ def normalize_short(text: str) -> str:
     return " ".join("st" if w == "saint" else w for w in s.split(" "))
 
 
+_DOTTED_END = re.compile(r"(?<!\w)(?:[A-Za-z]\.){2,}$")  # "U.S." keeps its last full stop (step 2 reads it "us")
+
+
 def _clean(line: str) -> str:
-    return _EMPHASIS.sub("", line).strip().rstrip(".!;,").strip()
+    s = _EMPHASIS.sub("", line).strip()
+    return s if _DOTTED_END.search(s) else s.rstrip(".!;,").strip()
 
 
 def _is_refusal(answer: str) -> bool:
@@ -106,15 +114,27 @@ def judge_short(answer: str | None, gold: str) -> bool | None:
     docstring); None when there is no answer."""
     if answer is None:
         return None
-    forms = {normalize_short(answer)}
-    head, comma, tail = answer.partition(",")
-    if comma:  # "Ouagadougou, which" -> "Ouagadougou"; "Congo, Democratic Republic of the" -> its natural order
-        forms.add(normalize_short(f"{tail} {head}" if _inverted(tail) else head))
-    return any(normalize_short(a) in forms for a in gold_alternatives(gold))
+    alternatives = gold_alternatives(gold)
+    if _inverted(answer):
+        return inverted_form(answer) in {inverted_form(a) for a in alternatives}
+    forms = {normalize_short(answer), normalize_short(answer.split(",", 1)[0])}
+    return any(normalize_short(a) in forms for a in alternatives)
 
 
-def _inverted(tail: str) -> bool:
-    """Whether the part after a name's comma belongs to the name (module docstring, step 3)."""
-    t = tail.strip()
-    words = normalize_short(t).split()
-    return bool(t[:1].isupper() and words and (_INVERTED_TAIL.search(" ".join(words)) or QUALIFIERS & set(words)))
+def _inverted(name: str) -> bool:
+    """Whether the part after ``name``'s first comma (up to the next) belongs to the name (module docstring, step
+    3)."""
+    _, comma, rest = name.partition(",")
+    words = [w for w in normalize_short(rest.split(",", 1)[0]).split() if w not in _LINKS]
+    return bool(comma and words) and all(w in QUALIFIERS for w in words)
+
+
+def inverted_form(name: str) -> str:
+    """The comparison form of a place name written either way: an inverted name in natural order ("Congo, Dem.
+    Rep." -> "democratic republic congo"), abbreviations written out, "of" and "the" dropped ("Democratic Republic of
+    the Congo" -> the same)."""
+    if _inverted(name):  # what follows a second comma is not part of the name ("Congo, Dem. Rep., which")
+        head, _, rest = name.partition(",")
+        name = f"{rest.split(',', 1)[0]} {head}"
+    words = " ".join(_SPELLED_OUT.get(w, w) for w in normalize_short(name).split()).split()
+    return " ".join(w for w in words if w not in _LINKS)
