@@ -40,10 +40,15 @@ def proportion_interval(k: float, n: int, *, alpha: float = 0.05, method: str = 
     return lo, hi
 
 
+def usable(x) -> bool:
+    """A number a seed statistic can use: not None, NaN or inf."""
+    return x is not None and math.isfinite(float(x))
+
+
 def finite_values(values) -> list[float]:
     """The finite numbers of ``values`` as floats, in order: None, NaN and inf left out (a measure a seed or an
-    evaluation draw could not compute counts in no seed statistic)."""
-    return [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    evaluation draw could not compute counts in no seed statistic; :func:`usable`)."""
+    return [float(x) for x in values if usable(x)]
 
 
 def seed_paired_interval(diffs, *, alpha: float = 0.05) -> dict | None:

@@ -6,11 +6,9 @@ adjustment from statsmodels."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from capo.evaluation.stats import finite_values
+from capo.evaluation.stats import finite_values, usable
 
 MEASURES = ("accuracy", "auc_mean", "auroc", "ece", "brier", "aurc", "verbal_ece", "majority_vote",
             "perplexity_consistency", "stochastic_ece", "stochastic_rate_error", "stochastic_auroc", "answer_ece",
@@ -101,11 +99,6 @@ def paired(records: dict, method: str, reference: str, measure: str, effect: flo
     seeds = [s for s in measured if usable(value[method, s]) and usable(value[reference, s])]
     return {**_kept(seeds, measured, both),
             **seed_paired([value[method, s] - value[reference, s] for s in seeds], effect)}
-
-
-def usable(x) -> bool:
-    """A number a seed statistic can use: not None, NaN or inf."""
-    return x is not None and math.isfinite(float(x))
 
 
 def _kept(seeds: list, measured: list, candidates: list) -> dict:
